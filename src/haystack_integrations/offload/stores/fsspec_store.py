@@ -1,0 +1,590 @@
+"""`FsspecToolResultStore`: a Haystack `ToolResultStore` over any fsspec filesystem, scoped per tenant and session."""
+
+from __future__ import annotations
+
+import copy
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import fsspec
+from fsspec import AbstractFileSystem
+from fsspec.core import split_protocol
+from haystack.core.errors import SerializationError
+from haystack.core.serialization import default_from_dict, default_to_dict
+from haystack.hooks.tool_result_offloading.types import ToolResultStore
+
+from haystack_integrations.offload.errors import (
+    InvalidReferenceError,
+    InvalidScopeIdError,
+    ResultNotFoundError,
+    StorageError,
+    StoragePermissionError,
+)
+from haystack_integrations.offload.stores.io import StorageIO, storage_io_for
+from haystack_integrations.offload.stores.names import ContentKind, new_object_name, parse_object_name
+from haystack_integrations.offload.stores.options import deserialize_options, resolve_secrets, serialize_options
+from haystack_integrations.offload.stores.records import StoredResult
+from haystack_integrations.offload.stores.references import parse_reference
+from haystack_integrations.offload.stores.scope import validate_scope_id
+
+# botocore's default pool of 10 connections would cap a busy server at 10 S3 requests in flight.
+DEFAULT_S3_MAX_POOL_CONNECTIONS = 128
+
+_EXTRAS_BY_PROTOCOL = {"s3": "s3", "s3a": "s3"}
+
+
+class FsspecToolResultStore(ToolResultStore):
+    """
+    Stores offloaded tool results in object storage, local disk or memory, isolated per tenant and session.
+
+    Any fsspec URL works: ``s3://bucket/prefix`` (s3fs), ``file:///path`` or a plain path, ``memory://name``, and
+    other fsspec protocols. Create one root store at start-up, then derive a scoped store per request::
+
+        s3://acme-agent-results/prod/             root store: FsspecToolResultStore("s3://acme-agent-results/prod")
+        ├── <tenant>/                             for_tenant("acme"): operators, quotas, purge
+        │   └── <session>/                        for_session("acme", "chat-42"): one conversation's results
+        │       ├── 20261129T213400123456Z-5f3a9c1e.t.web_search.3_web_search_call_abc.txt
+        │       └── 20261129T213401007210Z-09c2d4aa.b.render_chart.3_render_chart_call_def.png
+        └── <tenant>/...
+
+    Each object name carries its metadata (creation time, a random nonce, text or bytes, tool name, the writer's
+    key made safe), so listing needs no extra reads and two writes never collide. A session store returns the object
+    name as the reference: it reveals nothing about the bucket, the prefix or other tenants.
+
+    ```python
+    from haystack_integrations.offload import FsspecToolResultStore, offload_context
+
+    results = FsspecToolResultStore("memory://agent-results")          # once, at start-up
+    store = results.for_session(tenant="acme", session="chat-42")      # per request
+    reference = store.write(key="search_1.txt", content="a very long search result ...")
+    assert store.read(reference) == "a very long search result ..."
+    hook_context = offload_context(store)  # Agent.run(..., hook_context=hook_context)
+    ```
+
+    Multi-user use: share the root store (and its filesystem client) across requests and give each run
+    ``offload_context(root.for_session(tenant, session))``. `read` treats every reference as hostile: anything that
+    does not name a result inside the store's own scope (other sessions or tenants, URLs, absolute paths, ``..`` in
+    any spelling, symlinks out of a local root) raises `InvalidReferenceError` and reads nothing.
+
+    Requests: a write is one PUT, a whole read one GET, `read_range` one ranged GET; none of them lists, HEADs or
+    creates directories on S3. Local writes are atomic (temporary file, then rename). Every method has an async twin
+    that never blocks the event loop.
+    """
+
+    supports_binary_content = True
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        filesystem: AbstractFileSystem | None = None,
+        tenant: str | None = None,
+        session: str | None = None,
+    ) -> None:
+        """
+        Create a store rooted at `url`. No network I/O happens here; the client is created on first use or `warm_up`.
+
+        :param url: Root URL of the store: ``s3://bucket/prefix``, ``file:///path``, a plain path, ``memory://name``
+            or any other fsspec URL.
+        :param storage_options: Options for the fsspec filesystem (for s3fs: ``endpoint_url``, ``client_kwargs``,
+            ``config_kwargs``, ...). Credentials may be given as Haystack `Secret`s; plain-text credentials work but
+            make `to_dict` refuse to serialize the store. On S3 the connection pool defaults to
+            `DEFAULT_S3_MAX_POOL_CONNECTIONS`.
+        :param filesystem: An fsspec filesystem to use instead of creating one from `url` and `storage_options`;
+            `url` is then a path on it. Such a store cannot be serialized.
+        :param tenant: Scope the store to this tenant (same as `for_tenant`).
+        :param session: Scope the store to this session of `tenant` (same as `for_session`).
+        :raises ValueError: If the URL has no path (e.g. ``s3://``) or `session` is given without `tenant`.
+        :raises InvalidScopeIdError: If `tenant` or `session` is not a safe single path segment.
+        :raises ImportError: If the backend for the URL's protocol is not installed.
+        """
+        protocol, _ = split_protocol(url)
+        protocol = protocol or "file"
+        if filesystem is not None:
+            protocol = filesystem.protocol if isinstance(filesystem.protocol, str) else filesystem.protocol[0]
+        try:
+            filesystem_class = type(filesystem) if filesystem is not None else fsspec.get_filesystem_class(protocol)
+        except ImportError as error:
+            extra = _EXTRAS_BY_PROTOCOL.get(protocol)
+            hint = f' Install it with: pip install "offload-haystack[{extra}]"' if extra else ""
+            raise ImportError(f"The backend for '{protocol}://' URLs is not installed.{hint}") from error
+        root_path = str(filesystem_class._strip_protocol(url)).rstrip("/")
+        if not root_path:
+            raise ValueError(f"The store URL {url!r} has no path: give a bucket or a directory, e.g. 's3://bucket'.")
+
+        self.url = url
+        self.storage_options: dict[str, Any] = dict(storage_options or {})
+        self._filesystem = filesystem
+        self._handle = _FilesystemHandle(protocol, root_path, self.storage_options, filesystem)
+        self._scope: tuple[str, ...] = ()
+        if session is not None and tenant is None:
+            raise ValueError("A session scope needs a tenant: pass tenant= as well.")
+        if tenant is not None:
+            self._scope = (validate_scope_id(tenant, field="tenant"),)
+        if session is not None:
+            self._scope += (validate_scope_id(session, field="session"),)
+
+    # Scopes
+
+    @property
+    def scope(self) -> tuple[str, ...]:
+        """The store's scope below its root: ``()``, ``(tenant,)`` or ``(tenant, session)``."""
+        return self._scope
+
+    @property
+    def tenant(self) -> str | None:
+        """The tenant this store is scoped to, if any."""
+        return self._scope[0] if self._scope else None
+
+    @property
+    def session(self) -> str | None:
+        """The session this store is scoped to, if any."""
+        return self._scope[1] if len(self._scope) > 1 else None
+
+    def for_tenant(self, tenant: str) -> "FsspecToolResultStore":
+        """
+        Return a store scoped to ``<root>/<tenant>/``, sharing this store's client.
+
+        A tenant store lists, inspects, deletes and purges all of the tenant's sessions (references are
+        ``<session>/<name>``); it does not write.
+
+        :param tenant: The tenant id, a single safe path segment.
+        :returns: The tenant-scoped store.
+        :raises InvalidScopeIdError: If `tenant` is not a safe single path segment.
+        :raises ValueError: If this store is already scoped.
+        """
+        return self._scoped(validate_scope_id(tenant, field="tenant"))
+
+    def for_session(self, tenant: str, session: str) -> "FsspecToolResultStore":
+        """
+        Return a store scoped to ``<root>/<tenant>/<session>/``, sharing this store's client.
+
+        Cheap enough to call on every request: it validates the ids and copies a few attributes.
+
+        :param tenant: The tenant id (e.g. the organisation), a single safe path segment.
+        :param session: The session id (e.g. the chat), a single safe path segment.
+        :returns: The session-scoped store.
+        :raises InvalidScopeIdError: If an id is not a safe single path segment; the message names the field.
+        :raises ValueError: If this store is already scoped.
+        """
+        return self._scoped(validate_scope_id(tenant, field="tenant"), validate_scope_id(session, field="session"))
+
+    def _scoped(self, *ids: str) -> "FsspecToolResultStore":
+        if self._scope:
+            raise ValueError(
+                f"This store is already scoped to {'/'.join(self._scope)!r}; derive scoped stores from the root store."
+            )
+        child = copy.copy(self)
+        child._scope = ids
+        return child
+
+    # Paths
+
+    def _scope_path(self) -> str:
+        return "/".join([self._handle.root_path(), *self._scope])
+
+    def _path_of(self, reference: object) -> tuple[str, tuple[str, ...]]:
+        segments = parse_reference(reference, scope_depth=len(self._scope))
+        return "/".join([self._scope_path(), *segments]), segments
+
+    def _prepare_write(self, key: str, content: str | bytes, tool_name: str | None) -> tuple[str, str, bytes]:
+        if len(self._scope) == 1:
+            raise ValueError("A tenant-scoped store does not write; write through for_session(tenant, session).")
+        if not isinstance(key, str):
+            raise TypeError(f"key must be a string, got {type(key).__name__}.")
+        if tool_name is not None and not isinstance(tool_name, str):
+            raise TypeError(f"tool_name must be a string or None, got {type(tool_name).__name__}.")
+        kind: ContentKind
+        if isinstance(content, str):
+            # surrogatepass: a string with lone surrogates still round-trips exactly instead of failing the write.
+            data, kind = content.encode("utf-8", "surrogatepass"), "text"
+        elif isinstance(content, bytes | bytearray | memoryview):
+            data, kind = bytes(content), "bytes"
+        else:
+            raise TypeError(f"content must be str or bytes, got {type(content).__name__}.")
+        name = new_object_name(key=key, kind=kind, tool_name=tool_name)
+        return f"{self._scope_path()}/{name}", name, data
+
+    @staticmethod
+    def _decode(segments: tuple[str, ...], data: bytes) -> str | bytes:
+        parsed = parse_object_name(segments[-1])
+        if parsed is not None and parsed.kind == "text":
+            return data.decode("utf-8", "surrogatepass")
+        return data
+
+    def _records(self, found: dict[str, int]) -> list[StoredResult]:
+        prefix = self._scope_path() + "/"
+        records = []
+        for path, size in found.items():
+            # Backends list by string prefix; the separator keeps a sibling prefix ('t/ab' for 't/a') out.
+            if not path.startswith(prefix):
+                continue
+            relative = path[len(prefix) :]
+            try:
+                segments = parse_reference(relative, scope_depth=len(self._scope))
+            except InvalidReferenceError:
+                continue  # not a result: a temporary file, an approval record, something an operator put there
+            parsed = parse_object_name(segments[-1])
+            if parsed is None:
+                continue
+            records.append(
+                StoredResult(
+                    reference=relative,
+                    kind=parsed.kind,
+                    size=size,
+                    created=parsed.created,
+                    tool_name=parsed.tool_name,
+                    key=parsed.key,
+                )
+            )
+        records.sort(key=lambda record: (record.created, record.reference), reverse=True)
+        return records
+
+    def _record(self, reference: str, segments: tuple[str, ...], size: int) -> StoredResult:
+        parsed = parse_object_name(segments[-1])
+        if parsed is None:  # parse_reference already checked the name; this keeps mypy and future edits honest
+            raise InvalidReferenceError(f"The reference {reference!r} does not name a stored result.")
+        return StoredResult(
+            reference=reference,
+            kind=parsed.kind,
+            size=size,
+            created=parsed.created,
+            tool_name=parsed.tool_name,
+            key=parsed.key,
+        )
+
+    # ToolResultStore protocol, and its async twins
+
+    def write(self, *, key: str, content: str | bytes, tool_name: str | None = None) -> str:
+        """
+        Store one tool result and return its reference. One PUT on S3; an atomic rename on local disk.
+
+        :param key: The writer's key for the result (Haystack's hook passes step, tool and call id plus an
+            extension). It is made safe and bounded; a random nonce keeps every write distinct.
+        :param content: The result: `str` comes back from `read` as `str`, bytes as `bytes`.
+        :param tool_name: The tool that produced the result, recorded for `list`.
+        :returns: The reference to pass to `read`, relative to this store's scope.
+        :raises StorageError: If the backend fails (chained to the backend's exception).
+        :raises StoragePermissionError: If the backend refuses the write.
+        """
+        path, reference, data = self._prepare_write(key, content, tool_name)
+        with _storage_errors("store the result", reference=None):
+            self._handle.io().put(path, data)
+        return reference
+
+    async def write_async(self, *, key: str, content: str | bytes, tool_name: str | None = None) -> str:
+        """
+        Async `write`: awaits the backend's own coroutines (s3fs) or a worker thread (local disk).
+
+        :param key: The writer's key for the result.
+        :param content: The result, as text or bytes.
+        :param tool_name: The tool that produced the result, recorded for `list`.
+        :returns: The reference to pass to `read`.
+        :raises StorageError: If the backend fails.
+        :raises StoragePermissionError: If the backend refuses the write.
+        """
+        path, reference, data = self._prepare_write(key, content, tool_name)
+        with _storage_errors("store the result", reference=None):
+            await self._handle.io().put_async(path, data)
+        return reference
+
+    def read(self, reference: str) -> str | bytes:
+        """
+        Return a stored result: `str` if it was written as text, `bytes` if written as bytes. One GET on S3.
+
+        :param reference: A reference returned by `write` on this store (or, for a tenant or root store, one of the
+            references `list` returns).
+        :returns: The stored content.
+        :raises InvalidReferenceError: If the reference is malformed or outside this store's scope. Nothing is read.
+        :raises ResultNotFoundError: If no result exists under the reference.
+        :raises StorageError: If the backend fails.
+        """
+        path, segments = self._path_of(reference)
+        with _storage_errors("read the result", reference=reference):
+            data = self._handle.io().get(path)
+        return self._decode(segments, data)
+
+    async def read_async(self, reference: str) -> str | bytes:
+        """
+        Async `read`.
+
+        :param reference: A reference returned by `write`.
+        :returns: The stored content, as text or bytes.
+        :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
+        :raises ResultNotFoundError: If no result exists under the reference.
+        :raises StorageError: If the backend fails.
+        """
+        path, segments = self._path_of(reference)
+        with _storage_errors("read the result", reference=reference):
+            data = await self._handle.io().get_async(path)
+        return self._decode(segments, data)
+
+    def read_range(self, reference: str, start: int, end: int) -> bytes:
+        """
+        Return bytes `start` (inclusive) to `end` (exclusive) of a stored result; one ranged GET on S3.
+
+        The range is in bytes of the stored form (UTF-8 for text); it is cut short at the end of the result.
+
+        :param reference: A reference returned by `write`.
+        :param start: First byte, zero-based, not negative.
+        :param end: One past the last byte; not below `start`.
+        :returns: The bytes in the range.
+        :raises ValueError: If the range is negative or reversed.
+        :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
+        :raises ResultNotFoundError: If no result exists under the reference.
+        """
+        _check_range(start, end)
+        path, _ = self._path_of(reference)
+        with _storage_errors("read the result", reference=reference):
+            return self._handle.io().get_range(path, start, end)
+
+    async def read_range_async(self, reference: str, start: int, end: int) -> bytes:
+        """
+        Async `read_range`.
+
+        :param reference: A reference returned by `write`.
+        :param start: First byte, zero-based.
+        :param end: One past the last byte.
+        :returns: The bytes in the range.
+        :raises ValueError: If the range is negative or reversed.
+        :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
+        :raises ResultNotFoundError: If no result exists under the reference.
+        """
+        _check_range(start, end)
+        path, _ = self._path_of(reference)
+        with _storage_errors("read the result", reference=reference):
+            return await self._handle.io().get_range_async(path, start, end)
+
+    # Inventory: tools, CLI, retention
+
+    def info(self, reference: str) -> StoredResult:
+        """
+        Describe one stored result without reading it (one HEAD on S3).
+
+        :param reference: A reference returned by `write` or `list`.
+        :returns: The result's metadata.
+        :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
+        :raises ResultNotFoundError: If no result exists under the reference.
+        """
+        path, segments = self._path_of(reference)
+        with _storage_errors("describe the result", reference=reference):
+            size = self._handle.io().size(path)
+        return self._record(reference, segments, size)
+
+    async def info_async(self, reference: str) -> StoredResult:
+        """
+        Async `info`.
+
+        :param reference: A reference returned by `write` or `list`.
+        :returns: The result's metadata.
+        :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
+        :raises ResultNotFoundError: If no result exists under the reference.
+        """
+        path, segments = self._path_of(reference)
+        with _storage_errors("describe the result", reference=reference):
+            size = await self._handle.io().size_async(path)
+        return self._record(reference, segments, size)
+
+    def list(self, *, limit: int | None = None) -> list[StoredResult]:
+        """
+        List the results in this store's scope, newest first (a LIST on S3, paginated by the backend).
+
+        :param limit: Return at most this many (the newest).
+        :returns: The results' metadata. Objects that are not results written by this library are left out.
+        :raises StorageError: If the backend fails (e.g. the bucket does not exist).
+        """
+        with _storage_errors("list results", reference=None):
+            found = self._handle.io().find(self._scope_path())
+        return self._records(found)[:limit]
+
+    async def list_async(self, *, limit: int | None = None) -> list[StoredResult]:
+        """
+        Async `list`.
+
+        :param limit: Return at most this many (the newest).
+        :returns: The results' metadata, newest first.
+        :raises StorageError: If the backend fails.
+        """
+        with _storage_errors("list results", reference=None):
+            found = await self._handle.io().find_async(self._scope_path())
+        return self._records(found)[:limit]
+
+    def delete(self, reference: str) -> None:
+        """
+        Delete one stored result. Deleting a result that does not exist is not an error.
+
+        :param reference: A reference returned by `write` or `list`.
+        :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
+        :raises StorageError: If the backend fails.
+        """
+        path, _ = self._path_of(reference)
+        with _storage_errors("delete the result", reference=reference):
+            self._handle.io().delete([path])
+
+    async def delete_async(self, reference: str) -> None:
+        """
+        Async `delete`.
+
+        :param reference: A reference returned by `write` or `list`.
+        :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
+        :raises StorageError: If the backend fails.
+        """
+        path, _ = self._path_of(reference)
+        with _storage_errors("delete the result", reference=reference):
+            await self._handle.io().delete_async([path])
+
+    def purge(self) -> int:
+        """
+        Delete every result in this store's scope (a session's, a tenant's, or, on the root store, everyone's).
+
+        Objects that are not results (for example an operator's README) are kept.
+
+        :returns: How many results were deleted.
+        :raises StorageError: If the backend fails; results not yet deleted stay readable.
+        """
+        records = self.list()
+        prefix = self._scope_path() + "/"
+        with _storage_errors("purge results", reference=None):
+            self._handle.io().delete([prefix + record.reference for record in records])
+        return len(records)
+
+    async def purge_async(self) -> int:
+        """
+        Async `purge`.
+
+        :returns: How many results were deleted.
+        :raises StorageError: If the backend fails.
+        """
+        records = await self.list_async()
+        prefix = self._scope_path() + "/"
+        with _storage_errors("purge results", reference=None):
+            await self._handle.io().delete_async([prefix + record.reference for record in records])
+        return len(records)
+
+    # Lifecycle and serialization
+
+    def warm_up(self) -> None:
+        """Create the filesystem client now (and, on S3, its session) instead of on the first request."""
+        self._handle.io().warm_up()
+
+    async def warm_up_async(self) -> None:
+        """Async `warm_up`."""
+        await self._handle.io().warm_up_async()
+
+    def to_dict(self) -> dict[str, Any]:
+        """
+        Serialize the store: URL, storage options (with `Secret`s as environment-variable references) and scope.
+
+        :returns: A dictionary representation.
+        :raises SerializationError: If the store was built on a filesystem object, or holds credentials in clear.
+        """
+        if self._filesystem is not None:
+            raise SerializationError(
+                "A store built on a filesystem object cannot be serialized; build it from url and storage_options."
+            )
+        return default_to_dict(
+            self,
+            url=self.url,
+            storage_options=serialize_options(self.storage_options),
+            tenant=self.tenant,
+            session=self.session,
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "FsspecToolResultStore":
+        """
+        Deserialize a store produced by `to_dict`.
+
+        :param data: The dictionary representation.
+        :returns: The store.
+        """
+        init_parameters = data.get("init_parameters", {})
+        if init_parameters.get("storage_options"):
+            init_parameters["storage_options"] = deserialize_options(init_parameters["storage_options"])
+        return default_from_dict(cls, data)
+
+    def __repr__(self) -> str:
+        scope = f", scope={'/'.join(self._scope)!r}" if self._scope else ""
+        return f"{type(self).__name__}({self.url!r}{scope})"
+
+
+class _FilesystemHandle:
+    """
+    The filesystem and I/O strategy shared by a root store and every store derived from it.
+
+    Created on first use, once, so constructors do no I/O and every request reuses one client and connection pool.
+    Creating it does no network I/O either (s3fs connects on its first request), so it is safe on an event loop.
+    """
+
+    def __init__(
+        self,
+        protocol: str,
+        root_path: str,
+        storage_options: dict[str, Any],
+        filesystem: AbstractFileSystem | None,
+    ) -> None:
+        self._protocol = protocol
+        self._root_path = root_path
+        self._storage_options = storage_options
+        self._filesystem = filesystem
+        self._io: StorageIO | None = None
+        self._resolved_root: str | None = None
+        self._lock = threading.Lock()
+
+    def _create(self) -> None:
+        with self._lock:
+            if self._io is not None:
+                return
+            fs = self._filesystem
+            if fs is None:
+                options = resolve_secrets(self._storage_options)
+                if self._protocol in {"s3", "s3a"}:
+                    config = dict(options.get("config_kwargs") or {})
+                    config.setdefault("max_pool_connections", DEFAULT_S3_MAX_POOL_CONNECTIONS)
+                    options["config_kwargs"] = config
+                fs = fsspec.filesystem(self._protocol, **options)
+            root = self._root_path
+            if self._protocol in {"file", "local"}:
+                # Compare real paths later: a symlink anywhere below the real root is refused.
+                root = os.path.realpath(root)
+            self._resolved_root = root
+            self._io = storage_io_for(fs)
+
+    def io(self) -> StorageIO:
+        if self._io is None:
+            self._create()
+        assert self._io is not None
+        return self._io
+
+    def root_path(self) -> str:
+        if self._resolved_root is None:
+            self._create()
+        assert self._resolved_root is not None
+        return self._resolved_root
+
+
+def _check_range(start: int, end: int) -> None:
+    if start < 0 or end < start:
+        raise ValueError(f"Invalid byte range [{start}, {end}): start must be >= 0 and end >= start.")
+
+
+@contextmanager
+def _storage_errors(action: str, *, reference: str | None) -> Iterator[None]:
+    """Translate backend exceptions into this library's built-in-derived errors, chained to the original."""
+    try:
+        yield
+    except (InvalidReferenceError, InvalidScopeIdError, ResultNotFoundError, StoragePermissionError, StorageError):
+        raise
+    except FileNotFoundError as error:
+        if reference is not None:
+            raise ResultNotFoundError(f"No stored result {reference!r} in this scope.") from error
+        raise StorageError(f"Could not {action}: the bucket or directory does not exist.") from error
+    except PermissionError as error:
+        raise StoragePermissionError(f"Storage refused to {action}: permission denied.") from error
+    except Exception as error:
+        # The backend's message may name the bucket and other tenants' paths; it stays on the chained cause.
+        raise StorageError(f"Could not {action}: {type(error).__name__} from the storage backend.") from error

@@ -1,0 +1,363 @@
+"""
+The few storage operations a store needs, done with the fewest requests each backend allows.
+
+fsspec does the I/O; this module only picks, per backend family, the call that meets the store's contract:
+
+- `S3IO` (s3fs): one PUT per write, one GET per whole read (``_cat_file`` with ``max_concurrency=1``: the default
+  adds a HEAD first), one ranged GET per page, batched DeleteObjects whose per-key errors are not ignored.
+- `AsyncFilesystemIO`: any other async fsspec backend (gcsfs, adlfs, ...) through its coroutine methods.
+- `LocalIO`: atomic writes (temporary file and rename, so a reader never sees half a result) and a symlink check on
+  every path: the real path must be the path we built, or the access is refused.
+- `SyncFilesystemIO`: memory and any other synchronous backend.
+
+Async fsspec filesystems created the usual way live on fsspec's own I/O thread and event loop. Their coroutines are
+submitted to that loop and awaited from the caller's loop (`asyncio.wrap_future`), so no caller's loop ever blocks on
+the network and none ever awaits a coroutine bound to another loop ("Event loop is closed"). Blocking local-disk calls
+run in a worker thread in async paths.
+"""
+
+import asyncio
+import os
+import secrets
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any, TypeVar
+
+from fsspec import AbstractFileSystem
+from fsspec.asyn import AsyncFileSystem, sync
+
+from haystack_integrations.offload.errors import InvalidReferenceError, StorageError, StoragePermissionError
+
+T = TypeVar("T")
+
+# DeleteObjects takes at most 1000 keys per request.
+_S3_DELETE_BATCH = 1000
+
+
+class StorageIO:
+    """
+    Synchronous and asynchronous versions of put, get, ranged get, size, find and delete for one filesystem.
+
+    Paths are full paths in the filesystem's own form (``bucket/prefix/...`` for S3, absolute paths for local disk),
+    built and validated by the store. The base class serves synchronous filesystems; subclasses override what their
+    backend does better.
+    """
+
+    # Whether the synchronous calls touch a disk or network, and so must leave the event loop in async paths.
+    blocking = True
+
+    def __init__(self, fs: AbstractFileSystem) -> None:
+        """
+        :param fs: The fsspec filesystem to use.
+        """
+        self.fs = fs
+
+    def warm_up(self) -> None:
+        """Open whatever the backend opens lazily (nothing, for synchronous filesystems)."""
+
+    async def warm_up_async(self) -> None:
+        """Async `warm_up`."""
+
+    def put(self, path: str, data: bytes) -> None:
+        """Store `data` at `path`, replacing any object there."""
+        self.fs.pipe_file(path, data)
+
+    def get(self, path: str) -> bytes:
+        """Return the whole object at `path`."""
+        return bytes(self.fs.cat_file(path))
+
+    def get_range(self, path: str, start: int, end: int) -> bytes:
+        """Return bytes `start` (inclusive) to `end` (exclusive) of the object at `path`; short at the object's end."""
+        return bytes(self.fs.cat_file(path, start=start, end=end))
+
+    def size(self, path: str) -> int:
+        """Return the size in bytes of the object at `path`."""
+        return int(self.fs.info(path)["size"])
+
+    def find(self, path: str) -> dict[str, int]:
+        """Return every object below the directory `path` (recursively) with its size; empty if there is none."""
+        found = self.fs.find(path, detail=True)
+        return {name: int(info.get("size") or 0) for name, info in found.items() if info.get("type") != "directory"}
+
+    def delete(self, paths: Iterable[str]) -> None:
+        """Delete the objects at `paths`; a missing object is not an error."""
+        for path in paths:
+            try:
+                self.fs.rm_file(path)
+            except FileNotFoundError:
+                continue
+
+    async def _in_thread(self, function: Callable[..., T], *args: Any) -> T:
+        if self.blocking:
+            return await asyncio.to_thread(function, *args)
+        return function(*args)
+
+    async def put_async(self, path: str, data: bytes) -> None:
+        """Async `put`."""
+        await self._in_thread(self.put, path, data)
+
+    async def get_async(self, path: str) -> bytes:
+        """Async `get`."""
+        return await self._in_thread(self.get, path)
+
+    async def get_range_async(self, path: str, start: int, end: int) -> bytes:
+        """Async `get_range`."""
+        return await self._in_thread(self.get_range, path, start, end)
+
+    async def size_async(self, path: str) -> int:
+        """Async `size`."""
+        return await self._in_thread(self.size, path)
+
+    async def find_async(self, path: str) -> dict[str, int]:
+        """Async `find`."""
+        return await self._in_thread(self.find, path)
+
+    async def delete_async(self, paths: Iterable[str]) -> None:
+        """Async `delete`."""
+        await self._in_thread(self.delete, list(paths))
+
+
+class SyncFilesystemIO(StorageIO):
+    """In-memory and other synchronous filesystems."""
+
+    def __init__(self, fs: AbstractFileSystem) -> None:
+        """
+        :param fs: The fsspec filesystem to use.
+        """
+        super().__init__(fs)
+        # fsspec's memory filesystem is a dict: calling it inline is cheaper than a thread hop.
+        self.blocking = "memory" not in _protocols(fs)
+
+
+class LocalIO(StorageIO):
+    """Local disk: atomic writes and refusal of any path that a symlink redirects."""
+
+    def put(self, path: str, data: bytes) -> None:
+        """Write `data` to a temporary file beside `path`, then rename it into place (atomic on POSIX and Windows)."""
+        directory = os.path.dirname(path)
+        os.makedirs(directory, exist_ok=True)
+        _refuse_redirected(directory)
+        # A leading dot keeps the temporary file out of listings: it is not a valid result name.
+        temporary = os.path.join(directory, f".tmp-{secrets.token_hex(8)}")
+        try:
+            with open(temporary, "xb") as file:
+                file.write(data)
+            os.replace(temporary, path)
+        except BaseException:
+            try:
+                os.unlink(temporary)
+            except FileNotFoundError:
+                pass
+            raise
+
+    def get(self, path: str) -> bytes:
+        """Return the file's content after checking that no symlink redirects the path."""
+        _refuse_redirected(path)
+        with open(path, "rb") as file:
+            return file.read()
+
+    def get_range(self, path: str, start: int, end: int) -> bytes:
+        """Return part of the file after checking that no symlink redirects the path."""
+        _refuse_redirected(path)
+        with open(path, "rb") as file:
+            file.seek(start)
+            return file.read(max(0, end - start))
+
+    def size(self, path: str) -> int:
+        """Return the file's size after checking that no symlink redirects the path."""
+        _refuse_redirected(path)
+        return os.stat(path).st_size
+
+    def find(self, path: str) -> dict[str, int]:
+        """Walk the directory without following symlinks; symlinks themselves are skipped."""
+        found: dict[str, int] = {}
+        if not os.path.isdir(path):
+            return found
+        _refuse_redirected(path)
+        for directory, _subdirectories, files in os.walk(path, followlinks=False):
+            for name in files:
+                full = os.path.join(directory, name)
+                if not os.path.islink(full):
+                    found[full] = os.stat(full).st_size
+        return found
+
+    def delete(self, paths: Iterable[str]) -> None:
+        """Delete the files, then the directories they leave empty (never the store's root)."""
+        directories: set[str] = set()
+        for path in paths:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                continue
+            directories.add(os.path.dirname(path))
+        # Deepest first, so a session directory goes before its tenant directory.
+        for directory in sorted(directories, key=len, reverse=True):
+            try:
+                os.rmdir(directory)
+            except OSError:
+                continue
+
+
+class AsyncFilesystemIO(StorageIO):
+    """Async fsspec filesystems: coroutines run on the filesystem's own loop, sync calls wait for them."""
+
+    blocking = False
+
+    def __init__(self, fs: AsyncFileSystem) -> None:
+        """
+        :param fs: The async fsspec filesystem to use.
+        """
+        super().__init__(fs)
+        self.async_fs = fs
+
+    def _sync(self, coroutine_function: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
+        result: T = sync(self.async_fs.loop, coroutine_function, *args)
+        return result
+
+    async def _on_fs_loop(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        loop = self.async_fs.loop
+        if loop is asyncio.get_running_loop():
+            # An `asynchronous=True` filesystem made on the caller's loop.
+            return await coroutine
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, loop))
+
+    async def _warm_up(self) -> None:
+        set_session = getattr(self.async_fs, "set_session", None)
+        if set_session is not None:
+            await set_session()
+
+    def warm_up(self) -> None:
+        """Create the backend's client session (s3fs makes it on first request otherwise)."""
+        self._sync(self._warm_up)
+
+    async def warm_up_async(self) -> None:
+        """Async `warm_up`, run on the filesystem's loop."""
+        await self._on_fs_loop(self._warm_up())
+
+    async def _put(self, path: str, data: bytes) -> None:
+        await self.async_fs._pipe_file(path, data)
+
+    async def _get(self, path: str) -> bytes:
+        return bytes(await self.async_fs._cat_file(path))
+
+    async def _get_range(self, path: str, start: int, end: int) -> bytes:
+        if end <= start:
+            return b""
+        return bytes(await self.async_fs._cat_file(path, start=start, end=end))
+
+    async def _size(self, path: str) -> int:
+        return int((await self.async_fs._info(path))["size"])
+
+    async def _find(self, path: str) -> dict[str, int]:
+        found = await self.async_fs._find(path, detail=True)
+        return {name: int(info.get("size") or 0) for name, info in found.items() if info.get("type") != "directory"}
+
+    async def _delete(self, paths: list[str]) -> None:
+        for path in paths:
+            try:
+                await self.async_fs._rm_file(path)
+            except FileNotFoundError:
+                continue
+
+    def put(self, path: str, data: bytes) -> None:
+        """Store `data` at `path`."""
+        self._sync(self._put, path, data)
+
+    def get(self, path: str) -> bytes:
+        """Return the whole object at `path`."""
+        return self._sync(self._get, path)
+
+    def get_range(self, path: str, start: int, end: int) -> bytes:
+        """Return bytes `start` to `end` (exclusive) of the object at `path`."""
+        return self._sync(self._get_range, path, start, end)
+
+    def size(self, path: str) -> int:
+        """Return the size of the object at `path`."""
+        return self._sync(self._size, path)
+
+    def find(self, path: str) -> dict[str, int]:
+        """Return every object below `path` with its size."""
+        return self._sync(self._find, path)
+
+    def delete(self, paths: Iterable[str]) -> None:
+        """Delete the objects at `paths`."""
+        self._sync(self._delete, list(paths))
+
+    async def put_async(self, path: str, data: bytes) -> None:
+        """Async `put`, run on the filesystem's loop."""
+        await self._on_fs_loop(self._put(path, data))
+
+    async def get_async(self, path: str) -> bytes:
+        """Async `get`, run on the filesystem's loop."""
+        return await self._on_fs_loop(self._get(path))
+
+    async def get_range_async(self, path: str, start: int, end: int) -> bytes:
+        """Async `get_range`, run on the filesystem's loop."""
+        return await self._on_fs_loop(self._get_range(path, start, end))
+
+    async def size_async(self, path: str) -> int:
+        """Async `size`, run on the filesystem's loop."""
+        return await self._on_fs_loop(self._size(path))
+
+    async def find_async(self, path: str) -> dict[str, int]:
+        """Async `find`, run on the filesystem's loop."""
+        return await self._on_fs_loop(self._find(path))
+
+    async def delete_async(self, paths: Iterable[str]) -> None:
+        """Async `delete`, run on the filesystem's loop."""
+        await self._on_fs_loop(self._delete(list(paths)))
+
+
+class S3IO(AsyncFilesystemIO):
+    """S3 through s3fs, held to one request per write, whole read or page."""
+
+    async def _get(self, path: str) -> bytes:
+        # With s3fs's default max_concurrency (10), `_cat_file` first HEADs the object to plan parallel ranged reads.
+        # A tool result is read whole in one GET.
+        return bytes(await self.async_fs._cat_file(path, max_concurrency=1))
+
+    async def _delete(self, paths: list[str]) -> None:
+        for start in range(0, len(paths), _S3_DELETE_BATCH):
+            batch = paths[start : start + _S3_DELETE_BATCH]
+            bucket = self.async_fs.split_path(batch[0])[0]
+            objects = [{"Key": self.async_fs.split_path(path)[1]} for path in batch]
+            # s3fs's `_bulk_delete` drops per-key errors; a purge that silently keeps data is worse than one that fails.
+            response = await self.async_fs._call_s3(
+                "delete_objects", Bucket=bucket, Delete={"Objects": objects, "Quiet": True}
+            )
+            errors = response.get("Errors") or []
+            if errors:
+                codes = sorted({str(error.get("Code")) for error in errors})
+                message = f"{len(errors)} of {len(batch)} objects could not be deleted ({', '.join(codes)})."
+                if "AccessDenied" in codes:
+                    raise StoragePermissionError(message)
+                raise StorageError(message)
+            for path in batch:
+                self.async_fs.invalidate_cache(path)
+
+
+def _protocols(fs: AbstractFileSystem) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
+def _refuse_redirected(path: str) -> None:
+    """Refuse a local path that a symlink anywhere along it sends elsewhere (the root itself is already real)."""
+    if os.path.realpath(path) != path:
+        raise InvalidReferenceError("The path of this result passes through a symlink; refusing to follow it.")
+
+
+def storage_io_for(fs: AbstractFileSystem) -> StorageIO:
+    """
+    Pick the I/O strategy for a filesystem.
+
+    :param fs: An fsspec filesystem.
+    :returns: The `StorageIO` that serves it.
+    """
+    protocols = _protocols(fs)
+    if "s3" in protocols:
+        return S3IO(fs)  # type: ignore[arg-type]
+    if isinstance(fs, AsyncFileSystem):
+        return AsyncFilesystemIO(fs)
+    if "file" in protocols or "local" in protocols:
+        return LocalIO(fs)
+    return SyncFilesystemIO(fs)
