@@ -12,23 +12,26 @@ from lazy_imports import LazyImporter
 _import_structure = {
     "context": ["offload_context"],
     "errors": [
+        "DocumentExistsError",
         "InvalidReferenceError",
         "InvalidScopeIdError",
         "ResultNotFoundError",
         "StorageError",
         "StoragePermissionError",
     ],
-    "stores": ["FsspecToolResultStore", "StoredResult"],
+    "stores": ["FsspecToolResultStore", "SessionDocuments", "StoredResult"],
 }
 
 if TYPE_CHECKING:
     from .context import offload_context as offload_context
+    from .errors import DocumentExistsError as DocumentExistsError
     from .errors import InvalidReferenceError as InvalidReferenceError
     from .errors import InvalidScopeIdError as InvalidScopeIdError
     from .errors import ResultNotFoundError as ResultNotFoundError
     from .errors import StorageError as StorageError
     from .errors import StoragePermissionError as StoragePermissionError
     from .stores import FsspecToolResultStore as FsspecToolResultStore
+    from .stores import SessionDocuments as SessionDocuments
     from .stores import StoredResult as StoredResult
 else:
     sys.modules[__name__] = LazyImporter(name=__name__, module_file=__file__, import_structure=_import_structure)

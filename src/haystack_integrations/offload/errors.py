@@ -9,7 +9,9 @@ Every error subclasses a built-in exception, so callers can catch what they alre
     OSError
     ├── StorageError               any other backend failure (network, throttling, bad endpoint, ...)
     ├── FileNotFoundError
-    │   └── ResultNotFoundError    no result under this reference in this store's scope
+    │   └── ResultNotFoundError    no result (or document) under this name in this store's scope
+    ├── FileExistsError
+    │   └── DocumentExistsError    a conditional create lost: the document was created by someone else first
     └── PermissionError
         └── StoragePermissionError the backend refused the request (credentials, IAM, ACLs)
 
@@ -28,6 +30,10 @@ class InvalidReferenceError(ValueError):
 
 class StorageError(OSError):
     """The storage backend failed for a reason other than a missing object or a refused permission."""
+
+
+class DocumentExistsError(FileExistsError):
+    """A conditional create found the document already there: another run or worker created it first."""
 
 
 class ResultNotFoundError(FileNotFoundError):

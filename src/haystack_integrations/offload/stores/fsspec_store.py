@@ -5,8 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import threading
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Any
 
 import fsspec
@@ -16,19 +15,15 @@ from haystack.core.errors import SerializationError
 from haystack.core.serialization import default_from_dict, default_to_dict
 from haystack.hooks.tool_result_offloading.types import ToolResultStore
 
-from haystack_integrations.offload.errors import (
-    InvalidReferenceError,
-    InvalidScopeIdError,
-    ResultNotFoundError,
-    StorageError,
-    StoragePermissionError,
-)
+from haystack_integrations.offload.errors import InvalidReferenceError
+from haystack_integrations.offload.stores.documents import SessionDocuments
 from haystack_integrations.offload.stores.io import StorageIO, storage_io_for
 from haystack_integrations.offload.stores.names import ContentKind, new_object_name, parse_object_name
 from haystack_integrations.offload.stores.options import deserialize_options, resolve_secrets, serialize_options
 from haystack_integrations.offload.stores.records import StoredResult
 from haystack_integrations.offload.stores.references import parse_reference
 from haystack_integrations.offload.stores.scope import validate_scope_id
+from haystack_integrations.offload.stores.translate import storage_errors
 
 # botocore's default pool of 10 connections would cap a busy server at 10 S3 requests in flight.
 DEFAULT_S3_MAX_POOL_CONNECTIONS = 128
@@ -182,6 +177,16 @@ class FsspecToolResultStore(ToolResultStore):
         child._scope = ids
         return child
 
+    def documents(self, namespace: str) -> SessionDocuments:
+        """
+        Return the small documents kept in `namespace` beside this scope's results (approvals, claims, audit).
+
+        :param namespace: A short lower-case name such as ``"approvals"``.
+        :returns: A `SessionDocuments` sharing this store's client and scope.
+        :raises ValueError: If the namespace is not a short lower-case identifier.
+        """
+        return SessionDocuments(self, namespace)
+
     # Paths
 
     def _scope_path(self) -> str:
@@ -272,7 +277,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises StoragePermissionError: If the backend refuses the write.
         """
         path, reference, data = self._prepare_write(key, content, tool_name)
-        with _storage_errors("store the result", reference=None):
+        with storage_errors("store the result", reference=None):
             self._handle.io().put(path, data)
         return reference
 
@@ -288,7 +293,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises StoragePermissionError: If the backend refuses the write.
         """
         path, reference, data = self._prepare_write(key, content, tool_name)
-        with _storage_errors("store the result", reference=None):
+        with storage_errors("store the result", reference=None):
             await self._handle.io().put_async(path, data)
         return reference
 
@@ -304,7 +309,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises StorageError: If the backend fails.
         """
         path, segments = self._path_of(reference)
-        with _storage_errors("read the result", reference=reference):
+        with storage_errors("read the result", reference=reference):
             data = self._handle.io().get(path)
         return self._decode(segments, data)
 
@@ -319,7 +324,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises StorageError: If the backend fails.
         """
         path, segments = self._path_of(reference)
-        with _storage_errors("read the result", reference=reference):
+        with storage_errors("read the result", reference=reference):
             data = await self._handle.io().get_async(path)
         return self._decode(segments, data)
 
@@ -339,7 +344,7 @@ class FsspecToolResultStore(ToolResultStore):
         """
         _check_range(start, end)
         path, _ = self._path_of(reference)
-        with _storage_errors("read the result", reference=reference):
+        with storage_errors("read the result", reference=reference):
             return self._handle.io().get_range(path, start, end)
 
     async def read_range_async(self, reference: str, start: int, end: int) -> bytes:
@@ -356,7 +361,7 @@ class FsspecToolResultStore(ToolResultStore):
         """
         _check_range(start, end)
         path, _ = self._path_of(reference)
-        with _storage_errors("read the result", reference=reference):
+        with storage_errors("read the result", reference=reference):
             return await self._handle.io().get_range_async(path, start, end)
 
     # Inventory: tools, CLI, retention
@@ -371,7 +376,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises ResultNotFoundError: If no result exists under the reference.
         """
         path, segments = self._path_of(reference)
-        with _storage_errors("describe the result", reference=reference):
+        with storage_errors("describe the result", reference=reference):
             size = self._handle.io().size(path)
         return self._record(reference, segments, size)
 
@@ -385,7 +390,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises ResultNotFoundError: If no result exists under the reference.
         """
         path, segments = self._path_of(reference)
-        with _storage_errors("describe the result", reference=reference):
+        with storage_errors("describe the result", reference=reference):
             size = await self._handle.io().size_async(path)
         return self._record(reference, segments, size)
 
@@ -397,7 +402,7 @@ class FsspecToolResultStore(ToolResultStore):
         :returns: The results' metadata. Objects that are not results written by this library are left out.
         :raises StorageError: If the backend fails (e.g. the bucket does not exist).
         """
-        with _storage_errors("list results", reference=None):
+        with storage_errors("list results", reference=None):
             found = self._handle.io().find(self._scope_path())
         return self._records(found)[:limit]
 
@@ -409,7 +414,7 @@ class FsspecToolResultStore(ToolResultStore):
         :returns: The results' metadata, newest first.
         :raises StorageError: If the backend fails.
         """
-        with _storage_errors("list results", reference=None):
+        with storage_errors("list results", reference=None):
             found = await self._handle.io().find_async(self._scope_path())
         return self._records(found)[:limit]
 
@@ -422,7 +427,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises StorageError: If the backend fails.
         """
         path, _ = self._path_of(reference)
-        with _storage_errors("delete the result", reference=reference):
+        with storage_errors("delete the result", reference=reference):
             self._handle.io().delete([path])
 
     async def delete_async(self, reference: str) -> None:
@@ -434,7 +439,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises StorageError: If the backend fails.
         """
         path, _ = self._path_of(reference)
-        with _storage_errors("delete the result", reference=reference):
+        with storage_errors("delete the result", reference=reference):
             await self._handle.io().delete_async([path])
 
     def purge(self) -> int:
@@ -448,7 +453,7 @@ class FsspecToolResultStore(ToolResultStore):
         """
         records = self.list()
         prefix = self._scope_path() + "/"
-        with _storage_errors("purge results", reference=None):
+        with storage_errors("purge results", reference=None):
             self._handle.io().delete([prefix + record.reference for record in records])
         return len(records)
 
@@ -461,7 +466,7 @@ class FsspecToolResultStore(ToolResultStore):
         """
         records = await self.list_async()
         prefix = self._scope_path() + "/"
-        with _storage_errors("purge results", reference=None):
+        with storage_errors("purge results", reference=None):
             await self._handle.io().delete_async([prefix + record.reference for record in records])
         return len(records)
 
@@ -570,21 +575,3 @@ class _FilesystemHandle:
 def _check_range(start: int, end: int) -> None:
     if start < 0 or end < start:
         raise ValueError(f"Invalid byte range [{start}, {end}): start must be >= 0 and end >= start.")
-
-
-@contextmanager
-def _storage_errors(action: str, *, reference: str | None) -> Iterator[None]:
-    """Translate backend exceptions into this library's built-in-derived errors, chained to the original."""
-    try:
-        yield
-    except (InvalidReferenceError, InvalidScopeIdError, ResultNotFoundError, StoragePermissionError, StorageError):
-        raise
-    except FileNotFoundError as error:
-        if reference is not None:
-            raise ResultNotFoundError(f"No stored result {reference!r} in this scope.") from error
-        raise StorageError(f"Could not {action}: the bucket or directory does not exist.") from error
-    except PermissionError as error:
-        raise StoragePermissionError(f"Storage refused to {action}: permission denied.") from error
-    except Exception as error:
-        # The backend's message may name the bucket and other tenants' paths; it stays on the chained cause.
-        raise StorageError(f"Could not {action}: {type(error).__name__} from the storage backend.") from error

@@ -19,6 +19,7 @@ run in a worker thread in async paths.
 import asyncio
 import os
 import secrets
+import threading
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
@@ -31,6 +32,7 @@ T = TypeVar("T")
 
 # DeleteObjects takes at most 1000 keys per request.
 _S3_DELETE_BATCH = 1000
+_EXCLUSIVE_CREATE_LOCK = threading.Lock()
 
 
 class StorageIO:
@@ -60,6 +62,12 @@ class StorageIO:
     def put(self, path: str, data: bytes) -> None:
         """Store `data` at `path`, replacing any object there."""
         self.fs.pipe_file(path, data)
+
+    def put_exclusive(self, path: str, data: bytes) -> None:
+        """Store `data` at `path` only if nothing is there yet; raise `FileExistsError` otherwise."""
+        # fsspec's generic create mode checks and then writes; in one process the lock makes that atomic.
+        with _EXCLUSIVE_CREATE_LOCK:
+            self.fs.pipe_file(path, data, mode="create")
 
     def get(self, path: str) -> bytes:
         """Return the whole object at `path`."""
@@ -94,6 +102,10 @@ class StorageIO:
     async def put_async(self, path: str, data: bytes) -> None:
         """Async `put`."""
         await self._in_thread(self.put, path, data)
+
+    async def put_exclusive_async(self, path: str, data: bytes) -> None:
+        """Async `put_exclusive`."""
+        await self._in_thread(self.put_exclusive, path, data)
 
     async def get_async(self, path: str) -> bytes:
         """Async `get`."""
@@ -148,6 +160,23 @@ class LocalIO(StorageIO):
             except FileNotFoundError:
                 pass
             raise
+
+    def put_exclusive(self, path: str, data: bytes) -> None:
+        """Write a temporary file, then hard-link it into place: the link fails if the name exists (any process)."""
+        directory = os.path.dirname(path)
+        os.makedirs(directory, exist_ok=True)
+        _refuse_redirected(directory)
+        temporary = os.path.join(directory, f".tmp-{secrets.token_hex(8)}")
+        try:
+            with open(temporary, "xb") as file:
+                file.write(data)
+            # link() is atomic and never replaces: readers see the whole document or nothing.
+            os.link(temporary, path)
+        finally:
+            try:
+                os.unlink(temporary)
+            except FileNotFoundError:
+                pass
 
     def get(self, path: str) -> bytes:
         """Return the file's content after checking that no symlink redirects the path."""
@@ -236,6 +265,10 @@ class AsyncFilesystemIO(StorageIO):
     async def _put(self, path: str, data: bytes) -> None:
         await self.async_fs._pipe_file(path, data)
 
+    async def _put_exclusive(self, path: str, data: bytes) -> None:
+        # s3fs sends If-None-Match: * (S3 answers 412 and s3fs raises FileExistsError when the key exists).
+        await self.async_fs._pipe_file(path, data, mode="create")
+
     async def _get(self, path: str) -> bytes:
         return bytes(await self.async_fs._cat_file(path))
 
@@ -262,6 +295,10 @@ class AsyncFilesystemIO(StorageIO):
         """Store `data` at `path`."""
         self._sync(self._put, path, data)
 
+    def put_exclusive(self, path: str, data: bytes) -> None:
+        """Store `data` at `path` only if nothing is there yet (a conditional PUT on S3)."""
+        self._sync(self._put_exclusive, path, data)
+
     def get(self, path: str) -> bytes:
         """Return the whole object at `path`."""
         return self._sync(self._get, path)
@@ -285,6 +322,10 @@ class AsyncFilesystemIO(StorageIO):
     async def put_async(self, path: str, data: bytes) -> None:
         """Async `put`, run on the filesystem's loop."""
         await self._on_fs_loop(self._put(path, data))
+
+    async def put_exclusive_async(self, path: str, data: bytes) -> None:
+        """Async `put_exclusive`, run on the filesystem's loop."""
+        await self._on_fs_loop(self._put_exclusive(path, data))
 
     async def get_async(self, path: str) -> bytes:
         """Async `get`, run on the filesystem's loop."""

@@ -1,0 +1,164 @@
+"""
+Small documents kept beside a scope's results: approval requests and decisions, claims, audit events, history.
+
+They live under a namespace directory inside the store's scope, so they share its isolation (and, on S3, its
+per-tenant IAM prefix and lifecycle rules) but never show up as tool results::
+
+    <root>/<tenant>/<session>/
+    ├── 20261129T213400123456Z-5f3a9c1e.t.web_search.3_web_search_call_abc.txt     results (store.list())
+    ├── .approvals/<document>                                                    store.documents("approvals")
+    └── .audit/<document>                                                        store.documents("audit")
+
+`create` is a conditional write (S3 ``If-None-Match: *``, a hard link on local disk), so two workers racing to
+create the same document get one winner and one `DocumentExistsError`: the basis for exactly-once claims and
+optimistic concurrency on history.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from haystack_integrations.offload.errors import InvalidReferenceError
+from haystack_integrations.offload.stores.translate import storage_errors
+
+if TYPE_CHECKING:
+    from haystack_integrations.offload.stores.fsspec_store import FsspecToolResultStore
+
+_NAMESPACE = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+_DOCUMENT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")
+
+
+def _checked_name(name: object) -> str:
+    if not isinstance(name, str) or not _DOCUMENT_NAME.fullmatch(name):
+        shown = repr(name)[:80]
+        raise InvalidReferenceError(
+            f"Document name {shown} is not allowed: use 1-200 of A-Z a-z 0-9 . _ - and do not start with '.'."
+        )
+    return name
+
+
+class SessionDocuments:
+    """
+    Bytes documents in one namespace of a store's scope, with plain and conditional (create-only) writes.
+
+    Get one with `FsspecToolResultStore.documents(namespace)`. Like the store, it holds no per-request state and
+    shares the store's client, so creating one per request is cheap.
+
+    ```python
+    approvals = store.for_session("acme", "chat-42").documents("approvals")
+    approvals.create("call_123.claim", b"{}")   # exactly one worker succeeds
+    ```
+    """
+
+    def __init__(self, store: FsspecToolResultStore, namespace: str) -> None:
+        """
+        :param store: The store whose scope the documents belong to.
+        :param namespace: A lower-case name such as ``"approvals"``; becomes the directory ``.<namespace>``.
+        :raises ValueError: If the namespace is not a short lower-case identifier.
+        """
+        if not _NAMESPACE.fullmatch(namespace):
+            raise ValueError(f"Document namespace {namespace!r} must match {_NAMESPACE.pattern}.")
+        self.store = store
+        self.namespace = namespace
+
+    def _directory(self) -> str:
+        return f"{self.store._scope_path()}/.{self.namespace}"
+
+    def _path(self, name: object) -> str:
+        return f"{self._directory()}/{_checked_name(name)}"
+
+    def _label(self, name: object) -> str:
+        return f"{self.namespace}/{name}"
+
+    def put(self, name: str, data: bytes) -> None:
+        """
+        Write a document, replacing any previous version (one PUT on S3).
+
+        :param name: The document's name within the namespace.
+        :param data: Its content.
+        :raises StorageError: If the backend fails.
+        """
+        path = self._path(name)
+        with storage_errors(f"write document {self._label(name)!r}", reference=None):
+            self.store._handle.io().put(path, bytes(data))
+
+    async def put_async(self, name: str, data: bytes) -> None:
+        """Async `put`."""
+        path = self._path(name)
+        with storage_errors(f"write document {self._label(name)!r}", reference=None):
+            await self.store._handle.io().put_async(path, bytes(data))
+
+    def create(self, name: str, data: bytes) -> None:
+        """
+        Write a document only if it does not exist yet; atomic across processes and machines.
+
+        :param name: The document's name within the namespace.
+        :param data: Its content.
+        :raises DocumentExistsError: If the document already exists (another writer won).
+        :raises StorageError: If the backend fails.
+        """
+        path = self._path(name)
+        with storage_errors(f"create document {self._label(name)!r}", reference=None):
+            self.store._handle.io().put_exclusive(path, bytes(data))
+
+    async def create_async(self, name: str, data: bytes) -> None:
+        """Async `create`."""
+        path = self._path(name)
+        with storage_errors(f"create document {self._label(name)!r}", reference=None):
+            await self.store._handle.io().put_exclusive_async(path, bytes(data))
+
+    def get(self, name: str) -> bytes:
+        """
+        Read a document (one GET on S3).
+
+        :param name: The document's name within the namespace.
+        :returns: Its content.
+        :raises ResultNotFoundError: If there is no such document.
+        """
+        path = self._path(name)
+        with storage_errors(f"read document {self._label(name)!r}", reference=self._label(name)):
+            return self.store._handle.io().get(path)
+
+    async def get_async(self, name: str) -> bytes:
+        """Async `get`."""
+        path = self._path(name)
+        with storage_errors(f"read document {self._label(name)!r}", reference=self._label(name)):
+            return await self.store._handle.io().get_async(path)
+
+    def list(self) -> list[str]:
+        """
+        List the namespace's document names in sorted order (a LIST on S3).
+
+        :returns: The names; empty if the namespace has none.
+        """
+        with storage_errors(f"list documents in {self.namespace!r}", reference=None):
+            found = self.store._handle.io().find(self._directory())
+        return self._names(found)
+
+    async def list_async(self) -> list[str]:
+        """Async `list`."""
+        with storage_errors(f"list documents in {self.namespace!r}", reference=None):
+            found = await self.store._handle.io().find_async(self._directory())
+        return self._names(found)
+
+    def _names(self, found: dict[str, int]) -> list[str]:
+        prefix = self._directory() + "/"
+        names = (path[len(prefix) :] for path in found if path.startswith(prefix))
+        return sorted(name for name in names if _DOCUMENT_NAME.fullmatch(name))
+
+    def delete(self, name: str) -> None:
+        """
+        Delete a document; a missing one is not an error.
+
+        :param name: The document's name within the namespace.
+        """
+        path = self._path(name)
+        with storage_errors(f"delete document {self._label(name)!r}", reference=None):
+            self.store._handle.io().delete([path])
+
+    async def delete_async(self, name: str) -> None:
+        """Async `delete`."""
+        path = self._path(name)
+        with storage_errors(f"delete document {self._label(name)!r}", reference=None):
+            await self.store._handle.io().delete_async([path])

@@ -1,0 +1,51 @@
+"""Translation of backend exceptions into this library's errors, in one place for every store operation."""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from haystack_integrations.offload.errors import (
+    DocumentExistsError,
+    InvalidReferenceError,
+    InvalidScopeIdError,
+    ResultNotFoundError,
+    StorageError,
+    StoragePermissionError,
+)
+
+_OURS = (
+    DocumentExistsError,
+    InvalidReferenceError,
+    InvalidScopeIdError,
+    ResultNotFoundError,
+    StorageError,
+    StoragePermissionError,
+)
+
+
+@contextmanager
+def storage_errors(action: str, *, reference: str | None) -> Iterator[None]:
+    """
+    Translate backend exceptions raised inside the block into this library's built-in-derived errors.
+
+    The new error's message is safe to show to a model (no bucket, prefix or other tenant in it); the backend's
+    exception stays attached as ``__cause__`` for logs.
+
+    :param action: What was being done, for the message ("read the result").
+    :param reference: The reference involved, if any: a missing object then means "no such result".
+    """
+    try:
+        yield
+    except _OURS:
+        raise
+    except FileExistsError as error:
+        # Only conditional creates raise this: somebody else created the object first.
+        raise DocumentExistsError(f"Could not {action}: it already exists.") from error
+    except FileNotFoundError as error:
+        if reference is not None:
+            raise ResultNotFoundError(f"No stored result {reference!r} in this scope.") from error
+        raise StorageError(f"Could not {action}: the bucket or directory does not exist.") from error
+    except PermissionError as error:
+        raise StoragePermissionError(f"Storage refused to {action}: permission denied.") from error
+    except Exception as error:
+        # The backend's message may name the bucket and other tenants' paths; it stays on the chained cause.
+        raise StorageError(f"Could not {action}: {type(error).__name__} from the storage backend.") from error
