@@ -22,7 +22,7 @@ TEXTS = [
 BINARIES = [
     b"\x89PNG\r\n\x1a\n\x00\x00binary",
     b"\xff\xfe\xfd not utf-8",
-    "valid utf-8 text, given as bytes".encode(),
+    b"valid utf-8 text, given as bytes",
     bytes(range(256)),
 ]
 
@@ -99,9 +99,22 @@ def test_overlong_key_is_bounded_and_distinct(session: FsspecToolResultStore) ->
 
 @pytest.mark.parametrize(
     "key",
-    ["../../../escape.txt", "/etc/passwd", "a/b\\c.txt", "nul\x00.txt", "", ".", "..", ".hidden", "ключ.txt", " sp ace "],
+    [
+        "../../../escape.txt",
+        "/etc/passwd",
+        "a/b\\c.txt",
+        "nul\x00.txt",
+        "",
+        ".",
+        "..",
+        ".hidden",
+        "ключ.txt",
+        " sp ace ",
+    ],
 )
-def test_odd_keys_stay_inside_the_session(session: FsspecToolResultStore, store: FsspecToolResultStore, key: str) -> None:
+def test_odd_keys_stay_inside_the_session(
+    session: FsspecToolResultStore, store: FsspecToolResultStore, key: str
+) -> None:
     reference = session.write(key=key, content="contained")
     assert "/" not in reference
     assert session.read(reference) == "contained"

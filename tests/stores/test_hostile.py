@@ -260,7 +260,9 @@ def test_symlinked_result_pointing_out_of_the_root_is_refused(
     assert A_NAME not in {record.reference for record in session.list()}
 
 
-def test_symlinked_session_directory_into_another_tenant_is_refused(local_root: tuple[FsspecToolResultStore, Path]) -> None:
+def test_symlinked_session_directory_into_another_tenant_is_refused(
+    local_root: tuple[FsspecToolResultStore, Path],
+) -> None:
     store, root = local_root
     victim = store.for_session("globex", "chat-1")
     reference = victim.write(key="k.txt", content="globex's secret")

@@ -10,7 +10,9 @@ pytestmark = pytest.mark.s3
 
 @pytest.fixture
 def s3_session(s3_server: LocalS3Server, request: pytest.FixtureRequest) -> FsspecToolResultStore:
-    store = FsspecToolResultStore(f"{s3_server.bucket_url}/{request.node.name[:40]}", storage_options=s3_server.storage_options())
+    store = FsspecToolResultStore(
+        f"{s3_server.bucket_url}/{request.node.name[:40]}", storage_options=s3_server.storage_options()
+    )
     store.warm_up()
     return store.for_session("acme", "chat-1")
 
@@ -18,13 +20,19 @@ def s3_session(s3_server: LocalS3Server, request: pytest.FixtureRequest) -> Fssp
 def _summary(log: RequestLog) -> list[tuple[str, str, bool]]:
     """(method, kind, ranged) per request, where kind tells object requests from bucket listings."""
     return [
-        (request.method, "list" if "list-type" in request.query or request.key in (None, "") else "object", request.range is not None)
+        (
+            request.method,
+            "list" if "list-type" in request.query or request.key in (None, "") else "object",
+            request.range is not None,
+        )
         for request in log
     ]
 
 
 @pytest.mark.parametrize("content", ["text " * 1000, b"\x00\xff" * 1000, "x" * (6 * 2**20)])
-def test_a_write_is_exactly_one_put(s3_session: FsspecToolResultStore, s3_requests: RequestLog, content: str | bytes) -> None:
+def test_a_write_is_exactly_one_put(
+    s3_session: FsspecToolResultStore, s3_requests: RequestLog, content: str | bytes
+) -> None:
     s3_session.write(key="1_search_call.txt", content=content)
     assert _summary(s3_requests) == [("PUT", "object", False)]
 
@@ -44,7 +52,9 @@ def test_a_whole_read_is_exactly_one_get(s3_session: FsspecToolResultStore, s3_r
     assert s3_requests.snapshot()[0].bytes_sent == size
 
 
-async def test_an_async_whole_read_is_exactly_one_get(s3_session: FsspecToolResultStore, s3_requests: RequestLog) -> None:
+async def test_an_async_whole_read_is_exactly_one_get(
+    s3_session: FsspecToolResultStore, s3_requests: RequestLog
+) -> None:
     reference = await s3_session.write_async(key="big.txt", content=b"z" * (9 * 2**20))
     s3_requests.clear()
     assert len(await s3_session.read_async(reference)) == 9 * 2**20

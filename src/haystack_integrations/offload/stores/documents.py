@@ -16,6 +16,7 @@ optimistic concurrency on history.
 
 from __future__ import annotations
 
+import builtins
 import re
 from typing import TYPE_CHECKING
 
@@ -126,7 +127,7 @@ class SessionDocuments:
         with storage_errors(f"read document {self._label(name)!r}", reference=self._label(name)):
             return await self.store._handle.io().get_async(path)
 
-    def list(self) -> list[str]:
+    def list(self) -> builtins.list[str]:
         """
         List the namespace's document names in sorted order (a LIST on S3).
 
@@ -136,13 +137,13 @@ class SessionDocuments:
             found = self.store._handle.io().find(self._directory())
         return self._names(found)
 
-    async def list_async(self) -> list[str]:
+    async def list_async(self) -> builtins.list[str]:
         """Async `list`."""
         with storage_errors(f"list documents in {self.namespace!r}", reference=None):
             found = await self.store._handle.io().find_async(self._directory())
         return self._names(found)
 
-    def _names(self, found: dict[str, int]) -> list[str]:
+    def _names(self, found: dict[str, int]) -> builtins.list[str]:
         prefix = self._directory() + "/"
         names = (path[len(prefix) :] for path in found if path.startswith(prefix))
         return sorted(name for name in names if _DOCUMENT_NAME.fullmatch(name))

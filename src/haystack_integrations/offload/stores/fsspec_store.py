@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import copy
 import os
 import threading
@@ -140,7 +141,7 @@ class FsspecToolResultStore(ToolResultStore):
         """The session this store is scoped to, if any."""
         return self._scope[1] if len(self._scope) > 1 else None
 
-    def for_tenant(self, tenant: str) -> "FsspecToolResultStore":
+    def for_tenant(self, tenant: str) -> FsspecToolResultStore:
         """
         Return a store scoped to ``<root>/<tenant>/``, sharing this store's client.
 
@@ -154,7 +155,7 @@ class FsspecToolResultStore(ToolResultStore):
         """
         return self._scoped(validate_scope_id(tenant, field="tenant"))
 
-    def for_session(self, tenant: str, session: str) -> "FsspecToolResultStore":
+    def for_session(self, tenant: str, session: str) -> FsspecToolResultStore:
         """
         Return a store scoped to ``<root>/<tenant>/<session>/``, sharing this store's client.
 
@@ -168,7 +169,7 @@ class FsspecToolResultStore(ToolResultStore):
         """
         return self._scoped(validate_scope_id(tenant, field="tenant"), validate_scope_id(session, field="session"))
 
-    def _scoped(self, *ids: str) -> "FsspecToolResultStore":
+    def _scoped(self, *ids: str) -> FsspecToolResultStore:
         if self._scope:
             raise ValueError(
                 f"This store is already scoped to {'/'.join(self._scope)!r}; derive scoped stores from the root store."
@@ -221,7 +222,7 @@ class FsspecToolResultStore(ToolResultStore):
             return data.decode("utf-8", "surrogatepass")
         return data
 
-    def _records(self, found: dict[str, int]) -> list[StoredResult]:
+    def _records(self, found: dict[str, int]) -> builtins.list[StoredResult]:
         prefix = self._scope_path() + "/"
         records = []
         for path, size in found.items():
@@ -364,6 +365,44 @@ class FsspecToolResultStore(ToolResultStore):
         with storage_errors("read the result", reference=reference):
             return await self._handle.io().get_range_async(path, start, end)
 
+    def read_range_and_size(self, reference: str, start: int, end: int) -> tuple[bytes, int]:
+        """
+        Return bytes `start` to `end` (exclusive) of a stored result and the result's total size in bytes.
+
+        For readers that page through a result and say "bytes 0-9999 of 209715200": on S3 this is one ranged GET (the
+        size comes from its Content-Range header), on local disk one open file. A range that starts at or past the
+        end returns no bytes and the size (on S3, the refused range costs a HEAD).
+
+        :param reference: A reference returned by `write`.
+        :param start: First byte, zero-based, not negative.
+        :param end: One past the last byte; not below `start`.
+        :returns: The bytes in the range (cut short at the end of the result) and the result's size.
+        :raises ValueError: If the range is negative or reversed.
+        :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
+        :raises ResultNotFoundError: If no result exists under the reference.
+        """
+        _check_range(start, end)
+        path, _ = self._path_of(reference)
+        with storage_errors("read the result", reference=reference):
+            return self._handle.io().get_range_and_size(path, start, end)
+
+    async def read_range_and_size_async(self, reference: str, start: int, end: int) -> tuple[bytes, int]:
+        """
+        Async `read_range_and_size`.
+
+        :param reference: A reference returned by `write`.
+        :param start: First byte, zero-based.
+        :param end: One past the last byte.
+        :returns: The bytes in the range and the result's size.
+        :raises ValueError: If the range is negative or reversed.
+        :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
+        :raises ResultNotFoundError: If no result exists under the reference.
+        """
+        _check_range(start, end)
+        path, _ = self._path_of(reference)
+        with storage_errors("read the result", reference=reference):
+            return await self._handle.io().get_range_and_size_async(path, start, end)
+
     # Inventory: tools, CLI, retention
 
     def info(self, reference: str) -> StoredResult:
@@ -394,7 +433,7 @@ class FsspecToolResultStore(ToolResultStore):
             size = await self._handle.io().size_async(path)
         return self._record(reference, segments, size)
 
-    def list(self, *, limit: int | None = None) -> list[StoredResult]:
+    def list(self, *, limit: int | None = None) -> builtins.list[StoredResult]:
         """
         List the results in this store's scope, newest first (a LIST on S3, paginated by the backend).
 
@@ -406,7 +445,7 @@ class FsspecToolResultStore(ToolResultStore):
             found = self._handle.io().find(self._scope_path())
         return self._records(found)[:limit]
 
-    async def list_async(self, *, limit: int | None = None) -> list[StoredResult]:
+    async def list_async(self, *, limit: int | None = None) -> builtins.list[StoredResult]:
         """
         Async `list`.
 
@@ -500,7 +539,7 @@ class FsspecToolResultStore(ToolResultStore):
         )
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "FsspecToolResultStore":
+    def from_dict(cls, data: dict[str, Any]) -> FsspecToolResultStore:
         """
         Deserialize a store produced by `to_dict`.
 
@@ -562,13 +601,15 @@ class _FilesystemHandle:
     def io(self) -> StorageIO:
         if self._io is None:
             self._create()
-        assert self._io is not None
+        if self._io is None:  # pragma: no cover - _create always sets it; this narrows the type without assert
+            raise RuntimeError("filesystem handle was not created")
         return self._io
 
     def root_path(self) -> str:
         if self._resolved_root is None:
             self._create()
-        assert self._resolved_root is not None
+        if self._resolved_root is None:  # pragma: no cover - as in io()
+            raise RuntimeError("filesystem handle was not created")
         return self._resolved_root
 
 

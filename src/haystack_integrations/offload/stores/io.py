@@ -17,6 +17,7 @@ run in a worker thread in async paths.
 """
 
 import asyncio
+import contextlib
 import os
 import secrets
 import threading
@@ -77,6 +78,11 @@ class StorageIO:
         """Return bytes `start` (inclusive) to `end` (exclusive) of the object at `path`; short at the object's end."""
         return bytes(self.fs.cat_file(path, start=start, end=end))
 
+    def get_range_and_size(self, path: str, start: int, end: int) -> tuple[bytes, int]:
+        """Return bytes `start` to `end` (exclusive) of the object at `path`, and the object's total size."""
+        size = self.size(path)
+        return (self.get_range(path, start, end) if start < size else b""), size
+
     def size(self, path: str) -> int:
         """Return the size in bytes of the object at `path`."""
         return int(self.fs.info(path)["size"])
@@ -114,6 +120,10 @@ class StorageIO:
     async def get_range_async(self, path: str, start: int, end: int) -> bytes:
         """Async `get_range`."""
         return await self._in_thread(self.get_range, path, start, end)
+
+    async def get_range_and_size_async(self, path: str, start: int, end: int) -> tuple[bytes, int]:
+        """Async `get_range_and_size`."""
+        return await self._in_thread(self.get_range_and_size, path, start, end)
 
     async def size_async(self, path: str) -> int:
         """Async `size`."""
@@ -155,10 +165,8 @@ class LocalIO(StorageIO):
                 file.write(data)
             os.replace(temporary, path)
         except BaseException:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(temporary)
-            except FileNotFoundError:
-                pass
             raise
 
     def put_exclusive(self, path: str, data: bytes) -> None:
@@ -173,10 +181,8 @@ class LocalIO(StorageIO):
             # link() is atomic and never replaces: readers see the whole document or nothing.
             os.link(temporary, path)
         finally:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(temporary)
-            except FileNotFoundError:
-                pass
 
     def get(self, path: str) -> bytes:
         """Return the file's content after checking that no symlink redirects the path."""
@@ -190,6 +196,14 @@ class LocalIO(StorageIO):
         with open(path, "rb") as file:
             file.seek(start)
             return file.read(max(0, end - start))
+
+    def get_range_and_size(self, path: str, start: int, end: int) -> tuple[bytes, int]:
+        """Return part of the file and its size, from one open file (no window for a swap between the two)."""
+        _refuse_redirected(path)
+        with open(path, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            file.seek(start)
+            return file.read(max(0, end - start)), size
 
     def size(self, path: str) -> int:
         """Return the file's size after checking that no symlink redirects the path."""
@@ -280,6 +294,10 @@ class AsyncFilesystemIO(StorageIO):
     async def _size(self, path: str) -> int:
         return int((await self.async_fs._info(path))["size"])
 
+    async def _get_range_and_size(self, path: str, start: int, end: int) -> tuple[bytes, int]:
+        size = await self._size(path)
+        return (await self._get_range(path, start, end) if start < size else b""), size
+
     async def _find(self, path: str) -> dict[str, int]:
         found = await self.async_fs._find(path, detail=True)
         return {name: int(info.get("size") or 0) for name, info in found.items() if info.get("type") != "directory"}
@@ -306,6 +324,10 @@ class AsyncFilesystemIO(StorageIO):
     def get_range(self, path: str, start: int, end: int) -> bytes:
         """Return bytes `start` to `end` (exclusive) of the object at `path`."""
         return self._sync(self._get_range, path, start, end)
+
+    def get_range_and_size(self, path: str, start: int, end: int) -> tuple[bytes, int]:
+        """Return bytes `start` to `end` (exclusive) of the object at `path`, and the object's total size."""
+        return self._sync(self._get_range_and_size, path, start, end)
 
     def size(self, path: str) -> int:
         """Return the size of the object at `path`."""
@@ -335,6 +357,10 @@ class AsyncFilesystemIO(StorageIO):
         """Async `get_range`, run on the filesystem's loop."""
         return await self._on_fs_loop(self._get_range(path, start, end))
 
+    async def get_range_and_size_async(self, path: str, start: int, end: int) -> tuple[bytes, int]:
+        """Async `get_range_and_size`, run on the filesystem's loop."""
+        return await self._on_fs_loop(self._get_range_and_size(path, start, end))
+
     async def size_async(self, path: str) -> int:
         """Async `size`, run on the filesystem's loop."""
         return await self._on_fs_loop(self._size(path))
@@ -355,6 +381,31 @@ class S3IO(AsyncFilesystemIO):
         # With s3fs's default max_concurrency (10), `_cat_file` first HEADs the object to plan parallel ranged reads.
         # A tool result is read whole in one GET.
         return bytes(await self.async_fs._cat_file(path, max_concurrency=1))
+
+    async def _get_range_and_size(self, path: str, start: int, end: int) -> tuple[bytes, int]:
+        # The total size comes back in the ranged GET's own Content-Range header ("bytes 0-9999/209715200"), so a page
+        # with its "of N bytes" costs one request, not a HEAD and a GET.
+        if end > start:
+            bucket, key, _ = self.async_fs.split_path(path)
+            try:
+                response = await self.async_fs._call_s3(
+                    "get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}"
+                )
+            except OSError as error:
+                if not _is_unsatisfiable_range(error):
+                    raise
+                # 416: the range starts at or past the end (or the object is empty); only the size is left to learn.
+            else:
+                try:
+                    data = bytes(await response["Body"].read())
+                finally:
+                    response["Body"].close()
+                total = _content_range_total(response.get("ContentRange"))
+                if total is not None:
+                    return data, total
+                # No Content-Range: the server ignored the Range header and sent the whole object.
+                return data[start:end], len(data)
+        return b"", await self._size(path)
 
     async def _delete(self, paths: list[str]) -> None:
         for start in range(0, len(paths), _S3_DELETE_BATCH):
@@ -381,6 +432,21 @@ def _protocols(fs: AbstractFileSystem) -> tuple[str, ...]:
     return (protocol,) if isinstance(protocol, str) else tuple(protocol)
 
 
+def _content_range_total(content_range: object) -> int | None:
+    """Return the total size from a ``Content-Range: bytes 0-9/100`` value, or None when absent or unknown (``*``)."""
+    if not isinstance(content_range, str) or "/" not in content_range:
+        return None
+    total = content_range.rsplit("/", 1)[1].strip()
+    return int(total) if total.isdigit() else None
+
+
+def _is_unsatisfiable_range(error: OSError) -> bool:
+    """Whether s3fs's error is S3's 416 InvalidRange (s3fs maps it to a plain EINVAL, shared with other codes)."""
+    response = getattr(error.__cause__, "response", None) or {}
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return bool(status == 416 or response.get("Error", {}).get("Code") == "InvalidRange")
+
+
 def _refuse_redirected(path: str) -> None:
     """Refuse a local path that a symlink anywhere along it sends elsewhere (the root itself is already real)."""
     if os.path.realpath(path) != path:
@@ -396,7 +462,7 @@ def storage_io_for(fs: AbstractFileSystem) -> StorageIO:
     """
     protocols = _protocols(fs)
     if "s3" in protocols:
-        return S3IO(fs)  # type: ignore[arg-type]
+        return S3IO(fs)
     if isinstance(fs, AsyncFileSystem):
         return AsyncFilesystemIO(fs)
     if "file" in protocols or "local" in protocols:
