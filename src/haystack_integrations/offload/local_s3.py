@@ -403,20 +403,23 @@ class LocalS3Server:
 
     def stop(self) -> None:
         """Stop serving, close the listening socket and wait for the server thread. Safe to call twice."""
-        if self._auth_before is not None and self._server is not None:
-            # Hand the process back as we found it: other moto users in it should not inherit the enforcement.
-            self._set_auth_threshold(self._auth_before)
-        self._auth_before = None
-        self._credentials = (_ACCESS_KEY, _SECRET_KEY)
-        server, thread = self._server, self._thread
-        self._server = self._thread = None
-        self._clients = {}
-        if server is not None:
-            server.shutdown()
-            # ThreadedMotoServer skips this and leaks the listening socket (a ResourceWarning under pytest).
-            server.server_close()
-        if thread is not None:
-            thread.join()
+        restore, self._auth_before = self._auth_before, None
+        try:
+            if restore is not None and self._server is not None:
+                # Hand the process back as we found it: other moto users in it should not inherit the enforcement.
+                self._set_auth_threshold(restore)
+        finally:
+            # Even if that failed, the server still stops (and the failure is raised afterwards).
+            self._credentials = (_ACCESS_KEY, _SECRET_KEY)
+            server, thread = self._server, self._thread
+            self._server = self._thread = None
+            self._clients = {}
+            if server is not None:
+                server.shutdown()
+                # ThreadedMotoServer skips this and leaks the listening socket (a ResourceWarning under pytest).
+                server.server_close()
+            if thread is not None:
+                thread.join()
 
     def __enter__(self) -> Self:
         return self.start()
