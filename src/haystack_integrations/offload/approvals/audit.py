@@ -1,0 +1,115 @@
+"""
+The session's audit record: one small document per event in ``.audit/``, named so that names sort in time order.
+
+::
+
+    <root>/<tenant>/<session>/.audit/
+    ├── 20261129T213400123456Z-000000000001-9c1e5f3a.json     approval.requested
+    ├── 20261129T213512000871Z-000000000001-0b7d2e11.json     approval.decided
+    └── 20261129T213530442010Z-000000000002-77aa31c4.json     approval.executed
+
+Appending is one PUT of a new name, so concurrent writers (workers, deciders) never overwrite each other and no
+read-modify-write is needed. Within one process times strictly increase; across processes, events in the same
+microsecond are ordered by the counter and nonce, which is as good as clocks allow.
+"""
+
+import asyncio
+import itertools
+import secrets
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from haystack_integrations.offload.approvals.ledger import session_scope
+from haystack_integrations.offload.approvals.records import AuditEvent
+from haystack_integrations.offload.stores.documents import SessionDocuments
+
+NAMESPACE = "audit"
+_counter = itertools.count(1)
+_clock_lock = threading.Lock()
+_last_stamp = datetime.min.replace(tzinfo=UTC)
+
+
+def _next_time() -> datetime:
+    # Two events of one process in the same microsecond would otherwise sort by their random nonce.
+    global _last_stamp
+    with _clock_lock:
+        stamp = max(datetime.now(UTC), _last_stamp + timedelta(microseconds=1))
+        _last_stamp = stamp
+        return stamp
+
+
+def new_event(**fields: Any) -> AuditEvent:
+    """
+    Build an audit event stamped now.
+
+    :param fields: The `AuditEvent` fields other than ``at``.
+    :returns: The event.
+    """
+    return AuditEvent(at=_next_time(), **fields)
+
+
+def _name(event: AuditEvent) -> str:
+    return f"{event.at.strftime('%Y%m%dT%H%M%S%f')}Z-{next(_counter):012d}-{secrets.token_hex(4)}.json"
+
+
+def _documents(store: object) -> SessionDocuments:
+    session_scope(store)
+    return store.documents(NAMESPACE)  # type: ignore[attr-defined,no-any-return]
+
+
+def append_audit(store: object, *events: AuditEvent) -> None:
+    """
+    Append events to the session's audit record.
+
+    :param store: The session's store.
+    :param events: The events, in order.
+    :raises StorageError: If the backend fails.
+    """
+    documents = _documents(store)
+    for event in events:
+        documents.put(_name(event), event.model_dump_json().encode())
+
+
+async def append_audit_async(store: object, *events: AuditEvent) -> None:
+    """Async `append_audit`; the events are written concurrently (their names already fix their order)."""
+    documents = _documents(store)
+    await asyncio.gather(*(documents.put_async(_name(event), event.model_dump_json().encode()) for event in events))
+
+
+def read_audit(store: object) -> list[AuditEvent]:
+    """
+    Read a session's audit record, oldest first.
+
+    ```python
+    for event in read_audit(results.for_session("acme", "chat-42")):
+        print(event.at, event.event, event.actor, event.tool_name)
+    ```
+
+    :param store: The session's store (`FsspecToolResultStore.for_session`).
+    :returns: Every event, in time order. Documents other writers put in the namespace that are not approval audit
+        events are skipped.
+    :raises TypeError: If the store keeps no documents.
+    :raises ValueError: If the store is not scoped to one session.
+    """
+    documents = _documents(store)
+    return _parsed([(name, documents.get(name)) for name in documents.list()])
+
+
+async def read_audit_async(store: object) -> list[AuditEvent]:
+    """Async `read_audit`; the documents are read concurrently."""
+    documents = _documents(store)
+    names = await documents.list_async()
+    contents = await asyncio.gather(*(documents.get_async(name) for name in names))
+    return _parsed(list(zip(names, contents, strict=True)))
+
+
+def _parsed(documents: list[tuple[str, bytes]]) -> list[AuditEvent]:
+    events = []
+    for _, data in sorted(documents):
+        try:
+            event = AuditEvent.model_validate_json(data)
+        except ValueError:
+            continue  # another feature's audit document: not ours to interpret
+        events.append(event)
+    return events

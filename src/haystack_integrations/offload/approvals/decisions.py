@@ -1,0 +1,178 @@
+"""
+Listing and deciding a session's pending approvals: the two calls a server's "pending" and "decide" handlers make.
+
+Both are stateless and take the session's store, so any worker can serve them::
+
+    store = results.for_session(tenant=user.org_id, session=chat_id)
+    for request in await pending_approvals_async(store):
+        ...                                   # show request.tool_name, request.arguments, request.expires
+    await decide_async(store, request_id, Decision.approve(by=user.id))
+
+A decision is validated before it is recorded (the request exists in *this* session and has not expired; an edit keeps
+the tool and passes the tool's parameter schema) and is then created once: a second decision for the same request
+fails with `ApprovalAlreadyDecidedError`, whichever worker makes it.
+"""
+
+from datetime import datetime, timedelta
+
+from haystack_integrations.offload.approvals.audit import append_audit, append_audit_async, new_event
+from haystack_integrations.offload.approvals.binding import arguments_digest
+from haystack_integrations.offload.approvals.errors import ApprovalExpiredError, ApprovalNotFoundError
+from haystack_integrations.offload.approvals.ledger import ApprovalLedger, ApprovalListing, now, parse_request_id
+from haystack_integrations.offload.approvals.records import (
+    ApprovalDecision,
+    ApprovalRequest,
+    AuditEvent,
+    Decision,
+    HeldStep,
+)
+from haystack_integrations.offload.approvals.rules import remembered_approval
+from haystack_integrations.offload.approvals.validation import approved_arguments
+
+DEFAULT_DECISION_TTL = 3600.0
+"""Seconds an approval stays usable by `resume` after it was made."""
+
+
+def pending_approvals(store: object) -> list[ApprovalRequest]:
+    """
+    The session's requests that wait for a decision: those of its open held step, not decided, not expired.
+
+    :param store: The session's store (`FsspecToolResultStore.for_session`).
+    :returns: The requests, in the model's order; empty when nothing waits.
+    :raises TypeError: If the store keeps no documents.
+    :raises ValueError: If the store is not scoped to one session.
+    """
+    ledger = ApprovalLedger(store)
+    listing = ledger.listing()
+    step_id = _open_step(listing)
+    if step_id is None:
+        return []
+    return _waiting(ledger.step(step_id), listing, now())
+
+
+async def pending_approvals_async(store: object) -> list[ApprovalRequest]:
+    """Async `pending_approvals`."""
+    ledger = ApprovalLedger(store)
+    listing = await ledger.listing_async()
+    step_id = _open_step(listing)
+    if step_id is None:
+        return []
+    return _waiting(await ledger.step_async(step_id), listing, now())
+
+
+def decide(
+    store: object, request_id: str, decision: Decision, *, ttl: float = DEFAULT_DECISION_TTL
+) -> ApprovalDecision:
+    """
+    Record a person's decision on one request of this session.
+
+    ```python
+    decide(store, request.request_id, Decision.approve(by="alice"))
+    decide(store, request.request_id, Decision.approve({"amount": 50}, by="alice"))   # edited, re-validated
+    decide(store, request.request_id, Decision.deny("Over budget.", by="alice"))
+    ```
+
+    :param store: The session's store.
+    :param request_id: The request, from `pending_approvals` (a client's input: it is parsed, never trusted).
+    :param decision: The decision.
+    :param ttl: Seconds the approval stays usable by `resume`.
+    :returns: The recorded decision.
+    :raises ApprovalNotFoundError: If this session has no such request.
+    :raises ApprovalExpiredError: If the request has expired.
+    :raises InvalidApprovalEditError: If the decision names another tool, or its edited arguments are invalid.
+    :raises ApprovalAlreadyDecidedError: If the request already has a decision.
+    """
+    ledger = ApprovalLedger(store)
+    step_id, position = parse_request_id(request_id)
+    request = _request(ledger.step(step_id), position, request_id)
+    at = now()
+    record = _decision_record(request, decision, at=at, ttl=ttl)
+    ledger.create_decision(record)
+    if record.approved and not record.edited and request.remember is not None:
+        ledger.remember(*remembered_approval(request, decision.decided_by, at))
+    append_audit(store, _decided_event(request, record))
+    return record
+
+
+async def decide_async(
+    store: object, request_id: str, decision: Decision, *, ttl: float = DEFAULT_DECISION_TTL
+) -> ApprovalDecision:
+    """Async `decide`."""
+    ledger = ApprovalLedger(store)
+    step_id, position = parse_request_id(request_id)
+    request = _request(await ledger.step_async(step_id), position, request_id)
+    at = now()
+    record = _decision_record(request, decision, at=at, ttl=ttl)
+    await ledger.create_decision_async(record)
+    if record.approved and not record.edited and request.remember is not None:
+        await ledger.remember_async(*remembered_approval(request, decision.decided_by, at))
+    await append_audit_async(store, _decided_event(request, record))
+    return record
+
+
+def _open_step(listing: ApprovalListing) -> str | None:
+    step_id = listing.newest_step_id()
+    return None if step_id is None or listing.resumed(step_id) else step_id
+
+
+def _waiting(step: HeldStep, listing: ApprovalListing, at: datetime) -> list[ApprovalRequest]:
+    return [
+        request for request in step.requests() if not listing.decided(request.request_id) and not request.expired(at)
+    ]
+
+
+def _request(step: HeldStep, position: int, request_id: str) -> ApprovalRequest:
+    request = step.calls[position].request if position < len(step.calls) else None
+    if request is None or request.request_id != request_id:
+        raise ApprovalNotFoundError(f"No approval request {request_id!r} in this session.")
+    return request
+
+
+def _decision_record(request: ApprovalRequest, decision: Decision, *, at: datetime, ttl: float) -> ApprovalDecision:
+    if ttl < 0:
+        raise ValueError(f"ttl must be zero or more seconds, got {ttl}.")
+    if request.expired(at):
+        raise ApprovalExpiredError(
+            f"Request {request.request_id!r} expired at {request.expires.isoformat()}; it can no longer be decided."
+        )
+    arguments, edited = approved_arguments(request, decision)
+    # A durable request always has its tenant, session and tool call id: the hook makes none without them.
+    assert request.tenant is not None and request.session is not None and request.tool_call_id is not None  # noqa: S101
+    return ApprovalDecision(
+        request_id=request.request_id,
+        step_id=request.step_id,
+        tenant=request.tenant,
+        session=request.session,
+        tool_call_id=request.tool_call_id,
+        tool_name=request.tool_name,
+        arguments_digest=request.arguments_digest,
+        approved=decision.approved,
+        arguments=arguments if decision.approved else None,
+        final_arguments_digest=arguments_digest(arguments) if decision.approved else None,
+        edited=edited and decision.approved,
+        reason=decision.reason,
+        decided_by=decision.decided_by,
+        decided_at=at,
+        expires=at + timedelta(seconds=ttl),
+    )
+
+
+def _decided_event(request: ApprovalRequest, record: ApprovalDecision) -> AuditEvent:
+    return new_event(
+        event="approval.decided",
+        actor=record.decided_by,
+        tenant=record.tenant,
+        session=record.session,
+        step_id=record.step_id,
+        request_id=record.request_id,
+        tool_call_id=record.tool_call_id,
+        tool_name=record.tool_name,
+        arguments_digest=request.arguments_digest,
+        detail={
+            "approved": record.approved,
+            "edited": record.edited,
+            "reason": record.reason,
+            "final_arguments_digest": record.final_arguments_digest,
+            "expires": record.expires.isoformat(),
+        },
+    )

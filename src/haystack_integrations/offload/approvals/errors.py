@@ -1,0 +1,81 @@
+"""
+Errors raised by the approval API. Each subclasses a built-in (or the library's own) exception::
+
+    LookupError
+    └── ApprovalNotFoundError          no such request or held step in this session's scope
+    ValueError
+    ├── InvalidApprovalEditError       edited arguments fail the tool's schema, or the tool name would change
+    ├── ApprovalExpiredError           the request can no longer be decided
+    ├── ApprovalRecordError            a stored approval document is not a valid record
+    └── ResumeConversationError        the messages given to resume already contain the held step
+    RuntimeError
+    ├── ApprovalPendingError           resume was called while requests still wait for a decision
+    └── ResumeInterruptedError         the held step ran, then continuing the conversation failed (see .messages)
+    FileExistsError
+    └── DocumentExistsError
+        ├── ApprovalAlreadyDecidedError  the request already has a decision (decisions are created once)
+        └── ApprovalClaimedError         another worker already resumed this step or ran this call
+"""
+
+from typing import Any
+
+from haystack_integrations.offload.errors import DocumentExistsError
+
+
+class ApprovalNotFoundError(LookupError):
+    """No approval request (or held step) with this id exists in the session's scope."""
+
+
+class InvalidApprovalEditError(ValueError):
+    """Edited arguments are not valid for the tool, or the decision names another tool. Nothing was recorded."""
+
+
+class ApprovalExpiredError(ValueError):
+    """The approval request expired before it was decided. Nothing was recorded."""
+
+
+class ApprovalRecordError(ValueError):
+    """A stored approval document could not be read as the record it should be."""
+
+
+class ResumeConversationError(ValueError):
+    """The conversation passed to resume already contains the held step's tool calls; resuming would duplicate them."""
+
+
+class ApprovalPendingError(RuntimeError):
+    """Some requests of the held step have no decision yet and have not expired, so the step cannot resume."""
+
+    def __init__(self, message: str, request_ids: list[str]) -> None:
+        """
+        :param message: What happened.
+        :param request_ids: The requests still waiting for a decision.
+        """
+        super().__init__(message)
+        self.request_ids = request_ids
+
+
+class ResumeInterruptedError(RuntimeError):
+    """
+    The held step's calls ran (exactly once), then the Agent failed to continue (e.g. the model call failed).
+
+    The step cannot be resumed again, so the conversation with the calls' results travels on this error: persist
+    `messages` and continue it with `agent.run(messages)`, which loses nothing and runs nothing twice.
+    """
+
+    def __init__(self, message: str, messages: list[Any], outcomes: list[Any]) -> None:
+        """
+        :param message: What happened.
+        :param messages: The conversation including the held step and its results (`ChatMessage`s).
+        :param outcomes: One `CallOutcome` per call of the step.
+        """
+        super().__init__(message)
+        self.messages = messages
+        self.outcomes = outcomes
+
+
+class ApprovalAlreadyDecidedError(DocumentExistsError):
+    """The request already has a decision; a decision is created once and never replaced."""
+
+
+class ApprovalClaimedError(DocumentExistsError):
+    """Another worker already resumed this held step (or ran this call); this worker ran nothing."""

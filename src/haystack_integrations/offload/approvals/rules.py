@@ -1,0 +1,242 @@
+"""
+Whether a tool call needs a person's approval: per-tool rules keyed like Haystack's confirmation strategies.
+
+A rule is anything implementing Haystack's `ConfirmationPolicy` (`should_ask(tool_name, tool_description,
+tool_params)`), so Haystack's `AlwaysAskPolicy` and `NeverAskPolicy` work as they are. Two rules are added for servers:
+
+- `AskOncePerSession`: ask the first time, then remember an approval *in the session's store* (not in the hook), until
+  it expires. Haystack's `AskOncePolicy` keeps its memory in the policy object, which one Agent shares between all of
+  its users, so one user's approval would skip another user's question; the hook refuses it.
+- `AskWhen`: ask when a predicate on the call's arguments says so (e.g. invoices over 100).
+
+Keys are a tool name, a tuple of tool names, or ``"*"`` for every tool without a more specific entry; a tool with no
+matching rule runs without asking, as with Haystack's `ConfirmationHook`.
+"""
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from haystack.core.serialization import component_to_dict, default_from_dict, default_to_dict
+from haystack.hooks.human_in_the_loop.policies import AskOncePolicy
+from haystack.hooks.human_in_the_loop.types import ConfirmationPolicy
+from haystack.utils.callable_serialization import deserialize_callable, serialize_callable
+from haystack.utils.deserialization import deserialize_component_inplace
+
+from haystack_integrations.offload.approvals.records import ApprovalRequest, RememberApproval, RememberedApproval
+
+logger = logging.getLogger(__name__)
+
+RuleKey = str | tuple[str, ...]
+WILDCARD = "*"
+
+
+class AskOncePerSession:
+    """
+    Ask for the first call of a tool in a session; an approval is then remembered for that session until it expires.
+
+    The memory is a small document in the session's store (``.approvals/memory.*``), so it is shared by every worker
+    serving the session and never by two sessions. Only plain approvals are remembered: a denial or an edit asks again
+    next time.
+
+    ```python
+    from haystack_integrations.offload import ApprovalHook, AskOncePerSession
+
+    hook = ApprovalHook({"send_email": AskOncePerSession(ttl=3600)})
+    ```
+
+    Multi-user use: one hook serves every tenant; each session remembers its own approvals. A run without a session
+    store has nowhere to remember, so it asks every time.
+    """
+
+    def __init__(self, *, ttl: float = 3600.0, per_arguments: bool = False) -> None:
+        """
+        :param ttl: Seconds an approval is remembered.
+        :param per_arguments: Remember approvals for the exact arguments approved (like Haystack's `AskOncePolicy`),
+            instead of for every call of the tool.
+        :raises ValueError: If `ttl` is negative.
+        """
+        if ttl < 0:
+            raise ValueError(f"ttl must be zero or more seconds, got {ttl}.")
+        self.ttl = float(ttl)
+        self.per_arguments = per_arguments
+
+    def should_ask(self, tool_name: str, tool_description: str, tool_params: dict[str, Any]) -> bool:
+        """Ask unless the session remembers an approval (the hook checks the session's memory before asking)."""
+        return True
+
+    def update_after_confirmation(self, *args: Any, **kwargs: Any) -> None:
+        """Keep nothing in the policy object: approvals are remembered in the session's store."""
+
+    def remember(self) -> RememberApproval:
+        """How the hook records an approval made under this rule."""
+        return RememberApproval(per_arguments=self.per_arguments, ttl_seconds=self.ttl)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize the rule."""
+        return default_to_dict(self, ttl=self.ttl, per_arguments=self.per_arguments)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "AskOncePerSession":
+        """Deserialize the rule."""
+        return default_from_dict(cls, data)
+
+
+class AskWhen:
+    """
+    Ask when `predicate(arguments)` is true; run without asking otherwise.
+
+    ```python
+    from haystack_integrations.offload import ApprovalHook, AskWhen
+
+    def large_invoice(arguments: dict) -> bool:
+        return arguments.get("amount", 0) > 100
+
+    hook = ApprovalHook({"send_invoice": AskWhen(large_invoice)})
+    ```
+
+    A predicate that raises is treated as "ask" (and logged): a broken rule must never let a call skip approval. Use
+    a named, module-level function so the hook can be serialized with `Agent.to_dict()`.
+    """
+
+    def __init__(self, predicate: Callable[[dict[str, Any]], bool]) -> None:
+        """
+        :param predicate: Receives a copy of the call's arguments; returns True to ask for approval.
+        :raises TypeError: If `predicate` is not callable.
+        """
+        if not callable(predicate):
+            raise TypeError(f"AskWhen needs a callable predicate, got {type(predicate).__name__}.")
+        self.predicate = predicate
+
+    def should_ask(self, tool_name: str, tool_description: str, tool_params: dict[str, Any]) -> bool:
+        """Ask when the predicate is true, or when it fails."""
+        try:
+            return bool(self.predicate(dict(tool_params)))
+        except Exception:
+            logger.warning("AskWhen predicate failed for tool %r; asking for approval.", tool_name, exc_info=True)
+            return True
+
+    def update_after_confirmation(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing to learn."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """
+        Serialize the rule.
+
+        :raises SerializationError: If the predicate is a lambda or a nested function.
+        """
+        return default_to_dict(self, predicate=serialize_callable(self.predicate))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "AskWhen":
+        """Deserialize the rule (the predicate's module must be on Haystack's deserialization allowlist)."""
+        init = data.get("init_parameters", {})
+        init["predicate"] = deserialize_callable(init["predicate"])
+        return default_from_dict(cls, data)
+
+
+def checked_rules(rules: Mapping[RuleKey, ConfirmationPolicy]) -> dict[RuleKey, ConfirmationPolicy]:
+    """
+    Validate a rules mapping.
+
+    :param rules: Tool name, tuple of names or ``"*"`` -> rule.
+    :returns: A copy of the mapping.
+    :raises TypeError: If a key or rule has the wrong type, or a rule is Haystack's process-wide `AskOncePolicy`.
+    """
+    checked: dict[RuleKey, ConfirmationPolicy] = {}
+    for key, rule in rules.items():
+        names = key if isinstance(key, tuple) else (key,)
+        if not names or not all(isinstance(name, str) and name for name in names):
+            raise TypeError(f"Rule keys are tool names, tuples of tool names or '*', got {key!r}.")
+        if isinstance(rule, AskOncePolicy):
+            raise TypeError(
+                f"Rule for {key!r}: Haystack's AskOncePolicy remembers approvals in the hook, shared by every user of "
+                "the Agent. Use AskOncePerSession, which remembers them in each session's store."
+            )
+        if not callable(getattr(rule, "should_ask", None)):
+            raise TypeError(f"Rule for {key!r} must implement should_ask (a ConfirmationPolicy), got {rule!r}.")
+        checked[key] = rule
+    return checked
+
+
+def rule_for(tool_name: str, rules: Mapping[RuleKey, ConfirmationPolicy]) -> ConfirmationPolicy | None:
+    """
+    Find the rule for a tool: its own key, then a tuple containing it, then ``"*"``.
+
+    :param tool_name: The tool.
+    :param rules: The hook's rules.
+    :returns: The rule, or None if the tool runs without asking.
+    """
+    if tool_name in rules:
+        return rules[tool_name]
+    for key, rule in rules.items():
+        if isinstance(key, tuple) and tool_name in key:
+            return rule
+    return rules.get(WILDCARD)
+
+
+def memory_key(tool_name: str, digest: str | None) -> str:
+    """
+    The document key of a remembered approval: a hash, so tool names and digests need no escaping.
+
+    :param tool_name: The tool.
+    :param digest: The arguments digest for per-arguments memory, else None.
+    :returns: A short, safe key.
+    """
+    return hashlib.sha256(f"{tool_name}\x00{digest or '*'}".encode()).hexdigest()[:40]
+
+
+def remembered_approval(
+    request: ApprovalRequest, decided_by: str | None, at: datetime
+) -> tuple[str, RememberedApproval]:
+    """
+    The memory an approval of `request` leaves under `AskOncePerSession`.
+
+    :param request: A request made under `AskOncePerSession` (its ``remember`` is set).
+    :param decided_by: Who approved.
+    :param at: When.
+    :returns: ``(memory key, record)``.
+    :raises ValueError: If the request was not made under `AskOncePerSession`.
+    """
+    if request.remember is None:
+        raise ValueError(f"Request {request.request_id!r} was not made under AskOncePerSession.")
+    digest = request.arguments_digest if request.remember.per_arguments else None
+    record = RememberedApproval(
+        tool_name=request.tool_name,
+        arguments_digest=digest,
+        decided_by=decided_by,
+        approved_at=at,
+        expires=at + timedelta(seconds=request.remember.ttl_seconds),
+    )
+    return memory_key(request.tool_name, digest), record
+
+
+def serialize_rules(rules: Mapping[RuleKey, ConfirmationPolicy]) -> dict[str, Any]:
+    """
+    Serialize rules; tuple keys become JSON-array strings, as in Haystack's `ConfirmationHook`.
+
+    :param rules: The rules.
+    :returns: A JSON-compatible dictionary.
+    """
+    return {
+        (json.dumps(list(key)) if isinstance(key, tuple) else key): component_to_dict(obj=rule, name="approval_rule")
+        for key, rule in rules.items()
+    }
+
+
+def deserialize_rules(data: dict[str, Any]) -> dict[RuleKey, ConfirmationPolicy]:
+    """
+    Rebuild rules serialized by `serialize_rules`.
+
+    :param data: The serialized rules.
+    :returns: The rules.
+    """
+    rules = dict(data)
+    for raw_key in list(rules):
+        deserialize_component_inplace(rules, key=raw_key)
+    return {
+        (tuple(json.loads(raw_key)) if raw_key.startswith("[") else raw_key): rule for raw_key, rule in rules.items()
+    }

@@ -1,0 +1,454 @@
+"""
+`ApprovalHook`: a ``before_tool`` hook that asks a person before chosen tool calls run, through the run's channel.
+
+It follows Haystack's `ConfirmationHook` contract (rules keyed by tool name, tuple or ``"*"``; Haystack's
+`ConfirmationPolicy` objects as rules; request-scoped resources from ``hook_context``), with what a multi-user server
+adds: the channel comes per run, "ask once" is remembered per session in the store, and the durable channel stops the
+run with its requests recorded so that a decision made later, in any worker, can resume it exactly once.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from haystack.components.agents.state.state import State
+from haystack.components.agents.state.state_utils import replace_values
+from haystack.core.serialization import default_from_dict, default_to_dict
+from haystack.dataclasses import ChatMessage, ToolCall
+from haystack.hooks.human_in_the_loop.types import ConfirmationPolicy
+from haystack.hooks.tool_result_offloading import RESULT_STORE_CONTEXT_KEY
+from haystack.tools.tool import Tool
+
+from haystack_integrations.offload.approvals.audit import append_audit, append_audit_async, new_event
+from haystack_integrations.offload.approvals.binding import arguments_digest
+from haystack_integrations.offload.approvals.channels import (
+    APPROVAL_REQUIRED,
+    ApprovalChannel,
+    CallbackApprovals,
+    DurableApprovals,
+    channel_from,
+)
+from haystack_integrations.offload.approvals.errors import InvalidApprovalEditError
+from haystack_integrations.offload.approvals.ledger import ApprovalLedger, new_step_id, now, request_id
+from haystack_integrations.offload.approvals.outcomes import denied_by_person, expired, in_process_shape
+from haystack_integrations.offload.approvals.records import (
+    APPROVAL_DENIED,
+    APPROVAL_INVALID,
+    ApprovalRequest,
+    AuditEvent,
+    CallAction,
+    Decision,
+    Denial,
+    HeldCall,
+    HeldStep,
+    RememberApproval,
+    RememberedApproval,
+)
+from haystack_integrations.offload.approvals.rules import (
+    AskOncePerSession,
+    RuleKey,
+    checked_rules,
+    deserialize_rules,
+    memory_key,
+    remembered_approval,
+    rule_for,
+    serialize_rules,
+)
+from haystack_integrations.offload.approvals.validation import approved_arguments
+
+UNBOUND_CALL = Denial(
+    kind=APPROVAL_DENIED,
+    reason="This call needs approval but has no tool-call id, so no decision could be bound to it; it was not run.",
+)
+
+
+@dataclass
+class _Screened:
+    """One pending call and whether it needs asking."""
+
+    position: int
+    call: ToolCall
+    tool: Tool | None
+    rule: ConfirmationPolicy | None
+    ask: bool
+    digest: str
+    memory: str | None = None
+    remember: RememberApproval | None = None
+
+
+@dataclass
+class _Step:
+    """What one ``before_tool`` invocation works on: the pending message, the run's channel and ledger, verdicts."""
+
+    message: ChatMessage
+    screened: list[_Screened]
+    channel: ApprovalChannel
+    ledger: ApprovalLedger | None
+    created: datetime
+    step_id: str
+    requests: dict[int, ApprovalRequest] = field(default_factory=dict)
+    denials: dict[int, tuple[Denial, str | None]] = field(default_factory=dict)
+    edits: dict[int, dict[str, Any]] = field(default_factory=dict)
+    memories: list[tuple[str, RememberedApproval]] = field(default_factory=list)
+    events: list[AuditEvent] = field(default_factory=list)
+
+    def memory_keys(self) -> list[str]:
+        return [item.memory for item in self.screened if item.ask and item.memory is not None]
+
+    def apply_memory(self, found: list[RememberedApproval | None]) -> None:
+        remembered = iter(found)
+        for item in self.screened:
+            if item.ask and item.memory is not None:
+                record = next(remembered)
+                if record is not None and self.created < record.expires:
+                    item.ask = False
+
+    def asks(self) -> bool:
+        return any(item.ask for item in self.screened)
+
+
+class ApprovalHook:
+    """
+    Ask a person before chosen tool calls run; the channel that asks comes with each run.
+
+    ```python
+    from haystack.components.agents import Agent
+    from haystack.hooks.human_in_the_loop import AlwaysAskPolicy
+    from haystack_integrations.offload import ApprovalHook, AskOncePerSession, DurableApprovals, offload_context
+
+    agent = Agent(
+        chat_generator=...,
+        tools=[send_invoice, send_email, web_search],
+        hooks={"before_tool": [ApprovalHook({
+            "send_invoice": AlwaysAskPolicy(),
+            "send_email": AskOncePerSession(ttl=3600),
+        })]},
+    )
+
+    # per request: the run stops with exit_reason "approval_required" and its requests stored in the session
+    store = results.for_session(tenant=user.org_id, session=chat_id)
+    reply = await agent.run_async(messages, hook_context=offload_context(store, approval_channel=DurableApprovals()))
+    ```
+
+    Then, from any worker: `pending_approvals(store)`, `decide(store, request_id, Decision.approve())`, and
+    `resume_async(agent, reply["messages"], store)`.
+
+    Rules are keyed like Haystack's `ConfirmationHook`: a tool name, a tuple of names, or ``"*"``; a tool without a
+    rule runs without asking, and a call to an unknown tool passes through so the Agent reports it as usual.
+
+    Channels (``hook_context["approval_channel"]``):
+
+    - `CallbackApprovals`: asks in process and waits (a timeout denies). The Agent runs the approved calls, with
+      edited arguments if any; denied ones get an error result, in Haystack's `ConfirmationHook` message shape;
+    - `DurableApprovals`: records the step (the assistant message, one request per call that needs approval) in the
+      session's store, takes the message out of the run's conversation (resume puts it back with its results) and
+      stops the run with exit reason ``"approval_required"``. Every call of the step waits, including those that
+      need no approval, so the step runs together and its results keep the model's order. (If that step was the
+      run's last allowed one, the Agent reports ``"max_agent_steps"`` instead: `pending_approvals(store)` is the
+      reliable check. The stopping step runs no tool, but ``after_tool`` hooks still run, as after any step, so they
+      must tolerate seeing the previous step's results again, as Haystack's offload hook does.)
+
+    Multi-user use: the hook holds only its rules. The channel, the store (and with it the tenant and session), and
+    the memory of `AskOncePerSession` belong to the run, so one hook serves every user, and `Agent.to_dict()` never
+    meets a live channel.
+    """
+
+    allowed_hook_points = ("before_tool",)
+
+    def __init__(self, rules: Mapping[RuleKey, ConfirmationPolicy]) -> None:
+        """
+        :param rules: Tool name, tuple of tool names, or ``"*"`` -> a `ConfirmationPolicy` (Haystack's
+            `AlwaysAskPolicy` / `NeverAskPolicy`, `AskOncePerSession`, `AskWhen`, or your own).
+        :raises TypeError: If a key or rule is invalid, or a rule is Haystack's process-wide `AskOncePolicy`.
+        """
+        self.rules = checked_rules(rules)
+
+    # Hook protocol
+
+    def run(self, state: State) -> None:
+        """
+        Ask about the pending tool calls and rewrite the conversation, or hold the step and stop the run.
+
+        :param state: The Agent's live `State` (``messages``, ``tools`` and ``hook_context`` are read from
+            `state.data`, never deep-copied).
+        :raises ValueError: If a call needs approval and the run brought no channel, or the durable channel has no
+            session-scoped store.
+        :raises Exception: Whatever an in-process callback raised.
+        """
+        step = self._begin(state)
+        if step is None:
+            return
+        if step.ledger is not None and step.memory_keys():
+            step.apply_memory([step.ledger.remembered(key) for key in step.memory_keys()])
+        if not step.asks():
+            return
+        self._make_requests(step)
+        if isinstance(step.channel, DurableApprovals):
+            held = self._hold(step, state)
+            if step.ledger is not None:
+                if held is not None:
+                    step.ledger.put_step(held)
+                append_audit(step.ledger.store, *step.events)
+            return
+        channel = step.channel
+        for request in step.requests.values():
+            step.events.append(_event("approval.requested", request, actor=channel.actor))
+            try:
+                decision = channel.ask(request)
+            except InvalidApprovalEditError as error:
+                self._refuse(step, request, str(error), actor=None)
+                continue
+            self._apply(step, request, decision)
+        if step.ledger is not None:
+            for key, record in step.memories:
+                step.ledger.remember(key, record)
+            append_audit(step.ledger.store, *step.events)
+        _rewrite(state, step)
+
+    async def run_async(self, state: State) -> None:
+        """Async `run`: store I/O and callbacks never block the event loop."""
+        step = self._begin(state)
+        if step is None:
+            return
+        if step.ledger is not None and step.memory_keys():
+            ledger = step.ledger
+            step.apply_memory([await ledger.remembered_async(key) for key in step.memory_keys()])
+        if not step.asks():
+            return
+        self._make_requests(step)
+        if isinstance(step.channel, DurableApprovals):
+            held = self._hold(step, state)
+            if step.ledger is not None:
+                if held is not None:
+                    await step.ledger.put_step_async(held)
+                await append_audit_async(step.ledger.store, *step.events)
+            return
+        channel = step.channel
+        for request in step.requests.values():
+            step.events.append(_event("approval.requested", request, actor=channel.actor))
+            try:
+                decision = await channel.ask_async(request)
+            except InvalidApprovalEditError as error:
+                self._refuse(step, request, str(error), actor=None)
+                continue
+            self._apply(step, request, decision)
+        if step.ledger is not None:
+            for key, record in step.memories:
+                await step.ledger.remember_async(key, record)
+            await append_audit_async(step.ledger.store, *step.events)
+        _rewrite(state, step)
+
+    # Serialization
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize the hook and its rules (tuple keys become JSON-array strings, as in Haystack)."""
+        return default_to_dict(self, rules=serialize_rules(self.rules))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ApprovalHook":
+        """Deserialize the hook and its rules."""
+        init = data.get("init_parameters", {})
+        if init.get("rules") is not None:
+            init["rules"] = deserialize_rules(init["rules"])
+        return default_from_dict(cls, data)
+
+    # The steps shared by run and run_async; none of them does I/O.
+
+    def _begin(self, state: State) -> _Step | None:
+        messages = state.data.get("messages") or []
+        if not messages or not messages[-1].tool_calls:
+            return None
+        message: ChatMessage = messages[-1]
+        tools = {tool.name: tool for tool in state.data.get("tools") or []}
+        screened = [self._screen(position, call, tools) for position, call in enumerate(message.tool_calls)]
+        if not any(item.ask for item in screened):
+            return None
+        hook_context = state.data.get("hook_context") or {}
+        channel = channel_from(hook_context)
+        if channel is None:
+            asked = sorted({item.call.tool_name for item in screened if item.ask})
+            raise ValueError(
+                f"Tool calls to {asked} need approval but this run has no approval channel: pass "
+                "hook_context=offload_context(store, approval_channel=CallbackApprovals(...) or DurableApprovals())."
+            )
+        store = hook_context.get(RESULT_STORE_CONTEXT_KEY)
+        if isinstance(channel, DurableApprovals):
+            if store is None:
+                raise ValueError(
+                    "DurableApprovals records requests in the session's store: pass "
+                    "hook_context=offload_context(results.for_session(tenant, session), approval_channel=...)."
+                )
+            ledger: ApprovalLedger | None = ApprovalLedger(store)
+        else:
+            ledger = _optional_ledger(store)
+        created = now()
+        return _Step(message, screened, channel, ledger, created, new_step_id(created))
+
+    def _screen(self, position: int, call: ToolCall, tools: dict[str, Tool]) -> _Screened:
+        tool = tools.get(call.tool_name)
+        rule = rule_for(call.tool_name, self.rules) if tool is not None else None
+        digest = arguments_digest(call.arguments)
+        # An unknown tool passes through unasked, as in Haystack: the Agent reports it to the model.
+        if tool is None or rule is None:
+            return _Screened(position, call, tool, rule, ask=False, digest=digest)
+        ask = bool(rule.should_ask(call.tool_name, tool.description, dict(call.arguments)))
+        screened = _Screened(position, call, tool, rule, ask=ask, digest=digest)
+        if ask and isinstance(rule, AskOncePerSession):
+            screened.remember = rule.remember()
+            screened.memory = memory_key(call.tool_name, digest if rule.per_arguments else None)
+        return screened
+
+    @staticmethod
+    def _make_requests(step: _Step) -> None:
+        channel = step.channel
+        ttl = channel.ttl if isinstance(channel, DurableApprovals) else channel.timeout
+        tenant = step.ledger.tenant if step.ledger is not None else None
+        session = step.ledger.session if step.ledger is not None else None
+        for item in step.screened:
+            if not item.ask or item.tool is None or item.rule is None:
+                continue
+            if isinstance(channel, DurableApprovals) and item.call.id is None:
+                continue  # nothing to bind a decision to: held as a denial instead
+            step.requests[item.position] = ApprovalRequest(
+                request_id=request_id(step.step_id, item.position),
+                step_id=step.step_id,
+                tenant=tenant,
+                session=session,
+                position=item.position,
+                tool_call_id=item.call.id,
+                tool_name=item.call.tool_name,
+                tool_description=item.tool.description,
+                arguments=dict(item.call.arguments),
+                arguments_digest=item.digest,
+                parameters=item.tool.parameters,
+                rule=type(item.rule).__name__,
+                requested_by=channel.actor,
+                created=step.created,
+                expires=step.created + timedelta(seconds=ttl),
+                remember=item.remember,
+            )
+
+    @staticmethod
+    def _hold(step: _Step, state: State) -> HeldStep | None:
+        """Build the held step and stop the run; None when no call could be bound (those are denied in place)."""
+        ledger = step.ledger
+        assert ledger is not None  # noqa: S101 - DurableApprovals always has a ledger (checked in _begin)
+        unbound = [item for item in step.screened if item.ask and item.position not in step.requests]
+        for item in unbound:
+            step.denials[item.position] = (UNBOUND_CALL, None)
+            step.events.append(
+                new_event(
+                    event="approval.denied",
+                    actor=None,
+                    tenant=ledger.tenant,
+                    session=ledger.session,
+                    step_id=step.step_id,
+                    tool_call_id=item.call.id,
+                    tool_name=item.call.tool_name,
+                    arguments_digest=item.digest,
+                    detail={"kind": UNBOUND_CALL.kind, "reason": UNBOUND_CALL.reason},
+                )
+            )
+        if not step.requests:
+            _rewrite(state, step)
+            return None
+        calls = []
+        for item in step.screened:
+            request = step.requests.get(item.position)
+            action: CallAction = "ask" if request is not None else ("deny" if item.ask else "run")
+            calls.append(
+                HeldCall(
+                    position=item.position,
+                    tool_call_id=item.call.id,
+                    tool_name=item.call.tool_name,
+                    arguments_digest=item.digest,
+                    action=action,
+                    request=request,
+                    denial=UNBOUND_CALL if action == "deny" else None,
+                )
+            )
+            if request is not None:
+                step.events.append(_event("approval.requested", request, actor=step.channel.actor))
+        held = HeldStep(
+            step_id=step.step_id,
+            tenant=ledger.tenant,
+            session=ledger.session,
+            created=step.created,
+            requested_by=step.channel.actor,
+            message=step.message.to_dict(),
+            calls=calls,
+        )
+        # The held message leaves this run's conversation (resume puts it back with its results), so the history the
+        # run returns stays valid for any provider: no tool call without a result.
+        messages = state.data["messages"]
+        state.set("messages", messages[:-1], handler_override=replace_values)
+        state.set("stop_run", APPROVAL_REQUIRED)
+        return held
+
+    @staticmethod
+    def _refuse(step: _Step, request: ApprovalRequest, reason: str, *, actor: str | None) -> None:
+        step.denials[request.position] = (Denial(kind=APPROVAL_INVALID, reason=reason), request.request_id)
+        step.events.append(_event("approval.invalid", request, actor=actor, reason=reason))
+
+    def _apply(self, step: _Step, request: ApprovalRequest, decision: Decision | None) -> None:
+        position = request.position
+        if decision is None:
+            timeout = step.channel.timeout if isinstance(step.channel, CallbackApprovals) else 0.0
+            step.denials[position] = (expired(f"no answer within {timeout:g} seconds."), request.request_id)
+            step.events.append(_event("approval.expired", request, actor=None, reason="timeout"))
+            return
+        try:
+            arguments, edited = approved_arguments(request, decision)
+        except InvalidApprovalEditError as error:
+            self._refuse(step, request, str(error), actor=decision.decided_by)
+            return
+        step.events.append(
+            _event(
+                "approval.decided",
+                request,
+                actor=decision.decided_by,
+                approved=decision.approved,
+                edited=edited and decision.approved,
+                reason=decision.reason,
+                final_arguments_digest=arguments_digest(arguments) if decision.approved else None,
+            )
+        )
+        if not decision.approved:
+            step.denials[position] = (denied_by_person(decision.reason), request.request_id)
+        elif edited:
+            step.edits[position] = arguments
+        elif request.remember is not None:
+            step.memories.append(remembered_approval(request, decision.decided_by, now()))
+
+
+def _rewrite(state: State, step: _Step) -> None:
+    if not step.denials and not step.edits:
+        return
+    messages = state.data["messages"]
+    shaped = in_process_shape(step.message, step.denials, step.edits)
+    state.set("messages", messages[:-1] + shaped, handler_override=replace_values)
+
+
+def _event(event: str, request: ApprovalRequest, *, actor: str | None, **detail: Any) -> AuditEvent:
+    return new_event(
+        event=event,
+        actor=actor,
+        tenant=request.tenant,
+        session=request.session,
+        step_id=request.step_id,
+        request_id=request.request_id,
+        tool_call_id=request.tool_call_id,
+        tool_name=request.tool_name,
+        arguments_digest=request.arguments_digest,
+        detail=detail,
+    )
+
+
+def _optional_ledger(store: object) -> ApprovalLedger | None:
+    # The in-process channel works without a session store; with one, it gets the audit and AskOncePerSession memory.
+    if store is None or not callable(getattr(store, "documents", None)):
+        return None
+    if getattr(store, "tenant", None) is None or getattr(store, "session", None) is None:
+        return None
+    return ApprovalLedger(store)

@@ -1,0 +1,72 @@
+"""The S3 traffic of each approval operation, from moto's request log: few requests, conditional where it counts."""
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from approval_scenario import make_agent, plan
+from haystack.hooks.human_in_the_loop import AlwaysAskPolicy
+
+from haystack_integrations.offload import (
+    Decision,
+    DurableApprovals,
+    FsspecToolResultStore,
+    decide,
+    offload_context,
+    pending_approvals,
+    resume,
+)
+
+pytestmark = pytest.mark.s3
+
+
+def traffic(requests: Any) -> list[tuple[str, str, str | None]]:
+    """(method, what, If-None-Match) per request, with the object reduced to its kind."""
+    seen = []
+    for request in requests.snapshot():
+        if "list-type=2" in request.query:
+            kind = "LIST"
+        else:
+            name = request.path.rsplit("/", 2)
+            kind = f"{name[-2]}/{name[-1].split('.')[0]}" if name[-2] == ".approvals" else name[-2]
+        seen.append((request.method, kind, request.header("if-none-match")))
+    requests.clear()
+    return seen
+
+
+def test_each_operation_costs_a_handful_of_requests(s3_server: Any, s3_requests: Any, ledger: Path) -> None:
+    root = FsspecToolResultStore(
+        f"{s3_server.bucket_url}/{uuid.uuid4().hex}", storage_options=s3_server.storage_options()
+    )
+    root.warm_up()
+    session = root.for_session("acme", "chat-1")
+    agent = make_agent({"send_invoice": AlwaysAskPolicy()})
+    s3_requests.clear()
+
+    reply = agent.run(
+        [plan(("send_invoice", {"customer": "a", "amount": 1}, "c1"))],
+        hook_context=offload_context(session, approval_channel=DurableApprovals()),
+    )
+    assert traffic(s3_requests) == [("PUT", ".approvals/step", "*"), ("PUT", ".audit", None)]
+
+    [request] = pending_approvals(session)
+    assert traffic(s3_requests) == [("GET", "LIST", None), ("GET", ".approvals/step", None)]
+
+    decide(session, request.request_id, Decision.approve())
+    assert traffic(s3_requests) == [
+        ("GET", ".approvals/step", None),
+        ("PUT", ".approvals/decision", "*"),
+        ("PUT", ".audit", None),
+    ]
+
+    resume(agent, reply["messages"], session)
+    assert traffic(s3_requests) == [
+        ("GET", "LIST", None),
+        ("GET", ".approvals/step", None),
+        ("GET", ".approvals/decision", None),
+        ("PUT", ".approvals/resume", "*"),
+        ("PUT", ".approvals/claim", "*"),
+        ("PUT", ".audit", None),  # approval.resumed
+        ("PUT", ".audit", None),  # approval.executed
+    ]
