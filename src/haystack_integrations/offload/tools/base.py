@@ -1,0 +1,174 @@
+"""
+What `read_tool_result` and `list_tool_results` share: State injection, the run's store, arguments, errors, serde.
+
+Each is a Haystack `Tool` whose sync and async functions take the live `State` through a `State`-typed parameter:
+Haystack's Agent injects it and leaves it out of the schema the model sees, so a model cannot pass its own. The
+remaining arguments are the model's, validated here, so a wrong type or an unknown name becomes a message the model can
+act on rather than a crash.
+
+Errors: by default a failed call *returns* ``"Error: <message>"``, so the run goes on whatever the Agent's
+`raise_on_tool_invocation_failure` says. With ``raise_on_error=True`` the tool raises `ToolInvocationError` instead and
+Haystack's own policy applies (with the Agent's default, a tool result flagged ``error=True``; some providers pass that
+flag on to the model, e.g. Anthropic's ``is_error``).
+"""
+
+import logging
+from collections.abc import Mapping
+from typing import Any, ClassVar, Self
+
+from haystack.components.agents.state.state import State
+from haystack.core.serialization import generate_qualified_class_name
+from haystack.dataclasses import ImageContent, TextContent
+from haystack.hooks.tool_result_offloading.types import ToolResultStore
+from haystack.tools.errors import ToolInvocationError
+from haystack.tools.tool import Tool
+from haystack.utils.deserialization import deserialize_component_inplace
+from pydantic import BaseModel, ValidationError
+
+from haystack_integrations.offload.tools.errors import ReadBackToolError, message_for
+from haystack_integrations.offload.tools.resolve import resolve_store
+
+logger = logging.getLogger(__name__)
+
+ToolOutput = str | list[TextContent | ImageContent]
+
+
+class _ErrorText(str):
+    """A failed call's message, told apart from a normal result without changing what the model reads."""
+
+    __slots__ = ()
+
+
+class ReadBackTool(Tool):
+    """
+    Base of the read-back tools: a `Tool` that reads through the current run's store.
+
+    Subclasses set `arguments_model` and implement `_run` and `_run_async`.
+    """
+
+    arguments_model: ClassVar[type[BaseModel]]
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        description: str,
+        parameters: dict[str, Any],
+        store: ToolResultStore | None,
+        raise_on_error: bool,
+    ) -> None:
+        """
+        :param name: The tool's name.
+        :param description: What the model reads about the tool.
+        :param parameters: The JSON schema of the model's arguments.
+        :param store: The fallback store, for runs that bring none through `hook_context`.
+        :param raise_on_error: Raise `ToolInvocationError` on failure instead of returning ``"Error: ..."``.
+        """
+        self.store = store
+        self.raise_on_error = raise_on_error
+        super().__init__(
+            name=name,
+            description=description,
+            parameters=parameters,
+            function=self._call,
+            async_function=self._call_async,
+            # Images travel as ImageContent parts, not as their repr.
+            outputs_to_string={"raw_result": True},
+        )
+
+    # What Haystack calls. `state` is injected by the Agent (State-typed), everything else comes from the model.
+
+    def _call(self, state: State | None = None, **arguments: Any) -> ToolOutput:
+        try:
+            store = resolve_store(state, self.store, tool_name=self.name)
+            return self._run(store, self._parse(arguments), state)
+        except Exception as error:
+            return _ErrorText(f"Error: {message_for(error, tool_name=self.name)}")
+
+    async def _call_async(self, state: State | None = None, **arguments: Any) -> ToolOutput:
+        try:
+            store = resolve_store(state, self.store, tool_name=self.name)
+            return await self._run_async(store, self._parse(arguments), state)
+        except Exception as error:
+            return _ErrorText(f"Error: {message_for(error, tool_name=self.name)}")
+
+    def _parse(self, arguments: Mapping[str, Any]) -> Any:
+        try:
+            return self.arguments_model.model_validate(dict(arguments))
+        except ValidationError as error:
+            problems = "; ".join(
+                f"{'.'.join(str(part) for part in problem['loc']) or 'arguments'}: {problem['msg']}"
+                for problem in error.errors(include_url=False)
+            )
+            raise ReadBackToolError(f"Invalid arguments for {self.name}: {problems}.") from error
+
+    def _run(self, store: ToolResultStore, arguments: Any, state: State | None) -> ToolOutput:
+        raise NotImplementedError
+
+    async def _run_async(self, store: ToolResultStore, arguments: Any, state: State | None) -> ToolOutput:
+        raise NotImplementedError
+
+    def _finish(self, result: ToolOutput) -> ToolOutput:
+        if isinstance(result, _ErrorText):
+            if self.raise_on_error:
+                raise ToolInvocationError(f"{self.name}: {result.removeprefix('Error: ')}", tool_name=self.name)
+            return str(result)
+        return result
+
+    def invoke(self, **kwargs: Any) -> Any:
+        """
+        Run the tool synchronously (the Agent passes the model's arguments and the live `State`).
+
+        :param kwargs: The model's arguments, and `state`.
+        :returns: The result text, or a header and an image for image results; ``"Error: ..."`` on failure.
+        :raises ToolInvocationError: On failure, only when constructed with ``raise_on_error=True``.
+        """
+        return self._finish(super().invoke(**kwargs))
+
+    async def invoke_async(self, **kwargs: Any) -> Any:
+        """
+        Run the tool without blocking the event loop (ranged reads are awaited).
+
+        :param kwargs: The model's arguments, and `state`.
+        :returns: The result text, or a header and an image for image results; ``"Error: ..."`` on failure.
+        :raises ToolInvocationError: On failure, only when constructed with ``raise_on_error=True``.
+        """
+        return self._finish(await super().invoke_async(**kwargs))
+
+    # Serialization and copies: the configuration, not the functions (they are this class's own bound methods).
+
+    def _init_parameters(self) -> dict[str, Any]:
+        """The constructor arguments that rebuild this tool (the fallback store as the object itself)."""
+        return {"store": self.store, "raise_on_error": self.raise_on_error}
+
+    def to_dict(self) -> dict[str, Any]:
+        """
+        Serialize the tool's configuration (and its fallback store, if any).
+
+        :returns: A dictionary in Haystack's tool format (``type`` and ``data``).
+        """
+        data = self._init_parameters()
+        data["store"] = self.store.to_dict() if self.store is not None else None
+        return {"type": generate_qualified_class_name(type(self)), "data": data}
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Self:
+        # Haystack deep-copies component inputs (runtime tools, for one). A copy is the same configuration sharing the
+        # same fallback store: a store holds a client and its connection pool, which are shared by design.
+        return type(self)(**self._init_parameters())
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        """
+        Deserialize a tool produced by `to_dict`.
+
+        :param data: The dictionary representation.
+        :returns: The tool.
+        """
+        parameters = dict(data.get("data") or {})
+        if parameters.get("store") is not None:
+            deserialize_component_inplace(parameters, key="store")
+        return cls(**parameters)
+
+    def __repr__(self) -> str:
+        store = f", store={self.store!r}" if self.store is not None else ""
+        return f"{type(self).__name__}(name={self.name!r}{store})"

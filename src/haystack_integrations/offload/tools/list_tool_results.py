@@ -1,0 +1,195 @@
+"""`list_tool_results`: the model lists the results offloaded in its own conversation, newest first."""
+
+import asyncio
+import inspect
+import re
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from haystack.components.agents.state.state import State
+from haystack.hooks.tool_result_offloading.types import ToolResultStore
+from pydantic import BaseModel, ConfigDict, Field
+
+from haystack_integrations.offload.constants import READ_BACK_TOOL_NAMES
+from haystack_integrations.offload.tools.base import ReadBackTool, ToolOutput
+from haystack_integrations.offload.tools.errors import ReadBackToolError
+
+LIST_TOOL_RESULTS_NAME = "list_tool_results"
+if LIST_TOOL_RESULTS_NAME not in READ_BACK_TOOL_NAMES:  # pragma: no cover - a guard for future renames
+    raise RuntimeError("list_tool_results must be listed in READ_BACK_TOOL_NAMES, or hooks would offload its output.")
+
+# Haystack's ToolResultOffloadHook writes keys as "{step}_{tool_name}_{call_id}[_{position}].{extension}".
+_HAYSTACK_KEY_STEP = re.compile(r"(\d+)_")
+# How the store makes a key safe (stores.names.safe_key): a tool name appears in the key spelled this way.
+_UNSAFE_KEY_CHARS = re.compile(r"[^A-Za-z0-9._-]")
+
+
+class ListToolResultsArguments(BaseModel):
+    """The arguments the model may pass to `list_tool_results`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int | None = Field(default=None, ge=1)
+    tool_name: str | None = None
+
+
+class ListToolResults(ReadBackTool):
+    """
+    A Haystack `Tool` that lists the tool results offloaded in the current conversation, newest first.
+
+    Each line gives a result's reference (for `read_tool_result`), the tool that produced it, its kind and size, and
+    when it was stored. Like `ReadToolResult` it lists through the *current run's* store from `hook_context`, so in a
+    multi-user server a run sees its own session's results and nothing else; a `store` given here is only a fallback.
+
+    The tool name comes from the store's metadata: our hooks record it with ``write(..., tool_name=...)``. Haystack's
+    stock `ToolResultOffloadHook` only passes a key, ``{step}_{tool_name}_{call_id}.{ext}``; for those results the
+    tool name is inferred from the key by matching the names of this run's tools (marked "inferred from key"), and
+    otherwise shown as not recorded, with the key.
+
+    The store must be able to list (`FsspecToolResultStore.list`); with any other store the model gets an error
+    result saying so. This tool's output is never worth offloading: see `READ_BACK_TOOL_NAMES`.
+
+    Usage example:
+
+    ```python
+    from haystack_integrations.offload import ListToolResults, FsspecToolResultStore
+
+    store = FsspecToolResultStore("memory://results").for_session("acme", "chat-42")
+    store.write(key="1_web_search_call_1.txt", content="...", tool_name="web_search")
+    print(ListToolResults(store=store).invoke())
+    ```
+    """
+
+    arguments_model = ListToolResultsArguments
+
+    def __init__(
+        self,
+        *,
+        store: ToolResultStore | None = None,
+        default_limit: int = 20,
+        max_limit: int = 100,
+        raise_on_error: bool = False,
+    ) -> None:
+        """
+        Create the tool. The module-level `list_tool_results` is one with the defaults.
+
+        :param store: Fallback store for runs whose `hook_context` carries none (leave unset in multi-user servers).
+        :param default_limit: How many results to list when the model does not say.
+        :param max_limit: The most results one call lists.
+        :param raise_on_error: Raise `ToolInvocationError` on failure instead of returning ``"Error: ..."``.
+        :raises ValueError: If a limit is not positive or `default_limit` exceeds `max_limit`.
+        """
+        if default_limit <= 0 or max_limit <= 0:
+            raise ValueError("default_limit and max_limit must be positive.")
+        if default_limit > max_limit:
+            raise ValueError(f"default_limit ({default_limit}) must not exceed max_limit ({max_limit}).")
+        self.default_limit = default_limit
+        self.max_limit = max_limit
+        super().__init__(
+            name=LIST_TOOL_RESULTS_NAME,
+            description=(
+                "List the tool results offloaded to storage in this conversation, newest first: each with the "
+                "reference to pass to read_tool_result, the tool that produced it, its size and when it was stored."
+            ),
+            parameters={
+                "type": "object",
+                "properties": {
+                    "limit": {
+                        "type": "integer",
+                        "minimum": 1,
+                        "maximum": max_limit,
+                        "description": f"The most results to list (default {default_limit}).",
+                    },
+                    "tool_name": {"type": "string", "description": "Only list results of this tool."},
+                },
+                "additionalProperties": False,
+            },
+            store=store,
+            raise_on_error=raise_on_error,
+        )
+
+    def _run(self, store: ToolResultStore, arguments: Any, state: State | None) -> ToolOutput:
+        list_method = getattr(store, "list", None)
+        if not callable(list_method):
+            raise _cannot_list()
+        return self._render(list_method(), arguments, state)
+
+    async def _run_async(self, store: ToolResultStore, arguments: Any, state: State | None) -> ToolOutput:
+        list_async = getattr(store, "list_async", None)
+        if list_async is not None and inspect.iscoroutinefunction(list_async):
+            return self._render(await list_async(), arguments, state)
+        list_method = getattr(store, "list", None)
+        if not callable(list_method):
+            raise _cannot_list()
+        return self._render(await asyncio.to_thread(list_method), arguments, state)
+
+    def _render(self, records: Iterable[Any], arguments: ListToolResultsArguments, state: State | None) -> str:
+        tool_names = _run_tool_names(state)
+        rows = [(record, *_tool_of(record, tool_names)) for record in records]
+        if arguments.tool_name:
+            rows = [row for row in rows if row[1] == arguments.tool_name]
+        limit = min(arguments.limit or self.default_limit, self.max_limit)
+        shown = rows[:limit]
+        scope = f" of tool {arguments.tool_name!r}" if arguments.tool_name else ""
+        if not rows:
+            return f"[no stored results{scope} in this conversation]"
+        if len(shown) < len(rows):
+            header = (
+                f"[showing the {len(shown)} newest of {len(rows)} stored results{scope}; "
+                f"pass limit (up to {self.max_limit}) to see more]"
+            )
+        else:
+            header = (
+                f"[{len(rows)} stored result{'s' if len(rows) != 1 else ''}{scope} in this conversation, newest first]"
+            )
+        return "\n".join([header, *(_line(record, tool, how) for record, tool, how in shown)])
+
+    def _init_parameters(self) -> dict[str, Any]:
+        return {**super()._init_parameters(), "default_limit": self.default_limit, "max_limit": self.max_limit}
+
+
+def _cannot_list() -> ReadBackToolError:
+    return ReadBackToolError(
+        "This conversation's result store cannot list its results; use the references shown where results were "
+        "offloaded."
+    )
+
+
+def _run_tool_names(state: State | None) -> Sequence[str]:
+    tools = state.data.get("tools") if state is not None else None
+    return [name for tool in tools or () if isinstance(name := getattr(tool, "name", None), str)]
+
+
+def _tool_of(record: Any, tool_names: Sequence[str]) -> tuple[str | None, str]:
+    """Return the record's tool name and how it is known: "recorded", "inferred" or "unknown"."""
+    recorded = getattr(record, "tool_name", None)
+    if recorded:
+        return str(recorded), "recorded"
+    key = str(getattr(record, "key", "") or "")
+    step = _HAYSTACK_KEY_STEP.match(key)
+    if step is not None:
+        rest = key[step.end() :]
+        # Tool names and call ids may both contain "_": the longest tool name that fits the key wins.
+        candidates = [name for name in tool_names if rest.startswith(f"{_UNSAFE_KEY_CHARS.sub('_', name)}_")]
+        if candidates:
+            return max(candidates, key=len), "inferred"
+    return None, "unknown"
+
+
+def _line(record: Any, tool: str | None, how: str) -> str:
+    if how == "recorded":
+        tool_text = f"tool: {tool}"
+    elif how == "inferred":
+        tool_text = f"tool: {tool} (inferred from key)"
+    else:
+        tool_text = f"tool: not recorded (key {getattr(record, 'key', '?')})"
+    created = getattr(record, "created", None)
+    created_text = created.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if isinstance(created, datetime) else "?"
+    kind = getattr(record, "kind", "?")
+    size = getattr(record, "size", "?")
+    return f"- {getattr(record, 'reference', '?')} | {tool_text} | {kind}, {size} bytes | stored {created_text}"
+
+
+list_tool_results = ListToolResults()
+"""The `list_tool_results` tool with default limits, listing through each run's store from `hook_context`."""
