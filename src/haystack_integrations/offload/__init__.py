@@ -10,6 +10,24 @@ from typing import TYPE_CHECKING
 from lazy_imports import LazyImporter
 
 _import_structure = {
+    "approvals": [
+        "APPROVAL_CHANNEL_KEY",
+        "APPROVAL_REQUIRED",
+        "ApprovalRequest",
+        "AskOncePerSession",
+        "AskWhen",
+        "CallbackApprovals",
+        "Decision",
+        "DurableApprovals",
+        "decide",
+        "decide_async",
+        "pending_approvals",
+        "pending_approvals_async",
+        "read_audit",
+        "read_audit_async",
+        "resume",
+        "resume_async",
+    ],
     "context": ["offload_context"],
     "errors": [
         "DocumentExistsError",
@@ -19,10 +37,28 @@ _import_structure = {
         "StorageError",
         "StoragePermissionError",
     ],
+    "hooks": ["ApprovalHook", "OffloadCompactionHook", "OffloadHook"],
     "stores": ["FsspecToolResultStore", "SessionDocuments", "StoredResult"],
+    "tools": ["ListToolResults", "ReadBackToolError", "ReadToolResult", "list_tool_results", "read_tool_result"],
 }
 
 if TYPE_CHECKING:
+    from .approvals import APPROVAL_CHANNEL_KEY as APPROVAL_CHANNEL_KEY
+    from .approvals import APPROVAL_REQUIRED as APPROVAL_REQUIRED
+    from .approvals import ApprovalRequest as ApprovalRequest
+    from .approvals import AskOncePerSession as AskOncePerSession
+    from .approvals import AskWhen as AskWhen
+    from .approvals import CallbackApprovals as CallbackApprovals
+    from .approvals import Decision as Decision
+    from .approvals import DurableApprovals as DurableApprovals
+    from .approvals import decide as decide
+    from .approvals import decide_async as decide_async
+    from .approvals import pending_approvals as pending_approvals
+    from .approvals import pending_approvals_async as pending_approvals_async
+    from .approvals import read_audit as read_audit
+    from .approvals import read_audit_async as read_audit_async
+    from .approvals import resume as resume
+    from .approvals import resume_async as resume_async
     from .context import offload_context as offload_context
     from .errors import DocumentExistsError as DocumentExistsError
     from .errors import InvalidReferenceError as InvalidReferenceError
@@ -30,8 +66,16 @@ if TYPE_CHECKING:
     from .errors import ResultNotFoundError as ResultNotFoundError
     from .errors import StorageError as StorageError
     from .errors import StoragePermissionError as StoragePermissionError
+    from .hooks import ApprovalHook as ApprovalHook
+    from .hooks import OffloadCompactionHook as OffloadCompactionHook
+    from .hooks import OffloadHook as OffloadHook
     from .stores import FsspecToolResultStore as FsspecToolResultStore
     from .stores import SessionDocuments as SessionDocuments
     from .stores import StoredResult as StoredResult
+    from .tools import ListToolResults as ListToolResults
+    from .tools import ReadBackToolError as ReadBackToolError
+    from .tools import ReadToolResult as ReadToolResult
+    from .tools import list_tool_results as list_tool_results
+    from .tools import read_tool_result as read_tool_result
 else:
     sys.modules[__name__] = LazyImporter(name=__name__, module_file=__file__, import_structure=_import_structure)

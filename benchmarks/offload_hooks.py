@@ -1,0 +1,386 @@
+"""
+Offload hooks under load: Haystack's stock `ToolResultOffloadHook` against `OffloadHook`, writing to S3.
+
+N concurrent `Agent.run_async` sessions on one Agent (scripted with `MockChatGenerator`), each producing K large tool
+results one step after another; every result is offloaded to the session's own `FsspecToolResultStore` on S3.
+
+- Stock: `ToolResultOffloadHook` has no `run_async`, so Haystack runs it with `asyncio.to_thread`, in asyncio's
+  default thread pool (min(32, cores + 4) threads: 6 here); each write holds a thread for a whole S3 round trip.
+- Ours: `OffloadHook.run_async` awaits the store's `write_async` on the event loop; writes overlap freely.
+
+S3 is moto's server in its own process, behind `LatencyProxy` (in a process of its own too) adding the service time
+real S3 has. moto alone serves only a couple of hundred requests a second here, so its capacity is measured in the
+same run, and the ideal wall time is the larger of K x (latency + service time) (each session's K writes are
+sequential) and N x K / capacity (moto's throughput). Sessions that start together also write together: if every
+step's N writes queued at moto at once, the wall time would be K x (latency + service time + N / capacity), reported as
+the "lockstep" estimate. Requests are counted by moto itself and cross-checked against what the proxy forwarded.
+
+Run from the repository root (takes about a minute)::
+
+    PYTHONPATH=src python benchmarks/offload_hooks.py                 # N=32, K=4, 200 ms and 20 ms
+    PYTHONPATH=src python benchmarks/offload_hooks.py --runs 8 --results 2 --latency-ms 50 --repeat 1
+
+Prints a Markdown table (the one in benchmarks/README.md) and, with ``--json PATH``, writes the raw numbers.
+"""
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+from collections.abc import Awaitable
+from dataclasses import asdict, dataclass
+from multiprocessing.connection import Connection
+from typing import Any, TypeVar
+
+from haystack.components.agents import Agent
+from haystack.components.generators.chat import MockChatGenerator
+from haystack.dataclasses import ChatMessage, ChatRole, ToolCall
+from haystack.hooks.tool_result_offloading import AlwaysOffload, ToolResultOffloadHook
+from haystack.tools import Tool
+
+from haystack_integrations.offload import FsspecToolResultStore, OffloadHook, offload_context
+from haystack_integrations.offload.testing.latency_proxy import LatencyProxy
+
+BUCKET = "offload-bench"
+T = TypeVar("T")
+
+# Proxy process
+
+
+def _proxy_process(connection: Connection, upstream: str) -> None:
+    """Run a LatencyProxy in this process and obey commands from the benchmark over `connection`."""
+    with LatencyProxy(upstream) as proxy:
+        connection.send(proxy.endpoint_url)
+        while True:
+            command, argument = connection.recv()
+            if command == "latency":
+                proxy.latency = argument
+                connection.send(None)
+            elif command == "clear":
+                proxy.requests.clear()
+                connection.send(None)
+            elif command == "methods":
+                connection.send(dict(proxy.requests.methods()))
+            else:
+                connection.send(None)
+                return
+
+
+class ProxyControl:
+    """The benchmark's handle on the proxy process."""
+
+    def __init__(self, upstream: str) -> None:
+        self._connection, child = multiprocessing.Pipe()
+        self._process = multiprocessing.get_context("spawn").Process(
+            target=_proxy_process, args=(child, upstream), name="latency-proxy", daemon=True
+        )
+        self._process.start()
+        self.endpoint_url: str = self._connection.recv()
+
+    def _ask(self, command: str, argument: Any = None) -> Any:
+        self._connection.send((command, argument))
+        return self._connection.recv()
+
+    def set_latency(self, seconds: float) -> None:
+        self._ask("latency", seconds)
+
+    def clear(self) -> None:
+        self._ask("clear")
+
+    def methods(self) -> dict[str, int]:
+        methods: dict[str, int] = self._ask("methods")
+        return methods
+
+    def stop(self) -> None:
+        self._ask("stop")
+        self._process.join(timeout=10)
+
+
+# moto process
+
+
+def _moto_process(connection: Connection) -> None:
+    """Run moto's S3 server (this library's LocalS3Server) in this process, until told to stop."""
+    from haystack_integrations.offload.local_s3 import LocalS3Server
+
+    with LocalS3Server(bucket=BUCKET) as server:
+        connection.send(server.storage_options())
+        while True:
+            command = connection.recv()
+            if command == "methods":
+                connection.send(dict(server.requests.methods()))
+            elif command == "clear":
+                server.requests.clear()
+                connection.send(None)
+            else:
+                connection.send(None)
+                return
+
+
+class MotoControl:
+    """The benchmark's handle on the moto process."""
+
+    def __init__(self) -> None:
+        self._connection, child = multiprocessing.Pipe()
+        self._process = multiprocessing.get_context("spawn").Process(
+            target=_moto_process, args=(child,), name="moto", daemon=True
+        )
+        self._process.start()
+        self.storage_options: dict[str, Any] = self._connection.recv()
+        self.endpoint_url: str = self.storage_options["endpoint_url"]
+
+    def s3_options(self, endpoint: str) -> dict[str, Any]:
+        """The server's storage options, pointed at `endpoint` (the proxy, or moto itself)."""
+        return {**self.storage_options, "endpoint_url": endpoint}
+
+    def _ask(self, command: str) -> Any:
+        self._connection.send(command)
+        return self._connection.recv()
+
+    def clear(self) -> None:
+        self._ask("clear")
+
+    def methods(self) -> dict[str, int]:
+        methods: dict[str, int] = self._ask("methods")
+        return methods
+
+    def stop(self) -> None:
+        self._ask("stop")
+        self._process.join(timeout=10)
+
+
+# The agent
+
+
+def make_agent(payload: str, results: int, hook: Any) -> Agent:
+    def fetch(page: int) -> str:
+        return f"page {page}\n{payload}"
+
+    tool = Tool(
+        name="fetch",
+        description="Fetch a large page.",
+        parameters={"type": "object", "properties": {"page": {"type": "integer"}}, "required": ["page"]},
+        function=fetch,
+    )
+
+    def script(messages: list[ChatMessage]) -> ChatMessage:
+        # Decided from the conversation alone, so concurrent runs do not share a script position.
+        user = max(i for i, message in enumerate(messages) if message.is_from(ChatRole.USER))
+        done = sum(1 for message in messages[user:] if message.tool_call_result is not None)
+        if done >= results:
+            return ChatMessage.from_assistant("done")
+        return ChatMessage.from_assistant(
+            tool_calls=[ToolCall(tool_name="fetch", arguments={"page": done}, id=f"call_{done}")]
+        )
+
+    agent = Agent(
+        chat_generator=MockChatGenerator(response_fn=script),
+        tools=[tool],
+        hooks={"after_tool": [hook]},
+        max_agent_steps=results + 2,
+    )
+    agent.warm_up()
+    return agent
+
+
+def offloaded_results(result: dict[str, Any]) -> int:
+    return sum(1 for message in result["messages"] if message.meta.get("tool_result_offloaded"))
+
+
+# Measurements
+
+
+@dataclass
+class Row:
+    latency_ms: int
+    stock_s: float
+    ours_s: float
+    speedup: float
+    ideal_s: float
+    lockstep_s: float
+    ours_over_ideal: float
+    stock_requests_per_result: float
+    ours_requests_per_result: float
+    ours_puts_per_result: float
+
+
+async def timed(awaitable: Awaitable[T]) -> tuple[float, T]:
+    # Gathered tasks are created before the clock starts, but none runs before the first await below.
+    start = time.perf_counter()
+    value = await awaitable
+    return time.perf_counter() - start, value
+
+
+async def moto_capacity(store: FsspecToolResultStore, payload: str, writes: int, repeat: int) -> tuple[float, float]:
+    """
+    moto's parallel capacity (requests/s) for `writes` concurrent PUTs, and one PUT's service time (s), both direct.
+
+    Other load on the machine only ever slows moto down, so the capacity is the best of `repeat` bursts; the service
+    time is the median of 20 PUTs one after another.
+    """
+    session = store.for_session("capacity", "direct")
+    await session.write_async(key="warm.txt", content=payload)
+    throughputs = []
+    for _ in range(repeat):
+        wall, _ = await timed(
+            asyncio.gather(*(session.write_async(key=f"{i}.txt", content=payload) for i in range(writes)))
+        )
+        throughputs.append(writes / wall)
+    singles = []
+    for i in range(20):
+        wall, _ = await timed(session.write_async(key=f"single{i}.txt", content=payload))
+        singles.append(wall)
+    return max(throughputs), statistics.median(singles)
+
+
+async def run_sessions(agent: Agent, root: FsspecToolResultStore, runs: int, label: str) -> list[dict[str, Any]]:
+    return list(
+        await asyncio.gather(
+            *(
+                agent.run_async(
+                    [ChatMessage.from_user("fetch the pages")],
+                    hook_context=offload_context(root.for_session("bench", f"{label}-{i}")),
+                )
+                for i in range(runs)
+            )
+        )
+    )
+
+
+async def measure_hook(
+    agent: Agent,
+    root: FsspecToolResultStore,
+    servers: tuple[MotoControl, ProxyControl],
+    runs: int,
+    results: int,
+    repeat: int,
+    label: str,
+) -> tuple[float, float, float]:
+    """Median wall time of `runs` concurrent sessions, and S3 requests and PUTs per offloaded result."""
+    moto, proxy = servers
+    await run_sessions(agent, root, 2, f"{label}-warm")
+    walls, per_result, puts_per_result = [], [], []
+    for attempt in range(repeat):
+        moto.clear()
+        proxy.clear()
+        wall, outcomes = await timed(run_sessions(agent, root, runs, f"{label}-{attempt}"))
+        offloaded = sum(offloaded_results(outcome) for outcome in outcomes)
+        if offloaded != runs * results:
+            raise RuntimeError(f"{label}: {offloaded} results offloaded, expected {runs * results}")
+        # Counted by moto itself; the proxy's count of what it forwarded must agree.
+        methods = moto.methods()
+        if methods != proxy.methods():
+            raise RuntimeError(f"{label}: moto saw {methods}, the proxy forwarded {proxy.methods()}")
+        walls.append(wall)
+        per_result.append(sum(methods.values()) / offloaded)
+        puts_per_result.append(methods.get("PUT", 0) / offloaded)
+    return statistics.median(walls), statistics.median(per_result), statistics.median(puts_per_result)
+
+
+async def benchmark(args: argparse.Namespace) -> tuple[dict[str, Any], list[Row]]:
+    payload = ("lorem ipsum dolor sit amet " * (args.size // 27 + 1))[: args.size]
+    moto = MotoControl()
+    endpoint = moto.endpoint_url
+    proxy = ProxyControl(endpoint)
+    try:
+        direct = FsspecToolResultStore(f"s3://{BUCKET}/direct", storage_options=moto.s3_options(endpoint))
+        proxied = FsspecToolResultStore(f"s3://{BUCKET}/proxied", storage_options=moto.s3_options(proxy.endpoint_url))
+        await direct.warm_up_async()
+        await proxied.warm_up_async()
+        burst = max(args.runs * args.results, 128)
+        # moto's capacity is measured before and after the hooks run, so the ideal uses its best in this run.
+        capacities, services = zip(*[await moto_capacity(direct, payload, burst, args.repeat)], strict=True)
+
+        stock_agent = make_agent(
+            payload, args.results, ToolResultOffloadHook(store=proxied, offload_strategies={"fetch": AlwaysOffload()})
+        )
+        ours_agent = make_agent(payload, args.results, OffloadHook({"fetch": AlwaysOffload()}))
+        measured = []
+        for latency_ms in args.latency_ms:
+            proxy.set_latency(latency_ms / 1000)
+            point = (args.runs, args.results, args.repeat)
+            stock = await measure_hook(stock_agent, proxied, (moto, proxy), *point, f"stock{latency_ms}")
+            ours = await measure_hook(ours_agent, proxied, (moto, proxy), *point, f"ours{latency_ms}")
+            measured.append((latency_ms, stock, ours))
+            print(f"# {latency_ms} ms: stock {stock}, ours {ours}", file=sys.stderr, flush=True)
+
+        after = await moto_capacity(direct, payload, burst, args.repeat)
+        capacity, service = max(*capacities, after[0]), statistics.median([*services, after[1]])
+        setup = {
+            "runs": args.runs,
+            "results_per_run": args.results,
+            "result_chars": args.size,
+            "repeat": args.repeat,
+            "cpu_count": os.cpu_count(),
+            "default_thread_pool": min(32, (os.cpu_count() or 1) + 4),
+            "moto_capacity_rps": round(capacity, 1),
+            "moto_capacity_before_after_rps": [round(capacities[0], 1), round(after[0], 1)],
+            "moto_service_ms": round(service * 1000, 1),
+        }
+        rows = []
+        for latency_ms, stock, ours in measured:
+            latency = latency_ms / 1000
+            ideal = max(args.results * (latency + service), args.runs * args.results / capacity)
+            lockstep = args.results * (latency + service + args.runs / capacity)
+            rows.append(
+                Row(
+                    latency_ms=latency_ms,
+                    stock_s=round(stock[0], 3),
+                    ours_s=round(ours[0], 3),
+                    speedup=round(stock[0] / ours[0], 2),
+                    ideal_s=round(ideal, 3),
+                    lockstep_s=round(lockstep, 3),
+                    ours_over_ideal=round(ours[0] / ideal, 2),
+                    stock_requests_per_result=round(stock[1], 2),
+                    ours_requests_per_result=round(ours[1], 2),
+                    ours_puts_per_result=round(ours[2], 2),
+                )
+            )
+        return setup, rows
+    finally:
+        proxy.stop()
+        moto.stop()
+
+
+def table(setup: dict[str, Any], rows: list[Row]) -> str:
+    lines = [
+        f"N={setup['runs']} sessions x K={setup['results_per_run']} results of {setup['result_chars']:,} chars; "
+        f"moto capacity {setup['moto_capacity_rps']} req/s (best of before/after: "
+        f"{setup['moto_capacity_before_after_rps']}), service time {setup['moto_service_ms']} ms; "
+        f"default thread pool {setup['default_thread_pool']}; median of {setup['repeat']}.",
+        "",
+        "| added latency | stock hook | OffloadHook | speed-up | ideal | OffloadHook / ideal | lockstep estimate "
+        "| S3 requests per result (stock / ours) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {row.latency_ms} ms | {row.stock_s:.2f} s | {row.ours_s:.2f} s | {row.speedup:.1f}x | {row.ideal_s:.2f} s "
+        f"| {row.ours_over_ideal:.2f}x | {row.lockstep_s:.2f} s "
+        f"| {row.stock_requests_per_result:.2f} / {row.ours_requests_per_result:.2f} |"
+        for row in rows
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--runs", type=int, default=32, help="concurrent sessions, N (default: %(default)s)")
+    parser.add_argument("--results", type=int, default=4, help="tool results per session, K (default: %(default)s)")
+    parser.add_argument("--size", type=int, default=50_000, help="characters per result (default: %(default)s)")
+    parser.add_argument("--latency-ms", type=int, nargs="+", default=[200, 20], help="added latencies to test")
+    parser.add_argument("--repeat", type=int, default=3, help="measurements per point; the median is reported")
+    parser.add_argument("--json", help="also write the numbers to this file")
+    args = parser.parse_args()
+    setup, rows = asyncio.run(benchmark(args))
+    print(table(setup, rows))
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump({"setup": setup, "rows": [asdict(row) for row in rows]}, file, indent=2)
+
+
+if __name__ == "__main__":
+    main()

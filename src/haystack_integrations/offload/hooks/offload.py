@@ -1,0 +1,226 @@
+"""`OffloadHook`: an async-native ``after_tool`` hook that offloads a step's tool results into the run's own store."""
+
+import asyncio
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+from haystack.components.agents.state.state import State
+from haystack.components.agents.state.state_utils import replace_values
+from haystack.core.serialization import component_to_dict, default_from_dict, default_to_dict
+from haystack.dataclasses import ChatMessage
+from haystack.hooks.tool_result_offloading.types import OffloadPolicy, ToolResultStore
+from haystack.utils.deserialization import deserialize_component_inplace
+
+from haystack_integrations.offload.hooks.pointers import OffloadPlan, offload, offload_async, plan
+from haystack_integrations.offload.hooks.store_resolution import run_store
+from haystack_integrations.offload.hooks.strategies import (
+    deserialize_strategies,
+    policy_for,
+    serialize_strategies,
+    validate_strategies,
+)
+
+
+class OffloadHook:
+    """
+    Offloads tool results to the run's `ToolResultStore` and leaves Haystack's pointer in the conversation.
+
+    The multi-user sibling of Haystack's `ToolResultOffloadHook`, configured the same way (`offload_strategies` with
+    Haystack's `OffloadPolicy` objects, `preview_chars`) and leaving the same pointer text and
+    ``tool_result_offloaded`` meta, so Haystack's compactors recognise its results. What it adds:
+
+    - **Async-native.** In `Agent.run_async` it awaits the store's ``write_async`` (one PUT per block on S3) and writes
+      all of a step's results concurrently; Haystack's sync-only hook instead occupies one thread of a small pool per
+      write. Stores without ``write_async`` are written from a worker thread, so the event loop never blocks.
+    - **The run's store.** Each run brings its store in ``hook_context`` (`offload_context(store)`); the constructor
+      `store` is only a fallback, and the hook holds no per-run state.
+    - **Tool names recorded.** Stores whose ``write`` takes ``tool_name`` (like `FsspecToolResultStore`) record the
+      tool, so `list_tool_results` can show it.
+    - **Read-back tools skipped.** Results of `read_tool_result` and `list_tool_results` are never offloaded. With
+      Haystack's stock hook, map those tools to `NeverOffload()` yourself.
+
+    A failed write (network, permissions, a missing bucket) is logged and leaves that result in the conversation; the
+    run goes on. Errors, empty results and results already offloaded stay as they are.
+
+    ```python
+    from haystack.components.agents import Agent
+    from haystack.components.generators.chat import MockChatGenerator
+    from haystack.dataclasses import ChatMessage
+    from haystack.hooks.tool_result_offloading import NeverOffload, OffloadOverChars
+    from haystack_integrations.offload import FsspecToolResultStore, OffloadHook, offload_context
+
+    results = FsspecToolResultStore("memory://agent-results")          # once, at start-up
+    agent = Agent(
+        chat_generator=MockChatGenerator(responses="Done."),            # your chat generator and tools
+        hooks={"after_tool": [OffloadHook({"*": OffloadOverChars(4000), "get_time": NeverOffload()})]},
+    )
+
+    store = results.for_session(tenant="acme", session="chat-42")      # per request
+    reply = agent.run([ChatMessage.from_user("Hi")], hook_context=offload_context(store))
+    ```
+
+    Multi-user use: build one Agent with one `OffloadHook` at start-up and give every run its own
+    ``results.for_session(tenant, session)`` through ``hook_context``; concurrent runs never share a store.
+    """
+
+    allowed_hook_points = ("after_tool",)
+
+    def __init__(
+        self,
+        offload_strategies: Mapping[str | tuple[str, ...], OffloadPolicy],
+        *,
+        store: ToolResultStore | None = None,
+        preview_chars: int = 200,
+    ) -> None:
+        """
+        Configure which tools' results are offloaded, and how much of each stays visible.
+
+        :param offload_strategies: Tool name, tuple of tool names, or ``"*"`` mapped to the `OffloadPolicy` deciding
+            whether that tool's results are offloaded (`OffloadOverChars`, `AlwaysOffload`, `NeverOffload`, or your
+            own). The most specific key wins; tools no key covers are not offloaded.
+        :param store: The store for runs whose ``hook_context`` brings none. Leave it out on multi-user servers, so a
+            run without its own store fails loudly instead of writing into a shared one.
+        :param preview_chars: How many leading characters of each offloaded text the pointer keeps.
+        :raises TypeError: If a strategy key or policy has the wrong type, or `store` has no ``write``.
+        :raises ValueError: If `preview_chars` is negative, a key is empty or repeated, or a read-back tool is given
+            a policy other than `NeverOffload`.
+        """
+        if isinstance(preview_chars, bool) or not isinstance(preview_chars, int) or preview_chars < 0:
+            raise ValueError(f"preview_chars must be a non-negative integer, got {preview_chars!r}.")
+        if store is not None and not callable(getattr(store, "write", None)):
+            raise TypeError(f"store must be a ToolResultStore (with write), got {type(store).__name__}.")
+        self.offload_strategies = validate_strategies(offload_strategies)
+        self.store = store
+        self.preview_chars = preview_chars
+
+    # Running
+
+    def run(self, state: State) -> None:
+        """
+        Offload this step's tool results that their policies select, one write after another.
+
+        :param state: The Agent's live `State`; offloaded results are replaced in ``messages``.
+        :raises ValueError: If neither the run's ``hook_context`` nor the hook has a store.
+        """
+        planned = self._plan(state)
+        if planned is None:
+            return
+        store, plans = planned
+        self._apply(state, plans, [offload(store, offload_plan) for _, offload_plan in plans])
+
+    async def run_async(self, state: State) -> None:
+        """
+        Offload this step's tool results that their policies select, all writes at once, without blocking the loop.
+
+        :param state: The Agent's live `State`; offloaded results are replaced in ``messages``.
+        :raises ValueError: If neither the run's ``hook_context`` nor the hook has a store.
+        """
+        planned = self._plan(state)
+        if planned is None:
+            return
+        store, plans = planned
+        if len(plans) == 1:
+            pointers = [await offload_async(store, plans[0][1])]  # no task to create for the common single result
+        else:
+            pointers = list(await asyncio.gather(*(offload_async(store, offload_plan) for _, offload_plan in plans)))
+        self._apply(state, plans, pointers)
+
+    def _plan(self, state: State) -> tuple[ToolResultStore, list[tuple[int, OffloadPlan]]] | None:
+        messages: list[ChatMessage] = state.data.get("messages") or []
+        start = _fresh_results_start(messages)
+        if start == len(messages):
+            return None
+        store = run_store(state, self.store, hook_name=type(self).__name__)
+        step = state.data.get("step_count", 0)
+        plans: list[tuple[int, OffloadPlan]] = []
+        for position, message in enumerate(messages[start:]):
+            result = message.tool_call_result
+            if result is None:
+                continue
+            policy = policy_for(self.offload_strategies, result.origin.tool_name)
+            if policy is None:
+                continue
+            offload_plan = plan(
+                message,
+                store=store,
+                # Step, tool and call id keep a run's keys apart; an id-less call falls back to its place in the step.
+                key_prefix=f"{step}_{result.origin.tool_name}_{result.origin.id or f'call{position}'}",
+                preview_chars=self.preview_chars,
+            )
+            if offload_plan is None:
+                continue
+            if policy.should_offload(tool_name=offload_plan.tool_name, result=offload_plan.payload, state=state):
+                plans.append((start + position, offload_plan))
+        return (store, plans) if plans else None
+
+    @staticmethod
+    def _apply(state: State, plans: list[tuple[int, OffloadPlan]], pointers: list[ChatMessage | None]) -> None:
+        messages: list[ChatMessage] = list(state.data.get("messages") or [])
+        changed = False
+        for (index, _), pointer in zip(plans, pointers, strict=True):
+            if pointer is not None:  # None: the write failed and the result stays
+                messages[index] = pointer
+                changed = True
+        if changed:
+            state.set("messages", messages, handler_override=replace_values)
+
+    # Lifecycle
+
+    def warm_up(self) -> None:
+        """Open the constructor store's client, if it has one to open (per-run stores share their root's client)."""
+        warm_up = getattr(self.store, "warm_up", None)
+        if callable(warm_up):
+            warm_up()
+
+    async def warm_up_async(self) -> None:
+        """Async `warm_up`: awaits the store's ``warm_up_async`` when it has one."""
+        warm_up_async = getattr(self.store, "warm_up_async", None)
+        if warm_up_async is not None and inspect.iscoroutinefunction(warm_up_async):
+            await warm_up_async()
+        elif self.store is not None:
+            await asyncio.to_thread(self.warm_up)
+
+    # Serialization
+
+    def to_dict(self) -> dict[str, Any]:
+        """
+        Serialize the hook, its strategies (in Haystack's format) and its constructor store, if any.
+
+        :returns: A dictionary representation.
+        :raises SerializationError: If the constructor store cannot be serialized (for example, credentials in clear).
+        """
+        return default_to_dict(
+            self,
+            offload_strategies=serialize_strategies(self.offload_strategies),
+            store=component_to_dict(obj=self.store, name="store") if self.store is not None else None,
+            preview_chars=self.preview_chars,
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "OffloadHook":
+        """
+        Deserialize a hook produced by `to_dict`. Policies and the store go through Haystack's import allowlist.
+
+        :param data: The dictionary representation.
+        :returns: The hook.
+        """
+        init_parameters = data.get("init_parameters", {})
+        if init_parameters.get("store") is not None:
+            deserialize_component_inplace(init_parameters, key="store")
+        if init_parameters.get("offload_strategies") is not None:
+            init_parameters["offload_strategies"] = deserialize_strategies(init_parameters["offload_strategies"])
+        return default_from_dict(cls, data)
+
+    def __repr__(self) -> str:
+        keys = ", ".join(repr(key) for key in self.offload_strategies)
+        return f"{type(self).__name__}(keys=[{keys}], preview_chars={self.preview_chars})"
+
+
+def _fresh_results_start(messages: list[ChatMessage]) -> int:
+    # The Agent appends this step's results last: the trailing run of tool results is this step's batch, and anything
+    # before it is history this hook leaves alone.
+    index = len(messages)
+    while index > 0 and messages[index - 1].tool_call_result is not None:
+        index -= 1
+    return index

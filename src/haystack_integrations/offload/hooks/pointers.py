@@ -1,0 +1,241 @@
+"""
+What an offloaded result becomes: the blocks to write, and the pointer that replaces the result in the conversation.
+
+The pointer text and the ``tool_result_offloaded`` meta key are Haystack's, character for character, so Haystack's
+own hooks and compactors (for example `ToolResultPruningCompactor`, which skips offloaded results) recognise results
+offloaded here. Planning is separate from writing: a hook plans every result of a step first, then writes all their
+blocks at once (`asyncio.gather`) in async runs, or one after another in sync runs.
+"""
+
+import asyncio
+import base64
+import logging
+import mimetypes
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from haystack.dataclasses import ChatMessage, FileContent, ImageContent, TextContent, ToolCallResult
+from haystack.hooks.tool_result_offloading.types import ToolResultStore
+from haystack.hooks.tool_result_offloading.utils import (
+    _FALLBACK_EXTENSION,
+    _OFFLOADED_META_KEY,
+    _content_block_payload,
+    _offloadable_content_blocks,
+)
+
+from haystack_integrations.offload.hooks.writes import write_block, write_block_async
+
+logger = logging.getLogger(__name__)
+
+OFFLOADED_META_KEY = _OFFLOADED_META_KEY
+"""Haystack's meta key on an offloaded tool-result message; its value is the list of references written."""
+
+
+@dataclass(frozen=True)
+class PlannedBlock:
+    """
+    One content block of a result, ready to write.
+
+    :param key: The store key, with an extension matching the content.
+    :param content: Text, or the decoded bytes of an image or file.
+    :param label: For binary blocks, what the pointer calls it (MIME type, or "image"/"file").
+    :param filename: For file blocks, the name the tool gave the file.
+    """
+
+    key: str
+    content: str | bytes
+    label: str = ""
+    filename: str | None = None
+
+    def describe(self, reference: str, preview_chars: int) -> str:
+        """
+        Describe the block for the pointer, exactly as Haystack's offload hook does.
+
+        :param reference: Where the block was written.
+        :param preview_chars: How many leading characters of text to show.
+        :returns: One line of the pointer.
+        """
+        if isinstance(self.content, str):
+            text = self.content
+            # The ellipsis tells the model the preview was cut short.
+            preview = f"{text[:preview_chars]}{'...' if len(text) > preview_chars else ''}"
+            return f"text ({len(text)} characters) at '{reference}'. Preview: {preview}"
+        named = f" named '{self.filename}'" if self.filename else ""
+        return f"{self.label}{named} ({len(self.content)} bytes) at '{reference}'"
+
+
+@dataclass(frozen=True)
+class OffloadPlan:
+    """
+    A tool-result message to offload: its blocks, and what to add to the pointer message's meta.
+
+    :param message: The original tool-result message.
+    :param result: Its tool result.
+    :param blocks: The blocks to write, in order.
+    :param preview_chars: How many leading characters of each text to keep in the pointer.
+    :param extra_meta: Further meta for the pointer message (a compaction marker, for example).
+    """
+
+    message: ChatMessage
+    result: ToolCallResult
+    blocks: tuple[PlannedBlock, ...]
+    preview_chars: int
+    extra_meta: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def tool_name(self) -> str:
+        """The tool that produced the result (recorded by stores that take a tool name)."""
+        return self.result.origin.tool_name
+
+    @property
+    def payload(self) -> str:
+        """The string the result occupies in the conversation (base64 for images and files), as policies see it."""
+        result = self.result.result
+        blocks = [TextContent(text=result)] if isinstance(result, str) else list(result)
+        return "".join(_content_block_payload(content_block=block) for block in blocks)
+
+    def pointer_message(self, references: list[str]) -> ChatMessage:
+        """
+        Build the message that replaces the result: Haystack's pointer text, origin and error flag kept.
+
+        :param references: Where each block was written, in block order.
+        :returns: The pointer message, marked offloaded.
+        """
+        descriptions = [
+            block.describe(reference, self.preview_chars)
+            for block, reference in zip(self.blocks, references, strict=True)
+        ]
+        if len(descriptions) == 1:
+            pointer = f"Tool result offloaded to {descriptions[0]}"
+        else:
+            numbered = [f"{position}. {line}" for position, line in enumerate(descriptions, start=1)]
+            pointer = "\n".join([f"Tool result offloaded to {len(descriptions)} files:", *numbered])
+        return ChatMessage.from_tool(
+            tool_result=pointer,
+            origin=self.result.origin,
+            error=self.result.error,
+            meta={**self.message.meta, **self.extra_meta, OFFLOADED_META_KEY: list(references)},
+        )
+
+
+def plan(
+    message: ChatMessage,
+    *,
+    store: ToolResultStore,
+    key_prefix: str,
+    preview_chars: int,
+    extra_meta: Mapping[str, Any] | None = None,
+) -> OffloadPlan | None:
+    """
+    Plan the offload of one tool-result message, or return `None` if it cannot be offloaded.
+
+    Not offloadable: a message that is not a tool result, an error result, an already offloaded result, an empty
+    result, and image or file content for a store that does not set `supports_binary_content` (Haystack logs a
+    warning for that one).
+
+    :param message: The message to consider.
+    :param store: The store it would go to.
+    :param key_prefix: The result's key without extension; multi-block results get ``_<position>`` suffixes.
+    :param preview_chars: How many leading characters of each text to keep in the pointer.
+    :param extra_meta: Further meta for the pointer message.
+    :returns: The plan, or `None`.
+    """
+    result = message.tool_call_result
+    if result is None or result.error or message.meta.get(OFFLOADED_META_KEY):
+        return None
+    content_blocks = _offloadable_content_blocks(result=result, store=store)
+    if content_blocks is None:
+        return None
+    single = len(content_blocks) == 1
+    blocks = tuple(
+        _planned_block(block, key_prefix if single else f"{key_prefix}_{position}")
+        for position, block in enumerate(content_blocks)
+    )
+    return OffloadPlan(
+        message=message,
+        result=result,
+        blocks=blocks,
+        preview_chars=preview_chars,
+        extra_meta=dict(extra_meta or {}),
+    )
+
+
+def _planned_block(block: TextContent | ImageContent | FileContent, key_prefix: str) -> PlannedBlock:
+    if isinstance(block, TextContent):
+        return PlannedBlock(key=f"{key_prefix}.txt", content=block.text)
+    if isinstance(block, ImageContent):
+        data, label, filename = base64.b64decode(block.base64_image), block.mime_type or "image", None
+    else:
+        data, label, filename = base64.b64decode(block.base64_data), block.mime_type or "file", block.filename
+    # The tool's own file name wins over the MIME type; only its suffix is used, never its path.
+    mime_extension = mimetypes.guess_extension(block.mime_type) if block.mime_type else None
+    extension = (Path(filename).suffix if filename else "") or mime_extension or _FALLBACK_EXTENSION
+    return PlannedBlock(key=f"{key_prefix}{extension}", content=data, label=label, filename=filename)
+
+
+def _log_failure(offload_plan: OffloadPlan, store: ToolResultStore, error: BaseException) -> None:
+    logger.warning(
+        "Failed to offload the result of tool %r to %s; leaving the result in context. Error: %s",
+        offload_plan.tool_name,
+        type(store).__name__,
+        error,
+        exc_info=error,
+    )
+
+
+def offload(store: ToolResultStore, offload_plan: OffloadPlan) -> ChatMessage | None:
+    """
+    Write a planned result's blocks one after another and return its pointer message.
+
+    Offloading only saves context, so a failed write must not end the run: it is logged and `None` is returned, and
+    the caller leaves the result in the conversation. Blocks written before a failure stay in the store, unreferenced.
+
+    :param store: The run's store.
+    :param offload_plan: What to write.
+    :returns: The pointer message, or `None` if a write failed.
+    """
+    try:
+        references = [
+            write_block(store, key=block.key, content=block.content, tool_name=offload_plan.tool_name)
+            for block in offload_plan.blocks
+        ]
+    except Exception as error:
+        _log_failure(offload_plan, store, error)
+        return None
+    return offload_plan.pointer_message(references)
+
+
+async def offload_async(store: ToolResultStore, offload_plan: OffloadPlan) -> ChatMessage | None:
+    """
+    Write a planned result's blocks concurrently and return its pointer message.
+
+    Every block's write is awaited, failed or not, before this returns, so no write is left running behind the run.
+
+    :param store: The run's store.
+    :param offload_plan: What to write.
+    :returns: The pointer message, or `None` if a write failed (logged; the result stays in the conversation).
+    """
+    writes = [
+        write_block_async(store, key=block.key, content=block.content, tool_name=offload_plan.tool_name)
+        for block in offload_plan.blocks
+    ]
+    outcomes: list[str | BaseException]
+    if len(writes) == 1:
+        # Most results are one block: await it in place, without the task a gather would create.
+        try:
+            outcomes = [await writes[0]]
+        except Exception as error:
+            outcomes = [error]
+    else:
+        outcomes = await asyncio.gather(*writes, return_exceptions=True)
+    references: list[str] = []
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            if not isinstance(outcome, Exception):
+                raise outcome  # cancellation and interpreter exits are not storage failures
+            _log_failure(offload_plan, store, outcome)
+            return None
+        references.append(outcome)
+    return offload_plan.pointer_message(references)

@@ -1,0 +1,97 @@
+"""
+How a hook writes one block to whatever store the run brought, sync or async.
+
+Haystack's `ToolResultStore` protocol has only ``write(*, key, content)``. Stores of this library add a ``tool_name``
+argument (recorded for `list_tool_results`) and an async twin, ``write_async``, that never blocks the event loop.
+Hooks accept any store: they pass ``tool_name`` only where the store's ``write`` takes it, await ``write_async``
+where it exists, and otherwise run the sync ``write`` in a worker thread so the loop stays free.
+"""
+
+import asyncio
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from haystack.hooks.tool_result_offloading.types import ToolResultStore
+
+
+@dataclass(frozen=True)
+class _WriteCapabilities:
+    sync_takes_tool_name: bool
+    has_async: bool
+    async_takes_tool_name: bool
+
+
+def _takes_tool_name(method: Callable[..., Any] | None) -> bool:
+    if method is None:
+        return False
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):  # some C callables expose no signature
+        return False
+    return any(
+        parameter.name == "tool_name" or parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters
+    )
+
+
+@lru_cache(maxsize=256)
+def _capabilities_of(store_type: type) -> _WriteCapabilities:
+    # Looked up once per store class: signature inspection is too slow to repeat for every write of a busy server.
+    write_async = getattr(store_type, "write_async", None)
+    has_async = write_async is not None and inspect.iscoroutinefunction(write_async)
+    return _WriteCapabilities(
+        sync_takes_tool_name=_takes_tool_name(getattr(store_type, "write", None)),
+        has_async=has_async,
+        async_takes_tool_name=has_async and _takes_tool_name(write_async),
+    )
+
+
+def _capabilities(store: ToolResultStore) -> _WriteCapabilities:
+    return _capabilities_of(type(store))
+
+
+def write_block(store: ToolResultStore, *, key: str, content: str | bytes, tool_name: str) -> str:
+    """
+    Write one block with the store's sync ``write``.
+
+    :param store: The run's store.
+    :param key: The block's key (with its extension).
+    :param content: Text or bytes.
+    :param tool_name: The tool that produced the result; passed on only if the store's ``write`` takes it.
+    :returns: The reference the store returned.
+    :raises Exception: Whatever the store raises; callers decide what a failed write means.
+    """
+    if _capabilities(store).sync_takes_tool_name:
+        return _reference(store.write(key=key, content=content, tool_name=tool_name))  # type: ignore[call-arg]
+    return _reference(store.write(key=key, content=content))
+
+
+async def write_block_async(store: ToolResultStore, *, key: str, content: str | bytes, tool_name: str) -> str:
+    """
+    Write one block without blocking the event loop.
+
+    Awaits the store's ``write_async`` when it has one; otherwise runs ``write`` in a worker thread.
+
+    :param store: The run's store.
+    :param key: The block's key (with its extension).
+    :param content: Text or bytes.
+    :param tool_name: The tool that produced the result; passed on only if the store takes it.
+    :returns: The reference the store returned.
+    :raises Exception: Whatever the store raises; callers decide what a failed write means.
+    """
+    capabilities = _capabilities(store)
+    if capabilities.has_async:
+        write_async = store.write_async  # type: ignore[attr-defined]
+        if capabilities.async_takes_tool_name:
+            return _reference(await write_async(key=key, content=content, tool_name=tool_name))
+        return _reference(await write_async(key=key, content=content))
+    return await asyncio.to_thread(write_block, store, key=key, content=content, tool_name=tool_name)
+
+
+def _reference(value: object) -> str:
+    # The reference goes into the conversation and back to `read`: anything but a non-empty string is a broken store.
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"The store returned {value!r} from write; a reference must be a non-empty string.")
+    return value

@@ -1,0 +1,463 @@
+"""
+A loopback TCP proxy that adds latency in front of an HTTP/1.1 server (moto's S3) and counts the requests it passes.
+
+Real S3 answers a small PUT in tens of milliseconds and serves thousands in parallel; moto's server on loopback answers
+in about a millisecond but serves only a few hundred requests a second. Put this proxy in front of moto and clients see
+S3-like response times, so a benchmark measures how well they overlap requests rather than how fast moto is::
+
+    client ──► LatencyProxy ──► moto ──► LatencyProxy ──(+latency)──► client
+
+The latency stands for the service's time to answer, so it is added once per request: every byte of a final response
+reaches the client `latency` after it left the server (a delay line, not a queue: responses in flight overlap, however
+many there are). Interim ``100 Continue`` answers pass at once: botocore sends every PUT with ``Expect: 100-continue``,
+and the round trip that costs against real S3 is a network round trip, not a service time. Requests are forwarded at
+once, and connections to the proxy are accepted at once, as if the client's connections were kept alive.
+
+The proxy reads the head of each request passing through (method and target; bodies are skipped by their
+``Content-Length``) and keeps a log, so a benchmark can count "requests per offloaded result" at the wire. A request
+with a chunked body ends the counting on its connection (the bytes are still forwarded).
+
+Example::
+
+    from haystack_integrations.offload.local_s3 import LocalS3Server
+    from haystack_integrations.offload.testing.latency_proxy import LatencyProxy
+
+    with LocalS3Server() as s3, LatencyProxy(s3.endpoint_url, latency=0.2) as proxy:
+        options = {**s3.storage_options(), "endpoint_url": proxy.endpoint_url}
+        ...                                      # every S3 request now takes 200 ms longer
+        assert proxy.requests.count(method="PUT") == 1
+
+From a shell: ``python -m haystack_integrations.offload.testing.latency_proxy --upstream http://127.0.0.1:5000
+--latency 0.2``.
+
+Extending: every parsed request goes through `LatencyProxy._on_request` before its bytes are forwarded, on the
+proxy's event loop. Fault injection (answering 500/503, resetting or stalling a connection) belongs there: override
+it, or give the proxy a policy it consults, and act on the connection instead of forwarding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+from urllib.parse import urlsplit
+
+__all__ = ["LatencyProxy", "ProxiedRequest", "ProxyLog", "main"]
+
+_CHUNK = 64 * 1024
+# A request head longer than this is not HTTP we understand; counting stops on that connection.
+_MAX_HEAD = 64 * 1024
+_INTERIM_STATUS = re.compile(rb"HTTP/1\.[01] 1\d\d ")
+
+
+@dataclass(frozen=True, slots=True)
+class ProxiedRequest:
+    """
+    One request that passed through the proxy.
+
+    :param method: HTTP method, e.g. ``"PUT"``.
+    :param target: The request target as sent (path and query).
+    :param connection: A number identifying the client connection it came on.
+    :param at: When its head arrived (`time.monotonic`).
+    """
+
+    method: str
+    target: str
+    connection: int
+    at: float
+
+
+class ProxyLog:
+    """A thread-safe log of proxied requests, oldest first."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._requests: list[ProxiedRequest] = []
+
+    def append(self, request: ProxiedRequest) -> None:
+        """
+        Record a request.
+
+        :param request: The request.
+        """
+        with self._lock:
+            self._requests.append(request)
+
+    def clear(self) -> None:
+        """Forget every request logged so far."""
+        with self._lock:
+            self._requests = []
+
+    def snapshot(self) -> list[ProxiedRequest]:
+        """
+        :returns: A copy of the log.
+        """
+        with self._lock:
+            return list(self._requests)
+
+    def count(self, method: str | None = None) -> int:
+        """
+        :param method: Count only requests with this method (any case).
+        :returns: How many requests were logged.
+        """
+        wanted = method.upper() if method is not None else None
+        return sum(1 for request in self.snapshot() if wanted is None or request.method == wanted)
+
+    def methods(self) -> Counter[str]:
+        """
+        :returns: Requests tallied by method.
+        """
+        return Counter(request.method for request in self.snapshot())
+
+
+class _RequestHeads:
+    """Finds request heads in a client's byte stream, skipping bodies by Content-Length."""
+
+    def __init__(self, on_request: Callable[[str, str], None]) -> None:
+        self._on_request = on_request
+        self._buffer = bytearray()
+        self._body_left = 0
+        self._lost = False
+
+    def feed(self, data: bytes) -> None:
+        if self._lost:
+            return
+        view = memoryview(data)
+        if self._body_left:
+            skipped = min(self._body_left, len(view))
+            self._body_left -= skipped
+            view = view[skipped:]
+        self._buffer += view
+        while not self._body_left and not self._lost:
+            end = self._buffer.find(b"\r\n\r\n")
+            if end < 0:
+                self._lost = len(self._buffer) > _MAX_HEAD
+                return
+            head = bytes(self._buffer[:end]).decode("latin-1")
+            del self._buffer[: end + 4]
+            self._parse(head)
+            skipped = min(self._body_left, len(self._buffer))
+            del self._buffer[:skipped]
+            self._body_left -= skipped
+
+    def _parse(self, head: str) -> None:
+        request_line, *header_lines = head.split("\r\n")
+        parts = request_line.split(" ")
+        if len(parts) != 3:
+            self._lost = True
+            return
+        headers = {}
+        for line in header_lines:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        self._on_request(parts[0].upper(), parts[1])
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            self._lost = True  # chunked bodies are forwarded but not parsed
+            return
+        try:
+            self._body_left = max(0, int(headers.get("content-length", "0")))
+        except ValueError:
+            self._lost = True
+
+
+class LatencyProxy:
+    """
+    A TCP proxy on loopback that delays every final response by `latency` and logs the requests it passes.
+
+    Run it on the caller's event loop (`start` / `stop`) or in a background thread with its own loop (use it as a
+    context manager, or `start_in_thread` / `stop_in_thread`). `latency` may be changed while it runs.
+
+    :param upstream: The server to forward to, as ``http://host:port``.
+    :param latency: Seconds added to each request's response (the service time it stands for).
+    :param host: Interface to listen on; keep loopback.
+    :param port: Port to listen on; 0 picks a free one (see `port`).
+    """
+
+    def __init__(self, upstream: str, *, latency: float = 0.0, host: str = "127.0.0.1", port: int = 0) -> None:
+        parts = urlsplit(upstream)
+        if parts.scheme != "http" or parts.hostname is None or parts.port is None:
+            raise ValueError(f"upstream must look like http://host:port, got {upstream!r}.")
+        self._upstream = (parts.hostname, parts.port)
+        self.latency = latency
+        self.host = host
+        self.requests = ProxyLog()
+        self._requested_port = port
+        self._server: asyncio.Server | None = None
+        self._connections = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def latency(self) -> float:
+        """Seconds added to each request's response."""
+        return self._latency
+
+    @latency.setter
+    def latency(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError(f"latency must not be negative, got {seconds}.")
+        self._latency = float(seconds)
+
+    @property
+    def port(self) -> int:
+        """
+        :returns: The port the proxy listens on.
+        :raises RuntimeError: If it is not running.
+        """
+        if self._server is None:
+            raise RuntimeError("LatencyProxy is not running.")
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    @property
+    def endpoint_url(self) -> str:
+        """
+        :returns: ``http://host:port`` of the proxy, to give clients as their endpoint.
+        """
+        return f"http://{self.host}:{self.port}"
+
+    # On the caller's loop
+
+    async def start(self) -> Self:
+        """
+        Start listening on the running event loop.
+
+        :returns: The proxy.
+        """
+        self._server = await asyncio.start_server(self._serve, self.host, self._requested_port)
+        return self
+
+    async def stop(self) -> None:
+        """Stop listening and drop every open connection."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if server is not None:
+            await server.wait_closed()
+
+    # In a thread of its own
+
+    def start_in_thread(self) -> Self:
+        """
+        Run the proxy on its own event loop in a daemon thread; returns once it listens.
+
+        :returns: The proxy.
+        """
+        started = threading.Event()
+        failure: list[BaseException] = []
+
+        def serve() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            try:
+                loop.run_until_complete(self.start())
+            except BaseException as error:  # reported to the starting thread
+                failure.append(error)
+                started.set()
+                loop.close()
+                return
+            started.set()
+            loop.run_forever()
+            loop.run_until_complete(self.stop())
+            loop.close()
+
+        self._thread = threading.Thread(target=serve, name="latency-proxy", daemon=True)
+        self._thread.start()
+        started.wait()
+        if failure:
+            raise failure[0]
+        return self
+
+    def stop_in_thread(self) -> None:
+        """Stop a proxy started with `start_in_thread`. Safe to call twice."""
+        loop, thread = self._loop, self._thread
+        self._loop = self._thread = None
+        if loop is not None:
+            loop.call_soon_threadsafe(loop.stop)
+        if thread is not None:
+            thread.join()
+
+    def __enter__(self) -> Self:
+        return self.start_in_thread()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc_value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.stop_in_thread()
+
+    # Forwarding
+
+    async def _on_request(self, request: ProxiedRequest) -> None:
+        """
+        Called for each request whose head arrived, before its bytes are forwarded. Logs it.
+
+        The extension point for fault injection: a subclass may delay here, or act on the connection instead.
+
+        :param request: The request.
+        """
+        self.requests.append(request)
+
+    async def _serve(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:  # asyncio.start_server runs every handler in a task of its own
+            self._tasks.add(task)
+        self._connections += 1
+        connection = self._connections
+        upstream_writer: asyncio.StreamWriter | None = None
+        to_upstream: asyncio.Task[None] | None = None
+        try:
+            upstream_reader, upstream_writer = await asyncio.open_connection(*self._upstream)
+            to_upstream = asyncio.create_task(self._forward_requests(client_reader, upstream_writer, connection))
+            # The exchange is over when the server is done answering (moto closes after every response).
+            await self._forward_responses(upstream_reader, client_writer)
+        except (ConnectionError, OSError):
+            pass  # a client or server that went away ends only its own connection
+        except asyncio.CancelledError:
+            pass  # the proxy is stopping; this handler is the top of its own task
+        finally:
+            if to_upstream is not None and not to_upstream.done():
+                to_upstream.cancel()
+                with contextlib.suppress(asyncio.CancelledError, ConnectionError, OSError):
+                    await to_upstream
+            for writer in (client_writer, upstream_writer):
+                if writer is not None:
+                    writer.close()
+            if task is not None:
+                self._tasks.discard(task)
+
+    async def _forward_requests(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connection: int
+    ) -> None:
+        """Copy the client's bytes to the server at once, logging each request head on the way."""
+        parsed: list[ProxiedRequest] = []
+        heads = _RequestHeads(
+            lambda method, target: parsed.append(ProxiedRequest(method, target, connection, time.monotonic()))
+        )
+        while chunk := await reader.read(_CHUNK):
+            heads.feed(chunk)
+            for request in parsed:
+                await self._on_request(request)
+            parsed.clear()
+            writer.write(chunk)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+
+    async def _forward_responses(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Copy the server's bytes to the client: interim answers at once, the rest `latency` after they arrived."""
+        loop = asyncio.get_running_loop()
+        line: asyncio.Queue[tuple[float, bytes | None]] = asyncio.Queue()
+        interim = _InterimResponses()
+
+        async def deliver() -> None:
+            while True:
+                due, chunk = await line.get()
+                wait = due - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                if chunk is None:
+                    return
+                writer.write(chunk)
+                await writer.drain()
+
+        delivery = asyncio.create_task(deliver())
+        try:
+            while chunk := await reader.read(_CHUNK):
+                now, later = interim.split(chunk)
+                if now:
+                    line.put_nowait((loop.time(), now))
+                if later:
+                    line.put_nowait((loop.time() + self._latency, later))
+            leftover = interim.flush()
+            if leftover:
+                line.put_nowait((loop.time() + self._latency, leftover))
+            line.put_nowait((loop.time() + self._latency, None))
+            await delivery
+        finally:
+            if not delivery.done():
+                delivery.cancel()
+                with contextlib.suppress(asyncio.CancelledError, ConnectionError, OSError):
+                    await delivery
+
+
+class _InterimResponses:
+    """Separates the interim (1xx) response heads at the start of a server's stream from what follows them."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._final = False
+
+    def split(self, data: bytes) -> tuple[bytes, bytes]:
+        """
+        :returns: The interim response heads completed by `data` (to send now), and final-response bytes (to delay).
+        """
+        if self._final:
+            return b"", data
+        self._buffer += data
+        now = bytearray()
+        while len(self._buffer) >= len(b"HTTP/1.1 100 "):
+            if not _INTERIM_STATUS.match(self._buffer):
+                self._final = True
+                later = bytes(self._buffer)
+                self._buffer.clear()
+                return bytes(now), later
+            end = self._buffer.find(b"\r\n\r\n")
+            if end < 0:
+                break
+            now += self._buffer[: end + 4]
+            del self._buffer[: end + 4]
+        return bytes(now), b""
+
+    def flush(self) -> bytes:
+        """
+        :returns: Bytes held back waiting for a complete status line when the stream ended.
+        """
+        leftover = bytes(self._buffer)
+        self._buffer.clear()
+        return leftover
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """
+    Run a latency proxy until Ctrl-C: ``python -m haystack_integrations.offload.testing.latency_proxy``.
+
+    :param argv: Command-line arguments; ``None`` reads ``sys.argv``.
+    :returns: The process exit code.
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m haystack_integrations.offload.testing.latency_proxy",
+        description="Add latency in front of a local HTTP server (e.g. moto's S3) for benchmarks.",
+    )
+    parser.add_argument("--upstream", required=True, help="server to forward to, e.g. http://127.0.0.1:5000")
+    parser.add_argument("--latency", type=float, default=0.2, help="seconds added per response (default: %(default)s)")
+    parser.add_argument("--port", type=int, default=0, help="port to listen on, 0 for any (default: %(default)s)")
+    args = parser.parse_args(argv)
+
+    async def serve() -> None:
+        proxy = await LatencyProxy(args.upstream, latency=args.latency, port=args.port).start()
+        print(f"Latency proxy ({args.latency * 1000:.0f} ms) at {proxy.endpoint_url} -> {args.upstream}", flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await proxy.stop()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
