@@ -85,7 +85,6 @@ async def test_unreachable_endpoint_is_a_chained_storage_error() -> None:
         "endpoint_url": f"http://127.0.0.1:{_free_port()}",
         "key": "testing",
         "secret": "testing",
-        "retries": 1,
         "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1},
         "client_kwargs": {"region_name": "us-east-1"},
     }

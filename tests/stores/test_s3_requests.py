@@ -110,3 +110,20 @@ def test_connection_pool_is_sized_for_concurrency(s3_server: LocalS3Server) -> N
     store.warm_up()
     client = store._handle.io().fs.s3  # type: ignore[attr-defined]
     assert client.meta.config.max_pool_connections >= 64
+
+
+async def test_a_store_on_an_asynchronous_filesystem_serves_async_calls(s3_server: LocalS3Server) -> None:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(asynchronous=True, skip_instance_cache=True, **s3_server.storage_options())
+    client = await fs.set_session()
+    try:
+        store = FsspecToolResultStore(f"{s3_server.bucket_url}/asynchronous", filesystem=fs)
+        session = store.for_session("acme", "chat-1")
+        reference = await session.write_async(key="k.txt", content="on the caller's own loop")
+        assert await session.read_async(reference) == "on the caller's own loop"
+        assert [record.reference for record in await session.list_async()] == [reference]
+        with pytest.raises(TypeError, match="asynchronous=True"):
+            session.read(reference)
+    finally:
+        await client.close()

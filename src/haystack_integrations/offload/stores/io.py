@@ -253,13 +253,20 @@ class AsyncFilesystemIO(StorageIO):
         self.async_fs = fs
 
     def _sync(self, coroutine_function: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
+        if self.async_fs.asynchronous:
+            raise TypeError(
+                "This store is built on an fsspec filesystem created with asynchronous=True, which has no loop of its "
+                "own to wait on: use the store's *_async methods, or build the store from a URL instead."
+            )
         result: T = sync(self.async_fs.loop, coroutine_function, *args)
         return result
 
     async def _on_fs_loop(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        if self.async_fs.asynchronous:
+            # An `asynchronous=True` filesystem belongs to the loop its caller awaits it from (fsspec's contract).
+            return await coroutine
         loop = self.async_fs.loop
         if loop is asyncio.get_running_loop():
-            # An `asynchronous=True` filesystem made on the caller's loop.
             return await coroutine
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, loop))
 

@@ -35,7 +35,8 @@ def storage_errors(action: str, *, reference: str | None) -> Iterator[None]:
     """
     try:
         yield
-    except _OURS:
+    except (*_OURS, TypeError):
+        # TypeError is a caller's mistake (e.g. a sync call on an asynchronous=True filesystem), not a storage fault.
         raise
     except FileExistsError as error:
         # Only conditional creates raise this: somebody else created the object first.
