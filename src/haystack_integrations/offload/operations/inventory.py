@@ -1,0 +1,180 @@
+"""
+What is in a store, object by object: results, documents (history, approvals, audit) and anything else.
+
+One LIST over the scope (paginated by the backend) gives every object's path and size; the names say the rest::
+
+    <root>/<tenant>/<session>/<result name>             result    (created time, tool, kind from the name)
+    <root>/<tenant>/<session>/.<namespace>/<document>   document  (history, approvals, audit, ...)
+    anything else                                       other     (an operator's README, temporary files): never
+                                                                  deleted by the operator commands
+
+The store's public API lists results (`list`) and documents per namespace; an operator needs the whole tree at once,
+including sessions that only hold documents, so this module walks the scope through the store's own I/O handle (the
+same client, connection pool and symlink checks the store uses) and deletes in the backend's batches (DeleteObjects on
+S3, up to 1,000 keys a request).
+"""
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from haystack_integrations.offload.errors import InvalidScopeIdError
+from haystack_integrations.offload.stores import FsspecToolResultStore
+from haystack_integrations.offload.stores.names import parse_object_name
+from haystack_integrations.offload.stores.scope import validate_scope_id
+from haystack_integrations.offload.stores.translate import storage_errors
+
+ObjectKind = Literal["result", "document", "other"]
+DELETE_BATCH = 1000
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """One object below the root, classified by its path."""
+
+    path: str
+    """The object's path relative to the root (``<tenant>/<session>/<name>`` for results)."""
+    size: int
+    kind: ObjectKind
+    tenant: str | None = None
+    session: str | None = None
+    namespace: str | None = None
+    """For documents: the namespace (``history``, ``approvals``, ``audit``, ...)."""
+    created: datetime | None = None
+    """For results: when they were written (from the name; no request needed)."""
+    tool_name: str | None = None
+
+
+def classify(relative: str, size: int) -> StoredObject:
+    """
+    Classify one object from its path relative to the store's root.
+
+    :param relative: The path below the root.
+    :param size: The object's size in bytes.
+    :returns: The classified object (``other`` when it is neither a result nor a document of a valid session).
+    """
+    parts = relative.split("/")
+    if len(parts) not in (3, 4) or not _valid_scope(parts[0], parts[1]):
+        return StoredObject(path=relative, size=size, kind="other")
+    tenant, session = parts[0], parts[1]
+    if len(parts) == 3:
+        parsed = parse_object_name(parts[2])
+        if parsed is None:
+            return StoredObject(path=relative, size=size, kind="other", tenant=tenant, session=session)
+        return StoredObject(
+            path=relative,
+            size=size,
+            kind="result",
+            tenant=tenant,
+            session=session,
+            created=parsed.created,
+            tool_name=parsed.tool_name,
+        )
+    directory, name = parts[2], parts[3]
+    if directory.startswith(".") and len(directory) > 1 and not name.startswith("."):
+        return StoredObject(
+            path=relative, size=size, kind="document", tenant=tenant, session=session, namespace=directory[1:]
+        )
+    return StoredObject(path=relative, size=size, kind="other", tenant=tenant, session=session)
+
+
+def scan(root: FsspecToolResultStore, *, tenant: str | None = None, session: str | None = None) -> list[StoredObject]:
+    """
+    List every object of the root store, or of one tenant or session (one LIST, paginated by the backend).
+
+    :param root: An unscoped store (the operator's view of every tenant).
+    :param tenant: Limit the walk to this tenant.
+    :param session: Limit the walk to this session of `tenant`.
+    :returns: The objects, sorted by path.
+    :raises ValueError: If `root` is scoped, or `session` is given without `tenant`.
+    :raises InvalidScopeIdError: If an id is not a safe path segment.
+    :raises StorageError: If the backend fails (a missing bucket, a bad endpoint).
+    :raises StoragePermissionError: If the credentials are refused.
+    """
+    base = _root_path(root)
+    below = _below(tenant, session)
+    prefix = "/".join([base, *below])
+    with storage_errors("list the store", reference=None):
+        found = root._handle.io().find(prefix)
+    objects = []
+    for path, size in found.items():
+        if not path.startswith(base + "/"):
+            continue
+        relative = path[len(base) + 1 :]
+        if below and not relative.startswith("/".join(below) + "/"):
+            continue  # a sibling prefix: 't/ab' when asked for 't/a'
+        objects.append(classify(relative, size))
+    return sorted(objects, key=lambda item: item.path)
+
+
+def delete(
+    root: FsspecToolResultStore,
+    objects: Iterable[StoredObject],
+    *,
+    on_batch: Callable[[int], None] | None = None,
+) -> int:
+    """
+    Delete objects found by `scan`, in the backend's batches. Objects classified ``other`` are refused.
+
+    :param root: The store `scan` walked.
+    :param objects: What to delete.
+    :param on_batch: Called with the number of objects after each batch (for progress bars).
+    :returns: How many objects were deleted (asked to be; a missing one is not an error).
+    :raises ValueError: If an object is not a result or a document.
+    :raises StorageError: If the backend fails; objects of earlier batches stay deleted.
+    """
+    base = _root_path(root)
+    chosen = list(objects)
+    if any(item.kind == "other" for item in chosen):
+        raise ValueError("Only results and documents are deleted; objects this library did not write are kept.")
+    done = 0
+    for start in range(0, len(chosen), DELETE_BATCH):
+        batch = chosen[start : start + DELETE_BATCH]
+        with storage_errors("delete objects", reference=None):
+            root._handle.io().delete([f"{base}/{item.path}" for item in batch])
+        done += len(batch)
+        if on_batch is not None:
+            on_batch(len(batch))
+    return done
+
+
+def read_object(root: FsspecToolResultStore, path: str, start: int, end: int) -> tuple[bytes, int]:
+    """
+    Read a byte range of one result by its path below the root (what `cat` prints).
+
+    :param root: An unscoped store.
+    :param path: ``<tenant>/<session>/<result name>``.
+    :param start: First byte.
+    :param end: One past the last byte.
+    :returns: The bytes and the result's total size.
+    :raises InvalidReferenceError: If `path` does not name a result (the store refuses it, reading nothing).
+    :raises ResultNotFoundError: If there is no such result.
+    """
+    return root.read_range_and_size(path, start, end)
+
+
+def _root_path(root: FsspecToolResultStore) -> str:
+    if root.scope:
+        raise ValueError("Operator commands work on the root store; pass the root URL, not a scoped store.")
+    return root._scope_path()
+
+
+def _below(tenant: str | None, session: str | None) -> list[str]:
+    if session is not None and tenant is None:
+        raise ValueError("A session belongs to a tenant: give the tenant too.")
+    below = []
+    if tenant is not None:
+        below.append(validate_scope_id(tenant, field="tenant"))
+    if session is not None:
+        below.append(validate_scope_id(session, field="session"))
+    return below
+
+
+def _valid_scope(tenant: str, session: str) -> bool:
+    try:
+        validate_scope_id(tenant, field="tenant")
+        validate_scope_id(session, field="session")
+    except (InvalidScopeIdError, TypeError):
+        return False
+    return True

@@ -1,0 +1,40 @@
+"""
+The reference multi-tenant server: one shared Agent, stateless workers, everything per session in the store.
+
+- `ServerSettings` (``settings``): configuration from ``OFFLOAD_SERVER_*`` variables, validated by pydantic-settings;
+- `create_app` (``app``): the FastAPI application with the HTTP API and the web page;
+- `ChatService` (``service``): what each request does, framework-free (the demo drives it directly);
+- `SessionHistory` (``history``): the conversation as numbered turns claimed with conditional creates;
+- `TokenTable` (``auth``): bearer token -> tenant;
+- `build_agent` (``agent``): the shared Agent with the offload, compaction and approval hooks.
+
+The web parts need the ``server`` extra: ``pip install "offload-haystack[server]"``. The service, history and agent
+modules do not, so the demo runs on a plain install.
+"""
+
+import sys
+from typing import TYPE_CHECKING
+
+from lazy_imports import LazyImporter
+
+_import_structure = {
+    "agent": ["build_agent"],
+    "app": ["create_app", "app_from_environment"],
+    "auth": ["Caller", "TokenTable"],
+    "history": ["SessionBusyError", "SessionHistory"],
+    "service": ["ChatService"],
+    "settings": ["ServerSettings"],
+}
+
+if TYPE_CHECKING:
+    from .agent import build_agent as build_agent
+    from .app import app_from_environment as app_from_environment
+    from .app import create_app as create_app
+    from .auth import Caller as Caller
+    from .auth import TokenTable as TokenTable
+    from .history import SessionBusyError as SessionBusyError
+    from .history import SessionHistory as SessionHistory
+    from .service import ChatService as ChatService
+    from .settings import ServerSettings as ServerSettings
+else:
+    sys.modules[__name__] = LazyImporter(name=__name__, module_file=__file__, import_structure=_import_structure)

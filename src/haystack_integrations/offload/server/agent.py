@@ -1,0 +1,62 @@
+"""
+The one Agent the reference server (and the demo) shares between every tenant and session.
+
+It is the library's target setup, nothing demo-specific in the hooks: offload after tools, compaction before the model,
+approval before side effects, read-back tools for the model. The chat generator is the caller's choice: the scripted
+`MockChatGenerator` by default, or any OpenAI-compatible endpoint.
+"""
+
+from typing import Any
+
+from haystack.components.agents import Agent
+from haystack.hooks.human_in_the_loop import AlwaysAskPolicy
+from haystack.hooks.tool_result_offloading import AlwaysOffload, OffloadOverChars
+
+from haystack_integrations.offload.demo.tools import APPROVAL_TOOL_NAMES, DEMO_TOOLS
+from haystack_integrations.offload.hooks import ApprovalHook, OffloadCompactionHook, OffloadHook
+from haystack_integrations.offload.tools import list_tool_results, read_tool_result
+
+DEFAULT_OFFLOAD_OVER_CHARS = 4000
+DEFAULT_CONTEXT_WINDOW = 128_000
+
+
+def build_agent(
+    chat_generator: Any,
+    *,
+    offload_over_chars: int = DEFAULT_OFFLOAD_OVER_CHARS,
+    context_window: int = DEFAULT_CONTEXT_WINDOW,
+    max_agent_steps: int = 20,
+) -> Agent:
+    """
+    Build the shared Agent: demo tools and read-back tools, with the offload, compaction and approval hooks.
+
+    Results over `offload_over_chars` characters go to the run's store, charts always do (the model can read an image
+    back with `read_tool_result`); `send_invoice` always asks a person first. Every run brings its store and approval
+    channel in ``hook_context``; the hooks keep nothing between runs.
+
+    ```python
+    from haystack_integrations.offload.demo.model import scripted_generator
+    from haystack_integrations.offload.server.agent import build_agent
+
+    agent = build_agent(scripted_generator())          # once, at start-up; shared by every request
+    ```
+
+    :param chat_generator: The chat generator (any Haystack chat generator).
+    :param offload_over_chars: Offload results longer than this.
+    :param context_window: The model's context window in tokens, for compaction.
+    :param max_agent_steps: The most model calls one request may make.
+    :returns: The Agent, warmed up.
+    """
+    offload = OffloadHook({"*": OffloadOverChars(offload_over_chars), "render_chart": AlwaysOffload()})
+    agent = Agent(
+        chat_generator=chat_generator,
+        tools=[*DEMO_TOOLS, read_tool_result, list_tool_results],
+        hooks={
+            "after_tool": [offload],
+            "before_llm": [OffloadCompactionHook(context_window=context_window)],
+            "before_tool": [ApprovalHook({APPROVAL_TOOL_NAMES: AlwaysAskPolicy()})],
+        },
+        max_agent_steps=max_agent_steps,
+    )
+    agent.warm_up()
+    return agent

@@ -1,0 +1,227 @@
+"""
+The HTTP API: thin handlers that authenticate, scope the store to the caller's session, and call `ChatService`.
+
+Every handler below ``/api/sessions/{session}`` receives exactly one store, ``root.for_session(caller.tenant,
+session)``, from the `session_store` dependency: the tenant comes from the bearer token, never from the request, so a
+handler cannot reach another tenant even by mistake, and another tenant's session, result or approval answers exactly
+like one that does not exist (same status, same body).
+"""
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from haystack_integrations.offload.server._extra import SERVER_EXTRA_HINT
+
+try:
+    from fastapi import APIRouter, Depends, Header, Query, Request, Response
+    from fastapi.responses import StreamingResponse
+except ImportError as import_error:  # pragma: no cover - depends on what is installed
+    raise ImportError(SERVER_EXTRA_HINT) from import_error
+
+from haystack_integrations.offload.errors import InvalidScopeIdError
+from haystack_integrations.offload.server.auth import Caller, TokenTable
+from haystack_integrations.offload.server.service import DEFAULT_PAGE_BYTES, MAX_PAGE_BYTES, ChatService, ResultPage
+from haystack_integrations.offload.server.views import (
+    approval_view,
+    audit_view,
+    decision_outcome_view,
+    result_view,
+    transcript_view,
+    turn_view,
+)
+from haystack_integrations.offload.stores import FsspecToolResultStore
+
+# Raster images are shown inline; anything else binary is a download, so a stored HTML or SVG file can never run as a
+# page of this origin (where the bearer token lives).
+INLINE_MEDIA_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+
+
+class HttpError(Exception):
+    """An error answered as ``{"error": code, "detail": ...}`` with `status`."""
+
+    def __init__(self, status: int, code: str, detail: str, **extra: Any) -> None:
+        """
+        :param status: The HTTP status.
+        :param code: A stable, machine-readable code.
+        :param detail: A sentence for people.
+        :param extra: More fields for the body.
+        """
+        super().__init__(detail)
+        self.status = status
+        self.code = code
+        self.detail = detail
+        self.extra = extra
+
+
+class MessageIn(BaseModel):
+    """A user's message."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = Field(min_length=1, max_length=20_000)
+
+
+class DecisionIn(BaseModel):
+    """A person's decision on one approval request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    approved: bool
+    arguments: dict[str, Any] | None = Field(default=None, description="Edited arguments (approvals only).")
+    reason: str | None = Field(default=None, max_length=2000)
+
+
+def _service(request: Request) -> ChatService:
+    service: ChatService = request.app.state.service
+    return service
+
+
+def caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> Caller:
+    """
+    The authenticated caller, from the bearer token.
+
+    :raises HttpError: 401 when the token is missing or unknown.
+    """
+    table: TokenTable = request.app.state.tokens
+    found = table.caller(authorization)
+    if found is None:
+        raise HttpError(401, "unauthorized", "A valid bearer token is required.")
+    return found
+
+
+def session_store(request: Request, session: str, who: Annotated[Caller, Depends(caller)]) -> FsspecToolResultStore:
+    """
+    The store of the caller's tenant and this session: the only store a session handler gets.
+
+    :raises HttpError: 400 when the session id is not a safe single path segment.
+    """
+    root: FsspecToolResultStore = request.app.state.root
+    try:
+        return root.for_session(who.tenant, session)
+    except (InvalidScopeIdError, TypeError) as error:
+        raise HttpError(400, "invalid_id", str(error)) from error
+
+
+Service = Annotated[ChatService, Depends(_service)]
+Who = Annotated[Caller, Depends(caller)]
+Store = Annotated[FsspecToolResultStore, Depends(session_store)]
+
+router = APIRouter(prefix="/api")
+
+
+@router.get("/health")
+async def health(request: Request) -> dict[str, Any]:
+    """Liveness, and which model answers (the page shows it; a scripted model is labelled as such)."""
+    service = _service(request)
+    return {
+        "status": "ok",
+        "model": request.app.state.model_label,
+        "scripted": request.app.state.scripted,
+        "worker": service.worker,
+    }
+
+
+@router.get("/me")
+async def me(who: Who) -> dict[str, str]:
+    """The caller's tenant and actor label."""
+    return {"tenant": who.tenant, "actor": who.actor}
+
+
+@router.get("/sessions/{session}/messages")
+async def read_messages(session: str, store: Store, service: Service) -> dict[str, Any]:
+    """The session's conversation (an unknown session reads as an empty one)."""
+    return transcript_view(session, await service.transcript(store))
+
+
+@router.post("/sessions/{session}/messages")
+async def send_message(session: str, message: MessageIn, store: Store, service: Service, who: Who) -> dict[str, Any]:
+    """Answer a message: the reply, or the approvals the turn waits for."""
+    return turn_view(session, await service.send_message(store, message.text, actor=who.actor))
+
+
+@router.post("/sessions/{session}/resume")
+async def resume(session: str, store: Store, service: Service, who: Who) -> dict[str, Any]:
+    """Continue a held conversation whose requests have all been decided or have expired."""
+    return turn_view(session, await service.resume(store, actor=who.actor))
+
+
+@router.get("/sessions/{session}/approvals")
+async def list_approvals(session: str, store: Store, service: Service) -> dict[str, Any]:
+    """The session's approval requests that wait for a decision."""
+    return {"session": session, "pending": [approval_view(request) for request in await service.pending(store)]}
+
+
+@router.post("/sessions/{session}/approvals/{request_id}")
+async def decide(
+    session: str, request_id: str, decision: DecisionIn, store: Store, service: Service, who: Who
+) -> dict[str, Any]:
+    """Approve (optionally with edited arguments) or deny a request; the last decision resumes the conversation."""
+    outcome = await service.decide(
+        store,
+        request_id,
+        approved=decision.approved,
+        arguments=decision.arguments,
+        reason=decision.reason,
+        actor=who.actor,
+    )
+    return decision_outcome_view(session, outcome)
+
+
+@router.get("/sessions/{session}/audit")
+async def audit(session: str, store: Store, service: Service) -> dict[str, Any]:
+    """The session's approval audit record, oldest first."""
+    return {"session": session, "events": [audit_view(event) for event in await service.audit(store)]}
+
+
+@router.get("/sessions/{session}/results")
+async def list_results(session: str, store: Store, service: Service) -> dict[str, Any]:
+    """The session's stored results, newest first."""
+    return {"session": session, "results": [result_view(record) for record in await service.results(store)]}
+
+
+@router.get("/sessions/{session}/results/{reference}")
+async def fetch_result(
+    reference: str,
+    store: Store,
+    service: Service,
+    offset: Annotated[int | None, Query(ge=0)] = None,
+    length: Annotated[int | None, Query(ge=1, le=MAX_PAGE_BYTES)] = None,
+) -> Response:
+    """
+    One page of a result (``?offset=&length=``: one ranged read), or the whole result streamed in ranged chunks.
+
+    Pages of text are cut on character boundaries; ``X-Next-Offset`` says where the next page starts.
+    """
+    if offset is None and length is None:
+        first, chunks = await service.stream(store, reference)
+        headers = _result_headers(first, paged=False)
+        headers["Content-Length"] = str(first.total)
+        return StreamingResponse(chunks, media_type=_served_type(first), headers=headers)
+    page = await service.read_page(store, reference, offset=offset or 0, length=length or DEFAULT_PAGE_BYTES)
+    return Response(content=page.data, media_type=_served_type(page), headers=_result_headers(page, paged=True))
+
+
+def _served_type(page: ResultPage) -> str:
+    if page.record.kind == "text" or page.media_type in INLINE_MEDIA_TYPES:
+        return page.media_type
+    return "application/octet-stream"
+
+
+def _result_headers(page: ResultPage, *, paged: bool) -> dict[str, str]:
+    headers = {
+        "Cache-Control": "private, no-store",
+        "X-Content-Type-Options": "nosniff",
+        "Content-Security-Policy": "default-src 'none'; sandbox",
+        "X-Result-Kind": page.record.kind,
+        "X-Result-Media-Type": page.media_type,
+        "X-Result-Size": str(page.total),
+    }
+    if _served_type(page) == "application/octet-stream":
+        headers["Content-Disposition"] = "attachment"
+    if paged:
+        headers["X-Result-Start"] = str(page.start)
+        headers["X-Result-End"] = str(page.end)
+        if page.next_offset is not None:
+            headers["X-Next-Offset"] = str(page.next_offset)
+    return headers

@@ -1,0 +1,513 @@
+"""
+`ChatService`: what the reference server does per request, without the web framework (the demo calls it directly).
+
+Every method takes the *session's* store (``root.for_session(tenant, session)``) and nothing else that names a tenant
+or session, so a request can only ever see its own session. The service keeps no per-session state: the conversation
+(`history`), pending approvals, decisions, claims, audit and results all live under the session's scope in the store,
+so any number of workers and replicas serve the same sessions.
+
+A message turn::
+
+    read history (1 LIST + 1 GET) -> claim turn n (conditional create; 409 to a concurrent loser)
+    -> agent.run_async(conversation + user message, hook_context=offload_context(store, approval_channel=Durable...))
+    -> record turn n's end: "completed", or "approval_required" with the pending requests
+
+A decision: `decide_async` (created once); when it was the step's last, a "resume" turn continues the conversation
+with `resume_async` (the approved call runs exactly once, whichever worker decided).
+"""
+
+import logging
+import mimetypes
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from haystack.components.agents import Agent
+from haystack.dataclasses import ChatMessage
+
+from haystack_integrations.offload.approvals import (
+    APPROVAL_REQUIRED,
+    ApprovalAlreadyDecidedError,
+    ApprovalClaimedError,
+    ApprovalDecision,
+    ApprovalExpiredError,
+    ApprovalNotFoundError,
+    ApprovalPendingError,
+    ApprovalRequest,
+    AuditEvent,
+    CallOutcome,
+    Decision,
+    DurableApprovals,
+    InvalidApprovalEditError,
+    ResumeInterruptedError,
+    decide_async,
+    pending_approvals_async,
+    read_audit_async,
+    resume_async,
+)
+from haystack_integrations.offload.approvals.resume import OUTCOMES_KEY, default_worker
+from haystack_integrations.offload.context import offload_context
+from haystack_integrations.offload.errors import InvalidReferenceError, ResultNotFoundError
+from haystack_integrations.offload.hooks.pointers import OFFLOADED_META_KEY
+from haystack_integrations.offload.server.errors import (
+    AlreadyDecidedError,
+    ApprovalExpiredConflict,
+    ApprovalPendingConflict,
+    InvalidDecisionError,
+    InvalidMessageError,
+    NotFoundError,
+    NothingToResumeError,
+    RunFailedError,
+)
+from haystack_integrations.offload.server.history import (
+    DEFAULT_TURN_LEASE,
+    HistoryState,
+    SessionBusyError,
+    SessionHistory,
+    Turn,
+    TurnStatus,
+)
+from haystack_integrations.offload.stores import FsspecToolResultStore, StoredResult
+from haystack_integrations.offload.stores.names import parse_object_name
+from haystack_integrations.offload.tools.paging import complete_length, leading_continuations
+
+logger = logging.getLogger(__name__)
+
+MAX_MESSAGE_CHARS = 20_000
+DEFAULT_PAGE_BYTES = 16_384
+MAX_PAGE_BYTES = 1_048_576
+STREAM_CHUNK_BYTES = 1_048_576
+NOT_FOUND_RESULT = "No such result in this session."
+NOT_FOUND_APPROVAL = "No such approval request in this session."
+
+
+@dataclass
+class TurnOutcome:
+    """What one turn produced."""
+
+    turn: int
+    status: TurnStatus
+    reply: str | None
+    pending: list[ApprovalRequest] = field(default_factory=list)
+    new_references: list[str] = field(default_factory=list)
+    """Results written during the turn (offloaded or compacted), as references in the session's store."""
+    approval_outcomes: list[CallOutcome] = field(default_factory=list)
+    """For resume turns: what happened to each call of the held step."""
+    messages: list[ChatMessage] = field(default_factory=list)
+    """The whole conversation after the turn."""
+
+
+@dataclass
+class DecisionOutcome:
+    """What a decision led to: still waiting for others, resumed here, or resumed by a concurrent request."""
+
+    decision: ApprovalDecision
+    pending: list[ApprovalRequest]
+    resumed: TurnOutcome | None
+    resumed_elsewhere: bool = False
+
+
+@dataclass
+class Transcript:
+    """A session's conversation as stored, and the state of its newest turn."""
+
+    messages: list[ChatMessage]
+    turns: int
+    busy: bool
+    status: TurnStatus | None
+    error: str | None
+
+
+@dataclass
+class ResultPage:
+    """Bytes of one stored result, cut on UTF-8 character boundaries for text."""
+
+    record: StoredResult
+    media_type: str
+    data: bytes
+    start: int
+    end: int
+    total: int
+
+    @property
+    def next_offset(self) -> int | None:
+        """Where the next page starts, or None at the end."""
+        return self.end if self.end < self.total else None
+
+
+class ChatService:
+    """
+    The reference server's request handlers, framework-free: one instance (and one Agent) serves every tenant.
+
+    ```python
+    from haystack_integrations.offload import FsspecToolResultStore
+    from haystack_integrations.offload.demo.model import scripted_generator
+    from haystack_integrations.offload.server.agent import build_agent
+    from haystack_integrations.offload.server.service import ChatService
+
+    results = FsspecToolResultStore("memory://service-example")
+    service = ChatService(build_agent(scripted_generator()))
+    outcome = await service.send_message(results.for_session("acme", "chat-1"), "Chart revenue")
+    ```
+
+    Multi-user use: the tenant comes from authentication and reaches the service only as the store's scope; the
+    service holds the Agent and its settings, never a session's state.
+    """
+
+    def __init__(
+        self,
+        agent: Agent,
+        *,
+        approval_ttl: float = 24 * 3600.0,
+        turn_lease: float = DEFAULT_TURN_LEASE,
+        system_prompt: str | None = None,
+        worker: str | None = None,
+    ) -> None:
+        """
+        :param agent: The shared Agent (see `build_agent`); its hooks must include `ApprovalHook` for approvals.
+        :param approval_ttl: Seconds an approval request can be decided.
+        :param turn_lease: Seconds a turn may run before a later request may declare it abandoned.
+        :param system_prompt: Prepended to a session's first turn (stored with the conversation, so it is sent once).
+        :param worker: This worker's name in history, claims and audit; default ``<host>:<pid>``.
+        """
+        self.agent = agent
+        self.approval_ttl = approval_ttl
+        self.turn_lease = turn_lease
+        self.system_prompt = system_prompt
+        self.worker = worker or default_worker()
+
+    # Conversation
+
+    async def send_message(self, store: FsspecToolResultStore, text: str, *, actor: str | None = None) -> TurnOutcome:
+        """
+        Answer one user message in the session.
+
+        :param store: The session's store.
+        :param text: The user's message.
+        :param actor: Who sent it (recorded on approval requests and in the history).
+        :returns: The turn's outcome: a reply, or the approvals it waits for.
+        :raises InvalidMessageError: If the message is empty or longer than `MAX_MESSAGE_CHARS`.
+        :raises ApprovalPendingConflict: If the conversation waits for approval decisions.
+        :raises SessionBusyError: If another request holds the session's next turn.
+        :raises RunFailedError: If the Agent failed (the turn is recorded as failed).
+        """
+        if not isinstance(text, str) or not text.strip():
+            raise InvalidMessageError("The message is empty.")
+        if len(text) > MAX_MESSAGE_CHARS:
+            raise InvalidMessageError(
+                f"The message has {len(text)} characters; at most {MAX_MESSAGE_CHARS} are allowed."
+            )
+        history = self._history(store)
+        state = await history.read()
+        await self._refuse_while_held(store, state)
+        turn = await history.begin(state, kind="message", text=text, actor=actor)
+        conversation = list(turn.conversation)
+        if not conversation and self.system_prompt:
+            conversation.append(ChatMessage.from_system(self.system_prompt))
+        messages = [*conversation, ChatMessage.from_user(text)]
+        try:
+            reply = await self.agent.run_async(messages, hook_context=self._context(store, actor))
+        except Exception as error:
+            await self._fail(history, turn, error, messages=None)
+            raise RunFailedError(f"The agent failed to answer: {type(error).__name__}.") from error
+        return await self._finish(history, turn, store, reply, before=conversation)
+
+    async def resume(self, store: FsspecToolResultStore, *, actor: str | None = None) -> TurnOutcome:
+        """
+        Continue a conversation whose held step has no pending requests left (all decided, or expired).
+
+        `decide` calls this itself after the last decision; call it directly for steps whose requests expired.
+
+        :param store: The session's store.
+        :param actor: Who asked.
+        :returns: The resumed turn's outcome.
+        :raises NothingToResumeError: If no held step waits in this session.
+        :raises ApprovalPendingConflict: If some requests still wait for a decision.
+        :raises SessionBusyError: If another request holds the session's next turn.
+        :raises RunFailedError: If continuing failed (what ran is kept in the conversation).
+        """
+        history = self._history(store)
+        state = await history.read()
+        if not state.held_for_approval:
+            raise NothingToResumeError("Nothing waits for approval in this session.")
+        pending = await pending_approvals_async(store)
+        if pending:
+            raise ApprovalPendingConflict(f"{len(pending)} approval request(s) still wait for a decision.", pending)
+        turn = await history.begin(state, kind="resume", actor=actor)
+        try:
+            reply = await resume_async(
+                self.agent, turn.conversation, store, hook_context=self._context(store, actor), worker=self.worker
+            )
+        except ResumeInterruptedError as error:
+            # The step ran (exactly once); keep its results in the conversation even though the model call failed.
+            await self._fail(history, turn, error, messages=list(error.messages))
+            raise RunFailedError("The approved calls ran, but the agent failed to continue.") from error
+        except (ApprovalClaimedError, ApprovalPendingError, ApprovalNotFoundError) as error:
+            # Nothing ran here. A claimed step cannot be resumed again (at-most-once), so the session moves on.
+            await self._fail(history, turn, error, messages=list(turn.conversation))
+            raise NothingToResumeError(f"The held step cannot be resumed: {error}") from error
+        except Exception as error:
+            await self._fail(history, turn, error, messages=None)
+            raise RunFailedError(f"The agent failed to continue: {type(error).__name__}.") from error
+        return await self._finish(history, turn, store, reply, before=turn.conversation)
+
+    async def transcript(self, store: FsspecToolResultStore) -> Transcript:
+        """
+        Read the session's conversation as stored (an unknown session reads as an empty one).
+
+        :param store: The session's store.
+        :returns: The transcript.
+        """
+        state = await self._history(store).read()
+        last = state.last_end
+        return Transcript(
+            messages=state.conversation,
+            turns=state.next_turn - 1,
+            busy=state.busy(datetime.now(UTC)),
+            status=last.status if last is not None else None,
+            error=last.error if last is not None else None,
+        )
+
+    # Approvals
+
+    async def pending(self, store: FsspecToolResultStore) -> list[ApprovalRequest]:
+        """
+        The session's approval requests that wait for a decision.
+
+        :param store: The session's store.
+        :returns: The requests, in the model's order.
+        """
+        return await pending_approvals_async(store)
+
+    async def decide(
+        self,
+        store: FsspecToolResultStore,
+        request_id: str,
+        *,
+        approved: bool,
+        arguments: dict[str, Any] | None = None,
+        reason: str | None = None,
+        actor: str | None = None,
+    ) -> DecisionOutcome:
+        """
+        Record a decision; if it was the held step's last, resume the conversation in the same request.
+
+        :param store: The session's store.
+        :param request_id: The request (a client's input: parsed, never trusted).
+        :param approved: Approve or deny.
+        :param arguments: Edited arguments (approvals only), validated against the tool's schema.
+        :param reason: Shown to the model with a denial; kept in the audit.
+        :param actor: Who decided.
+        :returns: The decision and what followed.
+        :raises NotFoundError: If this session has no such request (whether or not another session has).
+        :raises ApprovalExpiredConflict: If the request expired.
+        :raises AlreadyDecidedError: If it already has a decision.
+        :raises InvalidDecisionError: If the edit is invalid or the decision is malformed.
+        """
+        try:
+            decision = (
+                Decision.approve(arguments, by=actor, reason=reason) if approved else Decision.deny(reason, by=actor)
+            )
+        except ValueError as error:
+            raise InvalidDecisionError(str(error)) from error
+        try:
+            record = await decide_async(store, request_id, decision, ttl=self.approval_ttl)
+        except ApprovalNotFoundError as error:
+            raise NotFoundError(NOT_FOUND_APPROVAL) from error
+        except ApprovalExpiredError as error:
+            raise ApprovalExpiredConflict(str(error)) from error
+        except ApprovalAlreadyDecidedError as error:
+            raise AlreadyDecidedError(str(error)) from error
+        except InvalidApprovalEditError as error:
+            raise InvalidDecisionError(str(error)) from error
+        pending = await pending_approvals_async(store)
+        if pending:
+            return DecisionOutcome(decision=record, pending=pending, resumed=None)
+        try:
+            resumed = await self.resume(store, actor=actor)
+        except (SessionBusyError, NothingToResumeError):
+            # A concurrent decider's request is resuming (or has resumed) the step: the decision stands either way.
+            return DecisionOutcome(decision=record, pending=[], resumed=None, resumed_elsewhere=True)
+        return DecisionOutcome(decision=record, pending=resumed.pending, resumed=resumed)
+
+    async def audit(self, store: FsspecToolResultStore) -> list[AuditEvent]:
+        """
+        The session's approval audit record, oldest first.
+
+        :param store: The session's store.
+        :returns: The events.
+        """
+        return await read_audit_async(store)
+
+    # Results
+
+    async def results(self, store: FsspecToolResultStore) -> list[StoredResult]:
+        """
+        The session's stored results, newest first.
+
+        :param store: The session's store.
+        :returns: Their records.
+        """
+        return await store.list_async()
+
+    async def read_page(
+        self, store: FsspecToolResultStore, reference: str, *, offset: int = 0, length: int = DEFAULT_PAGE_BYTES
+    ) -> ResultPage:
+        """
+        Read one page of a stored result: one ranged read, cut on character boundaries for text.
+
+        :param store: The session's store.
+        :param reference: The result's reference (a client's input: the store refuses anything outside its scope).
+        :param offset: First byte.
+        :param length: Bytes to read, at most `MAX_PAGE_BYTES`.
+        :returns: The page.
+        :raises NotFoundError: If the session has no such result (refused and missing references look the same).
+        :raises ValueError: If offset or length is out of range.
+        """
+        if offset < 0 or not 0 < length <= MAX_PAGE_BYTES:
+            raise ValueError(f"offset must be >= 0 and length between 1 and {MAX_PAGE_BYTES}.")
+        record = _record_of(reference)
+        try:
+            data, total = await store.read_range_and_size_async(reference, offset, offset + length)
+        except (InvalidReferenceError, ResultNotFoundError) as error:
+            raise NotFoundError(NOT_FOUND_RESULT) from error
+        start = offset
+        if record.kind == "text":
+            skipped = leading_continuations(data) if offset > 0 else 0
+            data = data[skipped:]
+            if start + skipped + len(data) < total:
+                data = data[: complete_length(data)]
+            start += skipped
+        return ResultPage(
+            record=record.model_copy(update={"size": total}),
+            media_type=media_type_of(record),
+            data=data,
+            start=start,
+            end=start + len(data),
+            total=total,
+        )
+
+    async def stream(self, store: FsspecToolResultStore, reference: str) -> tuple[ResultPage, AsyncIterator[bytes]]:
+        """
+        Read a whole result as a stream of ranged reads, so a large result never sits in memory at once.
+
+        The first chunk is read before this returns, so a missing result raises here rather than mid-stream.
+
+        :param store: The session's store.
+        :param reference: The result's reference.
+        :returns: The first page (with the total size) and an iterator over every chunk, the first one included.
+        :raises NotFoundError: If the session has no such result.
+        """
+        first = await self.read_page(store, reference, offset=0, length=STREAM_CHUNK_BYTES)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            yield first.data
+            position = first.end
+            while position < first.total:
+                chunk = await store.read_range_async(reference, position, position + STREAM_CHUNK_BYTES)
+                if not chunk:
+                    return
+                yield chunk
+                position += len(chunk)
+
+        return first, chunks()
+
+    # Helpers
+
+    def _history(self, store: FsspecToolResultStore) -> SessionHistory:
+        return SessionHistory(store, worker=self.worker, lease=self.turn_lease)
+
+    def _context(self, store: FsspecToolResultStore, actor: str | None) -> dict[str, Any]:
+        return offload_context(store, approval_channel=DurableApprovals(ttl=self.approval_ttl, actor=actor))
+
+    async def _refuse_while_held(self, store: FsspecToolResultStore, state: HistoryState) -> None:
+        if state.held_for_approval:
+            pending = await pending_approvals_async(store)
+            raise ApprovalPendingConflict(
+                "This conversation waits for approval decisions: decide them (or resume, if they expired) first.",
+                pending,
+            )
+
+    async def _finish(
+        self,
+        history: SessionHistory,
+        turn: Turn,
+        store: FsspecToolResultStore,
+        reply: dict[str, Any],
+        *,
+        before: list[ChatMessage],
+    ) -> TurnOutcome:
+        messages: list[ChatMessage] = list(reply["messages"])
+        pending: list[ApprovalRequest] = []
+        exit_reason = reply.get("exit_reason")
+        if exit_reason != "text":
+            # The Agent reports max_agent_steps instead when the held step was its last: the ledger is the check.
+            pending = await pending_approvals_async(store)
+        held = exit_reason == APPROVAL_REQUIRED or bool(pending)
+        status: TurnStatus = "approval_required" if held else "completed"
+        last = reply.get("last_message")
+        text = None if held or last is None else last.text
+        await history.finish(turn, status=status, messages=messages, reply=text)
+        logger.info(
+            "Turn %s of %s/%s: %s (%s pending).",
+            turn.start.turn,
+            store.tenant,
+            store.session,
+            status,
+            len(pending),
+        )
+        return TurnOutcome(
+            turn=turn.start.turn,
+            status=status,
+            reply=text,
+            pending=pending,
+            new_references=sorted(_references(messages) - _references(before)),
+            approval_outcomes=list(reply.get(OUTCOMES_KEY) or []),
+            messages=messages,
+        )
+
+    async def _fail(
+        self, history: SessionHistory, turn: Turn, error: BaseException, *, messages: list[ChatMessage] | None
+    ) -> None:
+        logger.warning("Turn %s failed: %s", turn.start.turn, error, exc_info=error)
+        try:
+            await history.finish(
+                turn, status="failed", messages=messages, error=f"{type(error).__name__}: {error}"[:500]
+            )
+        except Exception:  # the original failure is what the caller needs to hear about
+            logger.exception("Could not record the failure of turn %s.", turn.start.turn)
+
+
+def _references(messages: list[ChatMessage]) -> set[str]:
+    found: set[str] = set()
+    for message in messages:
+        found.update(message.meta.get(OFFLOADED_META_KEY) or [])
+    return found
+
+
+def _record_of(reference: str) -> StoredResult:
+    parsed = parse_object_name(reference) if isinstance(reference, str) and "/" not in reference else None
+    if parsed is None:
+        raise NotFoundError(NOT_FOUND_RESULT)
+    return StoredResult(
+        reference=reference,
+        kind=parsed.kind,
+        size=0,
+        created=parsed.created,
+        tool_name=parsed.tool_name,
+        key=parsed.key,
+    )
+
+
+def media_type_of(record: StoredResult) -> str:
+    """
+    The media type to serve a stored result with, from its key's extension and kind.
+
+    :param record: The result's record.
+    :returns: ``text/plain; charset=utf-8`` for text, the guessed type (or ``application/octet-stream``) for bytes.
+    """
+    if record.kind == "text":
+        return "text/plain; charset=utf-8"
+    guessed, _ = mimetypes.guess_type(record.key)
+    return guessed or "application/octet-stream"

@@ -1,0 +1,224 @@
+"""
+The reference server's configuration: environment variables (``OFFLOAD_SERVER_*``), validated by pydantic-settings.
+
+Everything a deployment changes is here: where results go (a directory, or S3 with its endpoint and credentials),
+which bearer tokens map to which tenants (inline JSON or a JSON file), and which model answers (the built-in scripted
+one, or any OpenAI-compatible endpoint). Invalid values fail at start-up with a message naming the setting.
+"""
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from fsspec.core import split_protocol
+from haystack.utils import Secret
+from pydantic import Field, SecretStr, TypeAdapter, ValidationError, field_validator, model_validator
+
+from haystack_integrations.offload.server._extra import SERVER_EXTRA_HINT
+
+try:
+    from pydantic_settings import BaseSettings, SettingsConfigDict
+except ImportError as import_error:  # pragma: no cover - depends on what is installed
+    raise ImportError(SERVER_EXTRA_HINT) from import_error
+
+from haystack_integrations.offload.demo.model import SCRIPTED_CONTEXT_WINDOW, SCRIPTED_MODEL_LABEL, scripted_generator
+from haystack_integrations.offload.stores.scope import validate_scope_id
+
+DEFAULT_SERVER_STORE = "./offload-server-results"
+MIN_TOKEN_LENGTH = 16
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a helpful assistant with tools. Large tool results are stored outside the conversation and replaced by "
+    "a pointer like \"Tool result offloaded to ... at '<reference>'\": call read_tool_result with that reference to "
+    "read it (page by page, or with a search), and list_tool_results to see what is stored. send_invoice needs a "
+    "person's approval; if it is denied, say so and do not retry."
+)
+
+
+class ServerSettings(BaseSettings):
+    """
+    Settings of ``offload-haystack serve``, read from ``OFFLOAD_SERVER_*`` environment variables or given directly.
+
+    ```python
+    from haystack_integrations.offload.server import ServerSettings
+
+    settings = ServerSettings(
+        store="s3://acme-agent-results/prod",
+        s3_endpoint_url="http://127.0.0.1:5000",
+        tokens={"a-long-random-token-for-acme": "acme"},
+    )
+    ```
+
+    The same from the environment: ``OFFLOAD_SERVER_STORE=s3://acme-agent-results/prod``,
+    ``OFFLOAD_SERVER_TOKENS='{"a-long-random-token-for-acme": "acme"}'`` (or ``OFFLOAD_SERVER_TOKENS_FILE=tokens.json``
+    holding the same JSON object), ``OFFLOAD_SERVER_MODEL=openai`` with ``OFFLOAD_SERVER_OPENAI_BASE_URL``,
+    ``OFFLOAD_SERVER_OPENAI_MODEL`` and ``OFFLOAD_SERVER_OPENAI_API_KEY`` (or ``OPENAI_API_KEY``).
+
+    Multi-user use: a token names exactly one tenant, taken from this table and never from a request; several tokens
+    may name the same tenant (one per user or per client).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="OFFLOAD_SERVER_", extra="forbid", validate_default=True)
+
+    store: str = Field(default=DEFAULT_SERVER_STORE, description="Root URL of the results store (directory or s3://).")
+    storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options for the store, as JSON.")
+    s3_endpoint_url: str | None = Field(default=None, description="S3 endpoint (MinIO, moto, a VPC endpoint).")
+    s3_access_key_id: SecretStr | None = None
+    s3_secret_access_key: SecretStr | None = None
+    s3_region: str | None = None
+    tokens: dict[str, str] = Field(default_factory=dict, repr=False, description="Bearer token -> tenant id.")
+    tokens_file: Path | None = Field(default=None, description="A JSON file holding more 'token: tenant' pairs.")
+    model: Literal["scripted", "openai"] = "scripted"
+    openai_base_url: str | None = Field(default=None, description="An OpenAI-compatible endpoint; None: OpenAI's.")
+    openai_model: str = "gpt-4o-mini"
+    openai_api_key: SecretStr | None = Field(default=None, description="Falls back to the OPENAI_API_KEY variable.")
+    offload_over_chars: int = Field(default=4000, ge=1, description="Offload tool results longer than this.")
+    context_window: int | None = Field(default=None, ge=256, description="Tokens; default 6,000 scripted, 128,000.")
+    approval_ttl: float = Field(default=24 * 3600.0, gt=0, description="Seconds an approval request stays open.")
+    turn_lease: float = Field(default=300.0, gt=0, description="Seconds before a stuck turn may be abandoned.")
+    system_prompt: str | None = Field(default=None, description="Default: a prompt explaining the read-back tools.")
+
+    @field_validator("store")
+    @classmethod
+    def _store_has_a_path(cls, value: str) -> str:
+        protocol, path = split_protocol(value)
+        if not path.strip("/"):
+            raise ValueError(f"the store URL {value!r} has no path: give a directory or s3://bucket/prefix")
+        if protocol not in (None, "file", "local", "memory", "s3", "s3a"):
+            # Other fsspec protocols work too; this only catches typos like "s4://" early, with a clear message.
+            try:
+                import fsspec
+
+                fsspec.get_filesystem_class(protocol)
+            except (ImportError, ValueError) as error:
+                raise ValueError(f"unknown or unavailable storage protocol {protocol!r}: {error}") from error
+        return value
+
+    @field_validator("tokens")
+    @classmethod
+    def _valid_tokens(cls, tokens: dict[str, str]) -> dict[str, str]:
+        for token, tenant in tokens.items():
+            _check_token(token)
+            validate_scope_id(tenant, field="tenant")
+        return tokens
+
+    @model_validator(mode="after")
+    def _merge_tokens_file_and_check_model(self) -> "ServerSettings":
+        if self.tokens_file is not None:
+            try:
+                loaded = TypeAdapter(dict[str, str]).validate_json(self.tokens_file.read_bytes())
+            except OSError as error:
+                raise ValueError(f"tokens_file {str(self.tokens_file)!r} cannot be read: {error.strerror}") from error
+            except ValidationError as error:
+                raise ValueError(
+                    f"tokens_file {str(self.tokens_file)!r} must hold a JSON object of token -> tenant strings"
+                ) from error
+            for token, tenant in self._valid_tokens(loaded).items():
+                if self.tokens.get(token, tenant) != tenant:
+                    raise ValueError("a token in tokens_file maps to another tenant than in tokens")
+                self.tokens[token] = tenant
+        if self.model == "openai" and self.openai_api_key is None and not os.environ.get("OPENAI_API_KEY"):
+            raise ValueError(
+                "model 'openai' needs an API key: set OFFLOAD_SERVER_OPENAI_API_KEY or OPENAI_API_KEY "
+                "(any value for endpoints that do not check it)"
+            )
+        return self
+
+    # What the app builds from the settings
+
+    @property
+    def scripted(self) -> bool:
+        """Whether the built-in scripted model answers (no LLM is called)."""
+        return self.model == "scripted"
+
+    def model_label(self) -> str:
+        """
+        How the page and the logs name the model.
+
+        :returns: The scripted label, or the model name and endpoint.
+        """
+        if self.scripted:
+            return SCRIPTED_MODEL_LABEL
+        return f"{self.openai_model} at {self.openai_base_url or 'https://api.openai.com/v1'}"
+
+    def resolved_context_window(self) -> int:
+        """
+        The context window compaction works against.
+
+        :returns: The configured window, or the scripted model's small one, or 128,000.
+        """
+        if self.context_window is not None:
+            return self.context_window
+        return SCRIPTED_CONTEXT_WINDOW if self.scripted else 128_000
+
+    def resolved_system_prompt(self) -> str | None:
+        """
+        The system prompt for new sessions.
+
+        :returns: The configured prompt; by default one explaining the read-back tools (none for the scripted model).
+        """
+        if self.system_prompt is not None:
+            return self.system_prompt or None
+        return None if self.scripted else DEFAULT_SYSTEM_PROMPT
+
+    def chat_generator(self) -> Any:
+        """
+        Build the chat generator (no network I/O: clients connect on first use).
+
+        :returns: The scripted `MockChatGenerator`, or an `OpenAIChatGenerator` for the configured endpoint.
+        """
+        if self.scripted:
+            return scripted_generator()
+        from haystack.components.generators.chat import OpenAIChatGenerator
+
+        key = (
+            Secret.from_token(self.openai_api_key.get_secret_value())
+            if self.openai_api_key is not None
+            else Secret.from_env_var("OPENAI_API_KEY")
+        )
+        return OpenAIChatGenerator(api_key=key, model=self.openai_model, api_base_url=self.openai_base_url)
+
+    def resolved_storage_options(self) -> dict[str, Any]:
+        """
+        The store's fsspec options: `storage_options` plus the ``s3_*`` settings for S3 URLs.
+
+        :returns: A new dictionary.
+        """
+        options = dict(self.storage_options)
+        protocol, _ = split_protocol(self.store)
+        if protocol in {"s3", "s3a"}:
+            if self.s3_endpoint_url:
+                options["endpoint_url"] = self.s3_endpoint_url
+            if self.s3_access_key_id is not None:
+                options["key"] = self.s3_access_key_id.get_secret_value()
+            if self.s3_secret_access_key is not None:
+                options["secret"] = self.s3_secret_access_key.get_secret_value()
+            if self.s3_region:
+                client_kwargs = dict(options.get("client_kwargs") or {})
+                client_kwargs["region_name"] = self.s3_region
+                options["client_kwargs"] = client_kwargs
+        return options
+
+    def environment(self) -> dict[str, str]:
+        """
+        These settings as ``OFFLOAD_SERVER_*`` variables, for worker processes that read them back.
+
+        :returns: The variables (secrets included: pass them to child processes only).
+        """
+        variables: dict[str, str] = {}
+        for name, value in self.model_dump(exclude_none=True).items():
+            if name == "tokens_file":
+                continue  # its tokens are already merged into `tokens`
+            if isinstance(value, SecretStr):
+                value = value.get_secret_value()
+            if isinstance(value, dict):
+                value = json.dumps(value)
+            variables[f"OFFLOAD_SERVER_{name.upper()}"] = str(value)
+        return variables
+
+
+def _check_token(token: str) -> None:
+    if len(token) < MIN_TOKEN_LENGTH:
+        raise ValueError(f"every token must be at least {MIN_TOKEN_LENGTH} characters long (use a random one)")
+    if any(character.isspace() or not character.isprintable() for character in token):
+        raise ValueError("tokens must not contain spaces or control characters")

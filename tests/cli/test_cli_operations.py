@@ -1,0 +1,202 @@
+"""
+The operator commands (``ls``, ``cat``, ``du``, ``purge``, ``audit``) on memory, local and S3 stores.
+
+They run in this process (``main([...])``), so the memory backend is the store the fixture filled; each test reads the
+store back through the library to check what the command printed or deleted.
+"""
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+from cli_stores import FilledStore, IamEndpoint
+
+from haystack_integrations.offload.cli import main
+from haystack_integrations.offload.demo.tools import chart_png, search_results
+from haystack_integrations.offload.local_s3 import LocalS3Server
+from haystack_integrations.offload.stores.names import new_object_name
+
+RESEARCH = "Research solar panels, dump the invoices table and chart revenue"
+
+
+def _run(capsys: pytest.CaptureFixture[str], *arguments: str) -> tuple[int, str, str]:
+    code = main(list(arguments))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _json(capsys: pytest.CaptureFixture[str], *arguments: str) -> Any:
+    code, out, err = _run(capsys, *arguments, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_ls_shows_the_tenant_and_session_tree_with_sizes(
+    filled: FilledStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tree = _json(capsys, "ls", *filled.arguments())
+    acme = next(tenant for tenant in tree["tenants"] if tenant["tenant"] == "acme")
+    assert [tenant["tenant"] for tenant in tree["tenants"]] == ["acme", "globex"]
+    assert sorted(acme["sessions"]) == ["chat-1", "chat-2"]
+    assert acme["results"] == len(filled.root.for_tenant("acme").list()) == 6
+    assert acme["result_bytes"] == sum(record.size for record in filled.root.for_tenant("acme").list())
+    assert acme["sessions"]["chat-1"]["documents"] > 5  # history turns, approval records, audit events
+
+    code, out, _ = _run(capsys, "ls", *filled.arguments(), "--tenant", "acme", "--session", "chat-1")
+    assert code == 0
+    for record in filled.root.for_session("acme", "chat-1").list():
+        assert record.reference in out
+    assert ".history/turn.00000001.start.json" in out and ".approvals/" in out and "globex" not in out
+
+    listed = _json(capsys, "ls", *filled.arguments(), "--tenant", "globex", "--session", "chat-1")
+    assert {item["path"].split("/")[0] for item in listed["objects"]} == {"globex"}
+
+
+def test_du_adds_up_usage_per_tenant_and_session(filled: FilledStore, capsys: pytest.CaptureFixture[str]) -> None:
+    usage = _json(capsys, "du", *filled.arguments())
+    assert usage["results"] == len(filled.root.list()) == 7
+    assert usage["result_bytes"] == sum(record.size for record in filled.root.list())
+    assert usage["total_bytes"] == usage["result_bytes"] + usage["document_bytes"]
+    per_session = {
+        (tenant["tenant"], name): figures["results"]
+        for tenant in usage["tenants"]
+        for name, figures in tenant["sessions"].items()
+    }
+    assert per_session == {("acme", "chat-1"): 4, ("acme", "chat-2"): 2, ("globex", "chat-1"): 1}
+    code, out, _ = _run(capsys, "du", *filled.arguments())
+    assert code == 0 and out.splitlines()[-1].startswith("total")
+
+
+def test_cat_prints_a_result_byte_for_byte(
+    filled: FilledStore, capsysbinary: pytest.CaptureFixture[bytes], tmp_path: Path
+) -> None:
+    records = filled.root.for_session("acme", "chat-1").list()
+    search = next(record for record in records if record.tool_name == "web_search")
+    image = next(record for record in records if record.kind == "bytes")
+    assert main(["cat", *filled.arguments(), f"acme/chat-1/{search.reference}"]) == 0
+    assert capsysbinary.readouterr().out == search_results(RESEARCH).encode()
+    arguments = ["cat", *filled.arguments(), image.reference, "--tenant", "acme", "--session", "chat-1"]
+    assert main([*arguments, "--offset", "8", "--length", "100"]) == 0
+    assert capsysbinary.readouterr().out == chart_png("revenue")[8:108]
+    assert main([*arguments, "-o", str(tmp_path / "chart.png")]) == 0
+    assert (tmp_path / "chart.png").read_bytes() == chart_png("revenue")
+    # Another tenant's path through a crafted reference is refused, like a missing one.
+    for reference in (f"globex/chat-1/{search.reference}", f"acme/chat-1/../../globex/chat-1/{search.reference}"):
+        assert main(["cat", *filled.arguments(), reference]) == 2
+        assert b"No result" in capsysbinary.readouterr().err
+
+
+def test_audit_prints_a_sessions_approval_record(filled: FilledStore, capsys: pytest.CaptureFixture[str]) -> None:
+    events = _json(capsys, "audit", *filled.arguments(), "--tenant", "acme", "--session", "chat-1")
+    assert [event["event"] for event in events] == [
+        "approval.requested",
+        "approval.decided",
+        "approval.resumed",
+        "approval.executed",
+    ]
+    assert events[1]["actor"] == "acme/alice"
+    code, out, _ = _run(capsys, "audit", *filled.arguments(), "--tenant", "globex", "--session", "chat-1")
+    assert code == 0 and "No approval events" in out
+
+
+def test_purge_a_session_removes_its_results_and_documents_and_nothing_else(
+    filled: FilledStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = {record.reference for record in filled.root.list()}
+    preview = _json(capsys, "purge", *filled.arguments(), "--tenant", "acme", "--session", "chat-1", "--dry-run")
+    assert (preview["results"], preview["deleted"], preview["sessions"]) == (4, 0, ["acme/chat-1"])
+    assert {record.reference for record in filled.root.list()} == before
+
+    done = _json(capsys, "purge", *filled.arguments(), "--tenant", "acme", "--session", "chat-1", "--yes")
+    assert done["deleted"] == preview["results"] + preview["documents"]
+    session = filled.root.for_session("acme", "chat-1")
+    assert session.list() == []
+    for namespace in ("history", "approvals", "audit"):
+        assert session.documents(namespace).list() == []
+    assert {record.reference for record in filled.root.list()} == {
+        r for r in before if not r.startswith("acme/chat-1/")
+    }
+    assert filled.root.for_session("acme", "chat-2").documents("history").list()
+
+
+def test_purge_a_tenant_keeps_the_other_tenants(filled: FilledStore, capsys: pytest.CaptureFixture[str]) -> None:
+    globex = {record.reference for record in filled.root.for_tenant("globex").list()}
+    _json(capsys, "purge", *filled.arguments(), "--tenant", "acme", "--yes")
+    assert filled.root.for_tenant("acme").list() == []
+    assert _json(capsys, "ls", *filled.arguments())["tenants"][0]["tenant"] == "globex"
+    assert {record.reference for record in filled.root.for_tenant("globex").list()} == globex
+
+
+def test_purge_older_than_an_age_removes_only_old_results(
+    filled: FilledStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A result written 40 days ago, as the store would have named it then.
+    old_name = new_object_name(
+        key="old.txt", kind="text", tool_name="web_search", now=datetime.now(UTC) - timedelta(40)
+    )
+    filesystem, root_path = fsspec.core.url_to_fs(filled.url, **filled.storage_options)
+    filesystem.pipe_file(f"{root_path.rstrip('/')}/globex/chat-1/{old_name}", b"forty days old")
+    assert len(filled.root.list()) == 8
+
+    preview = _json(capsys, "purge", *filled.arguments(), "--older-than", "30d", "--dry-run")
+    assert (preview["results"], preview["documents"]) == (1, 0)
+    done = _json(capsys, "purge", *filled.arguments(), "--older-than", "30d", "--yes")
+    assert done["deleted"] == 1
+    assert len(filled.root.list()) == 7 and all(old_name not in record.reference for record in filled.root.list())
+    assert filled.root.for_session("globex", "chat-1").documents("history").list()
+
+
+def test_purge_asks_before_deleting_and_needs_a_scope(filled: FilledStore, capsys: pytest.CaptureFixture[str]) -> None:
+    count = len(filled.root.list())
+    code, _, err = _run(capsys, "purge", *filled.arguments(), "--tenant", "acme")
+    assert code == 2 and "--yes" in err  # no terminal to ask on: nothing is deleted without --yes
+    code, _, err = _run(capsys, "purge", *filled.arguments())
+    assert code == 2 and "Say what to purge" in err
+    code, _, err = _run(capsys, "purge", *filled.arguments(), "--older-than", "soon", "--yes")
+    assert code == 2 and "Invalid age" in err
+    code, _, err = _run(capsys, "purge", *filled.arguments(), "--session", "chat-1", "--yes")
+    assert code == 2 and "--session needs --tenant" in err
+    assert len(filled.root.list()) == count
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("s3://", "has no path"),
+        ("nosuchprotocol://x/y", "Protocol not known"),
+        ("/definitely/not/a/store", "directory does not exist"),
+    ],
+)
+@pytest.mark.parametrize("command", ["ls", "du", "purge"])
+def test_bad_urls_fail_clearly(command: str, url: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    extra = ["--tenant", "acme", "--yes"] if command == "purge" else []
+    code, out, err = _run(capsys, command, url, *extra)
+    assert code == 2 and message in err and out == ""
+    assert "Traceback" not in err
+
+
+@pytest.mark.s3
+def test_a_missing_bucket_and_a_bad_id_fail_clearly(
+    s3_server: LocalS3Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    options = json.dumps(s3_server.storage_options())
+    code, _, err = _run(capsys, "ls", "s3://no-such-bucket-here/x", "--storage-options", options)
+    assert code == 2 and "does not exist" in err
+    code, _, err = _run(capsys, "ls", f"{s3_server.bucket_url}/x", "--storage-options", options, "--tenant", "../a")
+    assert code == 2 and "tenant id" in err
+    code, _, err = _run(capsys, "ls", f"{s3_server.bucket_url}/x", "--storage-options", "[1]")
+    assert code == 2 and "JSON object" in err
+
+
+@pytest.mark.s3
+def test_bad_credentials_fail_clearly(iam_endpoint: IamEndpoint, capsys: pytest.CaptureFixture[str]) -> None:
+    good = iam_endpoint.storage_options
+    assert main(["ls", f"{iam_endpoint.bucket_url}/x", "--storage-options", json.dumps(good)]) == 0
+    capsys.readouterr()
+    wrong = {**good, "key": "AKIAWRONGWRONGWRONG0", "secret": "not-the-secret"}
+    code, out, err = _run(capsys, "ls", f"{iam_endpoint.bucket_url}/x", "--storage-options", json.dumps(wrong))
+    assert code == 2 and out == ""
+    assert "permission denied" in err and "Check the credentials" in err
