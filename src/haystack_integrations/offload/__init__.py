@@ -33,12 +33,24 @@ _import_structure = {
         "DocumentExistsError",
         "InvalidReferenceError",
         "InvalidScopeIdError",
+        "QuotaExceededError",
+        "ResultExpiredError",
         "ResultNotFoundError",
         "StorageError",
         "StoragePermissionError",
+        "StorageUnavailableError",
     ],
     "hooks": ["ApprovalHook", "OffloadCompactionHook", "OffloadHook"],
-    "stores": ["FsspecToolResultStore", "SessionDocuments", "StoredResult"],
+    "stores": [
+        "FsspecToolResultStore",
+        "Quota",
+        "Retention",
+        "RetryPolicy",
+        "SessionDocuments",
+        "StoredResult",
+        "end_session",
+        "end_session_async",
+    ],
     "tools": ["ListToolResults", "ReadBackToolError", "ReadToolResult", "list_tool_results", "read_tool_result"],
 }
 
@@ -63,15 +75,23 @@ if TYPE_CHECKING:
     from .errors import DocumentExistsError as DocumentExistsError
     from .errors import InvalidReferenceError as InvalidReferenceError
     from .errors import InvalidScopeIdError as InvalidScopeIdError
+    from .errors import QuotaExceededError as QuotaExceededError
+    from .errors import ResultExpiredError as ResultExpiredError
     from .errors import ResultNotFoundError as ResultNotFoundError
     from .errors import StorageError as StorageError
     from .errors import StoragePermissionError as StoragePermissionError
+    from .errors import StorageUnavailableError as StorageUnavailableError
     from .hooks import ApprovalHook as ApprovalHook
     from .hooks import OffloadCompactionHook as OffloadCompactionHook
     from .hooks import OffloadHook as OffloadHook
     from .stores import FsspecToolResultStore as FsspecToolResultStore
+    from .stores import Quota as Quota
+    from .stores import Retention as Retention
+    from .stores import RetryPolicy as RetryPolicy
     from .stores import SessionDocuments as SessionDocuments
     from .stores import StoredResult as StoredResult
+    from .stores import end_session as end_session
+    from .stores import end_session_async as end_session_async
     from .tools import ListToolResults as ListToolResults
     from .tools import ReadBackToolError as ReadBackToolError
     from .tools import ReadToolResult as ReadToolResult

@@ -8,8 +8,11 @@ Every error subclasses a built-in exception, so callers can catch what they alre
     └── InvalidReferenceError      a reference that is malformed or points outside the store's scope
     OSError
     ├── StorageError               any other backend failure (network, throttling, bad endpoint, ...)
+    │   └── StorageUnavailableError  transient failures outlasted the store's retry policy
+    ├── QuotaExceededError         a write was refused before sending: it would pass a tenant or session quota
     ├── FileNotFoundError
     │   └── ResultNotFoundError    no result (or document) under this name in this store's scope
+    │       └── ResultExpiredError the result outlived its retention (time to live); it is no longer readable
     ├── FileExistsError
     │   └── DocumentExistsError    a conditional create lost: the document was created by someone else first
     └── PermissionError
@@ -18,6 +21,10 @@ Every error subclasses a built-in exception, so callers can catch what they alre
 Backend exceptions are chained (``raise ... from exc``): the message is safe to show to a model or an end user
 (it never names the bucket or other tenants), the cause keeps the backend's full detail for logs.
 """
+
+import errno
+from collections.abc import Sequence
+from typing import Any
 
 
 class InvalidScopeIdError(ValueError):
@@ -32,12 +39,78 @@ class StorageError(OSError):
     """The storage backend failed for a reason other than a missing object or a refused permission."""
 
 
+class StorageUnavailableError(StorageError):
+    """
+    The backend kept failing with transient errors (5xx, throttling, resets, timeouts) until the retry policy ran out.
+
+    Chained to the last backend error; the cause of every attempt is in `causes` (and in the exception's notes).
+    """
+
+    def __init__(self, message: str, *, attempts: int = 0, causes: Sequence[str] = ()) -> None:
+        """
+        :param message: What was given up on, safe to show.
+        :param attempts: How many attempts were made.
+        :param causes: Each attempt's transient failure, in order.
+        """
+        super().__init__(message)
+        self.attempts = attempts
+        self.causes = tuple(causes)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keyword-only attributes travel in the state, so the error pickles (e.g. across worker processes).
+        return (type(self), (str(self),), self.__dict__)
+
+
+class QuotaExceededError(OSError):
+    """
+    A write was refused before any byte was sent: it would take a session or tenant past a quota (``errno.EDQUOT``).
+
+    `scope` names the limit hit (``"session"`` or ``"tenant"``) and `limit` what it counts (``"results"``,
+    ``"bytes"``); `tenant` and `session` say whose write it was.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        tenant: str | None = None,
+        session: str | None = None,
+        scope: str = "",
+        limit: str = "",
+        allowed: int = 0,
+    ) -> None:
+        """
+        :param message: The explanation, naming the tenant, the session and the limit.
+        :param tenant: The writing store's tenant.
+        :param session: The writing store's session.
+        :param scope: ``"session"`` or ``"tenant"``: whose quota would be passed.
+        :param limit: ``"results"`` or ``"bytes"``: what the quota counts.
+        :param allowed: The quota's value.
+        """
+        super().__init__(errno.EDQUOT, message)
+        self.tenant = tenant
+        self.session = session
+        self.scope = scope
+        self.limit = limit
+        self.allowed = allowed
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.strerror,), self.__dict__)
+
+
 class DocumentExistsError(FileExistsError):
     """A conditional create found the document already there: another run or worker created it first."""
 
 
 class ResultNotFoundError(FileNotFoundError):
     """No stored result exists under the reference within the store's scope."""
+
+
+class ResultExpiredError(ResultNotFoundError):
+    """The result is older than its retention allows: it is refused without being read, and `purge` removes it."""
 
 
 class StoragePermissionError(PermissionError):

@@ -7,6 +7,7 @@ import copy
 import os
 import threading
 from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import fsspec
@@ -16,13 +17,16 @@ from haystack.core.errors import SerializationError
 from haystack.core.serialization import default_from_dict, default_to_dict
 from haystack.hooks.tool_result_offloading.types import ToolResultStore
 
-from haystack_integrations.offload.errors import InvalidReferenceError
+from haystack_integrations.offload.errors import InvalidReferenceError, ResultExpiredError
 from haystack_integrations.offload.stores.documents import SessionDocuments
 from haystack_integrations.offload.stores.io import StorageIO, storage_io_for
 from haystack_integrations.offload.stores.names import ContentKind, new_object_name, parse_object_name
 from haystack_integrations.offload.stores.options import deserialize_options, resolve_secrets, serialize_options
+from haystack_integrations.offload.stores.quotas import Quota, QuotaLedger, Reservation, SessionUsage, usage_by_session
 from haystack_integrations.offload.stores.records import StoredResult
 from haystack_integrations.offload.stores.references import parse_reference
+from haystack_integrations.offload.stores.retention import Retention, document_paths
+from haystack_integrations.offload.stores.retry import RetryingIO, RetryPolicy, RetryStats, s3_client_options
 from haystack_integrations.offload.stores.scope import validate_scope_id
 from haystack_integrations.offload.stores.translate import storage_errors
 
@@ -30,6 +34,7 @@ from haystack_integrations.offload.stores.translate import storage_errors
 DEFAULT_S3_MAX_POOL_CONNECTIONS = 128
 
 _EXTRAS_BY_PROTOCOL = {"s3": "s3", "s3a": "s3"}
+DEFAULT_RETRY = RetryPolicy()
 
 
 class FsspecToolResultStore(ToolResultStore):
@@ -68,6 +73,11 @@ class FsspecToolResultStore(ToolResultStore):
     Requests: a write is one PUT, a whole read one GET, `read_range` one ranged GET; none of them lists, HEADs or
     creates directories on S3. Local writes are atomic (temporary file, then rename). Every method has an async twin
     that never blocks the event loop.
+
+    Operations: transient failures (5xx, SlowDown, resets, timeouts) are retried under `retry` (`RetryPolicy`; counts
+    in `retry_stats`); `quota` (`Quota`) refuses writes that would pass a session's or tenant's limits before sending
+    anything; `retention` (`Retention`) makes results expire (refused by `read`, removed by ``purge(expired=True)``).
+    `end_session(store)` deletes a session's results when the application ends it.
     """
 
     supports_binary_content = True
@@ -80,6 +90,9 @@ class FsspecToolResultStore(ToolResultStore):
         filesystem: AbstractFileSystem | None = None,
         tenant: str | None = None,
         session: str | None = None,
+        quota: Quota | None = None,
+        retention: Retention | None = None,
+        retry: RetryPolicy | None = DEFAULT_RETRY,
     ) -> None:
         """
         Create a store rooted at `url`. No network I/O happens here; the client is created on first use or `warm_up`.
@@ -94,6 +107,12 @@ class FsspecToolResultStore(ToolResultStore):
             `url` is then a path on it. Such a store cannot be serialized.
         :param tenant: Scope the store to this tenant (same as `for_tenant`).
         :param session: Scope the store to this session of `tenant` (same as `for_session`).
+        :param quota: Per-session and per-tenant limits on results and bytes, checked before each write sends anything.
+            None (the default): no limits, and a write is exactly one PUT.
+        :param retention: How long results stay readable (per store, overridable per tenant). None: kept until purged.
+        :param retry: How transient storage failures are retried (see `RetryPolicy`). On S3 it replaces botocore's and
+            s3fs's own retries for the client this store creates (unless `storage_options` sets botocore's
+            ``retries``); None leaves retrying entirely to the backend's defaults.
         :raises ValueError: If the URL has no path (e.g. ``s3://``) or `session` is given without `tenant`.
         :raises InvalidScopeIdError: If `tenant` or `session` is not a safe single path segment.
         :raises ImportError: If the backend for the URL's protocol is not installed.
@@ -114,8 +133,11 @@ class FsspecToolResultStore(ToolResultStore):
 
         self.url = url
         self.storage_options: dict[str, Any] = dict(storage_options or {})
+        self.quota = quota
+        self.retention = retention
+        self.retry = retry
         self._filesystem = filesystem
-        self._handle = _FilesystemHandle(protocol, root_path, self.storage_options, filesystem)
+        self._handle = _FilesystemHandle(protocol, root_path, self.storage_options, filesystem, retry)
         self._scope: tuple[str, ...] = ()
         if session is not None and tenant is None:
             raise ValueError("A session scope needs a tenant: pass tenant= as well.")
@@ -140,6 +162,11 @@ class FsspecToolResultStore(ToolResultStore):
     def session(self) -> str | None:
         """The session this store is scoped to, if any."""
         return self._scope[1] if len(self._scope) > 1 else None
+
+    @property
+    def retry_stats(self) -> RetryStats:
+        """Retries of this store's storage calls, shared with every store derived from the same root."""
+        return self._handle.retry_stats
 
     def for_tenant(self, tenant: str) -> FsspecToolResultStore:
         """
@@ -197,6 +224,60 @@ class FsspecToolResultStore(ToolResultStore):
         segments = parse_reference(reference, scope_depth=len(self._scope))
         return "/".join([self._scope_path(), *segments]), segments
 
+    def _tenant_of(self, segments: tuple[str, ...]) -> str | None:
+        # A root store's references start with the tenant; scoped stores know theirs.
+        if self.tenant is not None:
+            return self.tenant
+        return segments[0] if len(segments) == 3 else None
+
+    def _readable_path_of(self, reference: object) -> tuple[str, tuple[str, ...]]:
+        """Resolve a reference for reading, refusing an expired result before any request (its name says its age)."""
+        path, segments = self._path_of(reference)
+        if self.retention is not None:
+            parsed = parse_object_name(segments[-1])
+            tenant = self._tenant_of(segments)
+            if parsed is not None and self.retention.expired(parsed.created, tenant):
+                ttl = self.retention.ttl_for(tenant)
+                raise ResultExpiredError(
+                    f"The stored result {reference!r} has expired: results are kept for {_duration(ttl)}, and this "
+                    f"one was stored on {parsed.created:%Y-%m-%d %H:%M} UTC. It can no longer be read."
+                )
+        return path, segments
+
+    def _counts(self, tenant: str, name: str) -> bool:
+        """Whether an object name is a result that counts against quotas: a result, not past its retention."""
+        parsed = parse_object_name(name)
+        return parsed is not None and not (
+            self.retention is not None and self.retention.expired(parsed.created, tenant)
+        )
+
+    def _usage_path(self, scope: tuple[str, ...]) -> str:
+        return "/".join([self._handle.root_path(), *scope])
+
+    def _list_usage(self, scope: tuple[str, ...]) -> SessionUsage:
+        path = self._usage_path(scope)
+        with storage_errors("check the quota", reference=None):
+            found = self._handle.io().find(path)
+        return usage_by_session(found, scope, path, self._counts)
+
+    async def _list_usage_async(self, scope: tuple[str, ...]) -> SessionUsage:
+        path = self._usage_path(scope)
+        with storage_errors("check the quota", reference=None):
+            found = await self._handle.io().find_async(path)
+        return usage_by_session(found, scope, path, self._counts)
+
+    def _admit(self, size: int) -> Reservation | None:
+        if self.quota is None or self.tenant is None or self.session is None:
+            return None
+        return self._handle.ledger().admit(self.quota, self.tenant, self.session, size, self._list_usage)
+
+    async def _admit_async(self, size: int) -> Reservation | None:
+        if self.quota is None or self.tenant is None or self.session is None:
+            return None
+        return await self._handle.ledger().admit_async(
+            self.quota, self.tenant, self.session, size, self._list_usage_async
+        )
+
     def _prepare_write(self, key: str, content: str | bytes, tool_name: str | None) -> tuple[str, str, bytes]:
         if len(self._scope) == 1:
             raise ValueError("A tenant-scoped store does not write; write through for_session(tenant, session).")
@@ -222,8 +303,9 @@ class FsspecToolResultStore(ToolResultStore):
             return data.decode("utf-8", "surrogatepass")
         return data
 
-    def _records(self, found: dict[str, int]) -> builtins.list[StoredResult]:
+    def _records(self, found: dict[str, int], *, include_expired: bool = False) -> builtins.list[StoredResult]:
         prefix = self._scope_path() + "/"
+        now = datetime.now(UTC)
         records = []
         for path, size in found.items():
             # Backends list by string prefix; the separator keeps a sibling prefix ('t/ab' for 't/a') out.
@@ -237,6 +319,12 @@ class FsspecToolResultStore(ToolResultStore):
             parsed = parse_object_name(segments[-1])
             if parsed is None:
                 continue
+            if (
+                not include_expired
+                and self.retention is not None
+                and self.retention.expired(parsed.created, self._tenant_of(segments), now=now)
+            ):
+                continue  # unreadable: listing it would only send the model to an error
             records.append(
                 StoredResult(
                     reference=relative,
@@ -274,12 +362,19 @@ class FsspecToolResultStore(ToolResultStore):
         :param content: The result: `str` comes back from `read` as `str`, bytes as `bytes`.
         :param tool_name: The tool that produced the result, recorded for `list`.
         :returns: The reference to pass to `read`, relative to this store's scope.
-        :raises StorageError: If the backend fails (chained to the backend's exception).
+        :raises StorageError: If the backend fails (chained to the backend's exception); `StorageUnavailableError`
+            once transient failures outlast the retry policy.
         :raises StoragePermissionError: If the backend refuses the write.
+        :raises QuotaExceededError: If the write would pass the store's quota; nothing was sent.
         """
         path, reference, data = self._prepare_write(key, content, tool_name)
-        with storage_errors("store the result", reference=None):
-            self._handle.io().put(path, data)
+        reservation = self._admit(len(data))
+        try:
+            with storage_errors("store the result", reference=None):
+                self._handle.io().put(path, data)
+        finally:
+            if reservation is not None:
+                reservation.settle()
         return reference
 
     async def write_async(self, *, key: str, content: str | bytes, tool_name: str | None = None) -> str:
@@ -292,10 +387,16 @@ class FsspecToolResultStore(ToolResultStore):
         :returns: The reference to pass to `read`.
         :raises StorageError: If the backend fails.
         :raises StoragePermissionError: If the backend refuses the write.
+        :raises QuotaExceededError: If the write would pass the store's quota; nothing was sent.
         """
         path, reference, data = self._prepare_write(key, content, tool_name)
-        with storage_errors("store the result", reference=None):
-            await self._handle.io().put_async(path, data)
+        reservation = await self._admit_async(len(data))
+        try:
+            with storage_errors("store the result", reference=None):
+                await self._handle.io().put_async(path, data)
+        finally:
+            if reservation is not None:
+                reservation.settle()
         return reference
 
     def read(self, reference: str) -> str | bytes:
@@ -307,9 +408,11 @@ class FsspecToolResultStore(ToolResultStore):
         :returns: The stored content.
         :raises InvalidReferenceError: If the reference is malformed or outside this store's scope. Nothing is read.
         :raises ResultNotFoundError: If no result exists under the reference.
+        :raises ResultExpiredError: If the result outlived the store's retention (a `ResultNotFoundError`, refused
+            before any request). The same holds for every read method.
         :raises StorageError: If the backend fails.
         """
-        path, segments = self._path_of(reference)
+        path, segments = self._readable_path_of(reference)
         with storage_errors("read the result", reference=reference):
             data = self._handle.io().get(path)
         return self._decode(segments, data)
@@ -324,7 +427,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises ResultNotFoundError: If no result exists under the reference.
         :raises StorageError: If the backend fails.
         """
-        path, segments = self._path_of(reference)
+        path, segments = self._readable_path_of(reference)
         with storage_errors("read the result", reference=reference):
             data = await self._handle.io().get_async(path)
         return self._decode(segments, data)
@@ -344,7 +447,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises ResultNotFoundError: If no result exists under the reference.
         """
         _check_range(start, end)
-        path, _ = self._path_of(reference)
+        path, _ = self._readable_path_of(reference)
         with storage_errors("read the result", reference=reference):
             return self._handle.io().get_range(path, start, end)
 
@@ -361,7 +464,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises ResultNotFoundError: If no result exists under the reference.
         """
         _check_range(start, end)
-        path, _ = self._path_of(reference)
+        path, _ = self._readable_path_of(reference)
         with storage_errors("read the result", reference=reference):
             return await self._handle.io().get_range_async(path, start, end)
 
@@ -382,7 +485,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises ResultNotFoundError: If no result exists under the reference.
         """
         _check_range(start, end)
-        path, _ = self._path_of(reference)
+        path, _ = self._readable_path_of(reference)
         with storage_errors("read the result", reference=reference):
             return self._handle.io().get_range_and_size(path, start, end)
 
@@ -399,7 +502,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises ResultNotFoundError: If no result exists under the reference.
         """
         _check_range(start, end)
-        path, _ = self._path_of(reference)
+        path, _ = self._readable_path_of(reference)
         with storage_errors("read the result", reference=reference):
             return await self._handle.io().get_range_and_size_async(path, start, end)
 
@@ -414,7 +517,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
         :raises ResultNotFoundError: If no result exists under the reference.
         """
-        path, segments = self._path_of(reference)
+        path, segments = self._readable_path_of(reference)
         with storage_errors("describe the result", reference=reference):
             size = self._handle.io().size(path)
         return self._record(reference, segments, size)
@@ -428,7 +531,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
         :raises ResultNotFoundError: If no result exists under the reference.
         """
-        path, segments = self._path_of(reference)
+        path, segments = self._readable_path_of(reference)
         with storage_errors("describe the result", reference=reference):
             size = await self._handle.io().size_async(path)
         return self._record(reference, segments, size)
@@ -438,7 +541,8 @@ class FsspecToolResultStore(ToolResultStore):
         List the results in this store's scope, newest first (a LIST on S3, paginated by the backend).
 
         :param limit: Return at most this many (the newest).
-        :returns: The results' metadata. Objects that are not results written by this library are left out.
+        :returns: The results' metadata. Objects that are not results written by this library are left out, and so
+            are results past the store's retention (they cannot be read).
         :raises StorageError: If the backend fails (e.g. the bucket does not exist).
         """
         with storage_errors("list results", reference=None):
@@ -465,9 +569,12 @@ class FsspecToolResultStore(ToolResultStore):
         :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
         :raises StorageError: If the backend fails.
         """
-        path, _ = self._path_of(reference)
-        with storage_errors("delete the result", reference=reference):
-            self._handle.io().delete([path])
+        path, segments = self._path_of(reference)
+        try:
+            with storage_errors("delete the result", reference=reference):
+                self._handle.io().delete([path])
+        finally:
+            self._handle.invalidate((*self._scope, *segments[:-1]))
 
     async def delete_async(self, reference: str) -> None:
         """
@@ -477,37 +584,101 @@ class FsspecToolResultStore(ToolResultStore):
         :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
         :raises StorageError: If the backend fails.
         """
-        path, _ = self._path_of(reference)
-        with storage_errors("delete the result", reference=reference):
-            await self._handle.io().delete_async([path])
+        path, segments = self._path_of(reference)
+        try:
+            with storage_errors("delete the result", reference=reference):
+                await self._handle.io().delete_async([path])
+        finally:
+            self._handle.invalidate((*self._scope, *segments[:-1]))
 
-    def purge(self) -> int:
+    def purge(self, *, older_than: timedelta | None = None, expired: bool = False) -> int:
         """
-        Delete every result in this store's scope (a session's, a tenant's, or, on the root store, everyone's).
+        Delete results in this store's scope (a session's, a tenant's, or, on the root store, everyone's).
 
-        Objects that are not results (for example an operator's README) are kept.
+        By default every result goes. With `older_than`, only results stored more than that long ago; with `expired`,
+        only results past the store's retention (each tenant's own time to live). One LIST, then batched deletes;
+        objects that are not results (documents, an operator's README) are kept.
 
+        ```python
+        root.purge(expired=True)                          # retention, e.g. from a nightly job
+        root.for_tenant("acme").purge(older_than=timedelta(days=90))
+        ```
+
+        :param older_than: Delete only results created before ``now - older_than``.
+        :param expired: Delete only results past their retention.
         :returns: How many results were deleted.
-        :raises StorageError: If the backend fails; results not yet deleted stay readable.
+        :raises ValueError: If both filters are given, `older_than` is not positive, or `expired` is asked of a store
+            without retention.
+        :raises StorageError: If the backend fails; results not yet deleted stay (and stay readable, unless expired).
         """
-        records = self.list()
-        prefix = self._scope_path() + "/"
-        with storage_errors("purge results", reference=None):
-            self._handle.io().delete([prefix + record.reference for record in records])
-        return len(records)
+        self._check_purge(older_than, expired)
+        with storage_errors("list results", reference=None):
+            found = self._handle.io().find(self._scope_path())
+        paths = self._purge_paths(found, older_than, expired)
+        try:
+            with storage_errors("purge results", reference=None):
+                self._handle.io().delete(paths)
+        finally:
+            self._handle.invalidate(self._scope)
+        return len(paths)
 
-    async def purge_async(self) -> int:
+    async def purge_async(self, *, older_than: timedelta | None = None, expired: bool = False) -> int:
         """
         Async `purge`.
 
+        :param older_than: Delete only results created before ``now - older_than``.
+        :param expired: Delete only results past their retention.
         :returns: How many results were deleted.
+        :raises ValueError: If the filters are invalid (see `purge`).
         :raises StorageError: If the backend fails.
         """
-        records = await self.list_async()
+        self._check_purge(older_than, expired)
+        with storage_errors("list results", reference=None):
+            found = await self._handle.io().find_async(self._scope_path())
+        paths = self._purge_paths(found, older_than, expired)
+        try:
+            with storage_errors("purge results", reference=None):
+                await self._handle.io().delete_async(paths)
+        finally:
+            self._handle.invalidate(self._scope)
+        return len(paths)
+
+    def _check_purge(self, older_than: timedelta | None, expired: bool) -> None:
+        if older_than is not None and expired:
+            raise ValueError("Give older_than or expired=True, not both.")
+        if older_than is not None and older_than <= timedelta(0):
+            raise ValueError(f"older_than must be positive, got {older_than}.")
+        if expired and self.retention is None:
+            raise ValueError("This store has no retention, so no result expires: pass retention=Retention(...).")
+
+    def _purge_paths(self, found: dict[str, int], older_than: timedelta | None, expired: bool) -> builtins.list[str]:
+        now = datetime.now(UTC)
+        records = self._records(found, include_expired=True)
+        if older_than is not None:
+            records = [record for record in records if record.created < now - older_than]
+        elif expired and self.retention is not None:
+            records = [
+                record
+                for record in records
+                if self.retention.expired(record.created, self._tenant_of(tuple(record.reference.split("/"))), now=now)
+            ]
         prefix = self._scope_path() + "/"
-        with storage_errors("purge results", reference=None):
-            await self._handle.io().delete_async([prefix + record.reference for record in records])
-        return len(records)
+        return [prefix + record.reference for record in records]
+
+    def _delete_documents(self) -> int:
+        """Delete the documents of this scope (``.<namespace>/<name>``); see `end_session`."""
+        scope_path = self._scope_path()
+        with storage_errors("delete documents", reference=None):
+            paths = document_paths(self._handle.io().find(scope_path), scope_path)
+            self._handle.io().delete(paths)
+        return len(paths)
+
+    async def _delete_documents_async(self) -> int:
+        scope_path = self._scope_path()
+        with storage_errors("delete documents", reference=None):
+            paths = document_paths(await self._handle.io().find_async(scope_path), scope_path)
+            await self._handle.io().delete_async(paths)
+        return len(paths)
 
     # Lifecycle and serialization
 
@@ -536,6 +707,9 @@ class FsspecToolResultStore(ToolResultStore):
             storage_options=serialize_options(self.storage_options),
             tenant=self.tenant,
             session=self.session,
+            quota=self.quota.model_dump(mode="json") if self.quota is not None else None,
+            retention=self.retention.model_dump(mode="json") if self.retention is not None else None,
+            retry=self.retry.model_dump(mode="json") if self.retry is not None else None,
         )
 
     @classmethod
@@ -549,6 +723,9 @@ class FsspecToolResultStore(ToolResultStore):
         init_parameters = data.get("init_parameters", {})
         if init_parameters.get("storage_options"):
             init_parameters["storage_options"] = deserialize_options(init_parameters["storage_options"])
+        for name, model in (("quota", Quota), ("retention", Retention), ("retry", RetryPolicy)):
+            if isinstance(init_parameters.get(name), dict):
+                init_parameters[name] = model.model_validate(init_parameters[name])
         return default_from_dict(cls, data)
 
     def __repr__(self) -> str:
@@ -570,6 +747,7 @@ class _FilesystemHandle:
         root_path: str,
         storage_options: dict[str, Any],
         filesystem: AbstractFileSystem | None,
+        retry: RetryPolicy | None,
     ) -> None:
         self._protocol = protocol
         self._root_path = root_path
@@ -578,6 +756,9 @@ class _FilesystemHandle:
         self._io: StorageIO | None = None
         self._resolved_root: str | None = None
         self._lock = threading.Lock()
+        self._retry = retry
+        self.retry_stats = RetryStats()
+        self._ledger: QuotaLedger | None = None
 
     def _create(self) -> None:
         with self._lock:
@@ -590,13 +771,19 @@ class _FilesystemHandle:
                     config = dict(options.get("config_kwargs") or {})
                     config.setdefault("max_pool_connections", DEFAULT_S3_MAX_POOL_CONNECTIONS)
                     options["config_kwargs"] = config
+                    if self._retry is not None:
+                        options = s3_client_options(options)
                 fs = fsspec.filesystem(self._protocol, **options)
+                if self._retry is not None and self._protocol in {"s3", "s3a"}:
+                    # s3fs retries on top of botocore (a class attribute, not an option): one attempt, ours retry.
+                    fs.retries = 1
             root = self._root_path
             if self._protocol in {"file", "local"}:
                 # Compare real paths later: a symlink anywhere below the real root is refused.
                 root = os.path.realpath(root)
             self._resolved_root = root
-            self._io = storage_io_for(fs)
+            io = storage_io_for(fs)
+            self._io = RetryingIO(io, self._retry, self.retry_stats) if self._retry is not None else io
 
     def io(self) -> StorageIO:
         if self._io is None:
@@ -605,12 +792,36 @@ class _FilesystemHandle:
             raise RuntimeError("filesystem handle was not created")
         return self._io
 
+    def ledger(self) -> QuotaLedger:
+        """The quota ledger of every store sharing this handle, created on first use."""
+        with self._lock:
+            if self._ledger is None:
+                self._ledger = QuotaLedger()
+            return self._ledger
+
+    def invalidate(self, scope: tuple[str, ...]) -> None:
+        """Make quota checks list `scope` again (after deletes and purges)."""
+        if self._ledger is not None:
+            self._ledger.invalidate(scope)
+
     def root_path(self) -> str:
         if self._resolved_root is None:
             self._create()
         if self._resolved_root is None:  # pragma: no cover - as in io()
             raise RuntimeError("filesystem handle was not created")
         return self._resolved_root
+
+
+def _duration(ttl: timedelta | None) -> str:
+    if ttl is None:
+        return "ever"
+    if ttl % timedelta(days=1) == timedelta(0):
+        days = ttl // timedelta(days=1)
+        return f"{days} day{'s' if days != 1 else ''}"
+    if ttl % timedelta(hours=1) == timedelta(0):
+        hours = ttl // timedelta(hours=1)
+        return f"{hours} hour{'s' if hours != 1 else ''}"
+    return f"{ttl.total_seconds():g} seconds"
 
 
 def _check_range(start: int, end: int) -> None:

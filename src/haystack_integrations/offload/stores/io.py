@@ -220,7 +220,10 @@ class LocalIO(StorageIO):
             for name in files:
                 full = os.path.join(directory, name)
                 if not os.path.islink(full):
-                    found[full] = os.stat(full).st_size
+                    try:
+                        found[full] = os.stat(full).st_size
+                    except FileNotFoundError:
+                        continue  # a concurrent write's temporary file, renamed away between listing and stat
         return found
 
     def delete(self, paths: Iterable[str]) -> None:
@@ -244,6 +247,9 @@ class AsyncFilesystemIO(StorageIO):
     """Async fsspec filesystems: coroutines run on the filesystem's own loop, sync calls wait for them."""
 
     blocking = False
+    # Time limit of each sync call, in seconds (None: none); a `RetryingIO` sets it from its policy. fsspec cancels the
+    # coroutine on its loop when it runs out. Async calls are limited by their awaiter instead.
+    timeout: float | None = None
 
     def __init__(self, fs: AsyncFileSystem) -> None:
         """
@@ -258,7 +264,7 @@ class AsyncFilesystemIO(StorageIO):
                 "This store is built on an fsspec filesystem created with asynchronous=True, which has no loop of its "
                 "own to wait on: use the store's *_async methods, or build the store from a URL instead."
             )
-        result: T = sync(self.async_fs.loop, coroutine_function, *args)
+        result: T = sync(self.async_fs.loop, coroutine_function, *args, timeout=self.timeout)
         return result
 
     async def _on_fs_loop(self, coroutine: Coroutine[Any, Any, T]) -> T:

@@ -31,8 +31,8 @@ From a shell: ``python -m haystack_integrations.offload.testing.latency_proxy --
 --latency 0.2``.
 
 Extending: every parsed request goes through `LatencyProxy._on_request` before its bytes are forwarded, on the
-proxy's event loop. Fault injection (answering 500/503, resetting or stalling a connection) belongs there: override
-it, or give the proxy a policy it consults, and act on the connection instead of forwarding.
+proxy's event loop. Fault injection (answering 500/503, resetting or stalling a connection) is `faults.FaultProxy`, a
+subclass that decides each connection's fate from its first request head before forwarding anything.
 """
 
 from __future__ import annotations

@@ -1,0 +1,507 @@
+"""
+Quotas: per-session and per-tenant limits on stored results and bytes, checked before a write sends anything.
+
+How usage is known without a LIST per write. Each worker process keeps, per scope (a tenant, a session), the usage
+its last listing of that scope found, plus every write it admitted since that listing began (writes still in flight
+included, and failed ones too: they may have landed). A write is admitted when that total plus the write stays within
+the limit, so within one worker the limit holds exactly, however many writers run at once. A worker lists a scope
+again (one LIST of that prefix, paginated by the backend) when
+
+- its listing is older than `Quota.refresh_seconds` (so deletions and purges elsewhere free quota again),
+- it has admitted its *allowance* since the listing began: ``slack x limit`` (at least one result, or one write of
+  any size), so what other workers wrote is seen again before this worker goes much further, or
+- a write would be refused and its listing is older than `Quota.recheck_seconds` (1 s), so a refusal never rests on
+  stale news (quota freed by a purge elsewhere is seen), yet a full scope costs at most one LIST a second per worker.
+
+Accuracy across workers: what other workers admitted since this worker's listing is invisible to it, and each of them
+can have at most its allowance unverified, so with W workers writing to one scope the usage stays within
+``limit + (W - 1) x allowance`` (bytes: each allowance at least one write). With the default ``slack=0.1`` that is an
+overshoot of at most 10% of the limit per other worker; ``slack=0`` lists before every write after the first (the
+tightest bound, one write per other worker, at a LIST per write). A worker that reaches its allowance with writes still
+in flight waits for them to finish before listing again, which also bounds the writes in flight per scope.
+
+Cost: with a quota, a write costs its PUT plus, amortised, one LIST of the session per allowance admitted (and of the
+tenant, for tenant limits; a tenant listing also tells the usage of every session of the tenant). Without a quota,
+nothing is checked and a write is one PUT.
+
+Usage counts results only (documents such as approvals and history are not results), and not results past their
+retention: they are unreadable and go with the next purge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from haystack_integrations.offload.errors import QuotaExceededError
+
+ScopeKey = tuple[str, ...]
+# What a listing of a tenant (or of one session) found: results and bytes per session.
+SessionUsage = dict[str, tuple[int, int]]
+Lister = Callable[[ScopeKey], SessionUsage]
+AsyncLister = Callable[[ScopeKey], Awaitable[SessionUsage]]
+
+# Scopes tracked per worker; the least recently used idle one is forgotten beyond this (and listed again when needed).
+MAX_TRACKED_SCOPES = 10_000
+
+
+class Quota(BaseModel):
+    """
+    Limits on what each session and each tenant may store, checked before a write sends anything.
+
+    A write that would pass a limit raises `QuotaExceededError` and stores nothing; `OffloadHook` then keeps that
+    result in the conversation and logs the refusal once, with the tenant and the session.
+
+    ```python
+    from haystack_integrations.offload import FsspecToolResultStore, Quota
+
+    results = FsspecToolResultStore(
+        "s3://acme-agent-results/prod",
+        quota=Quota(session_results=500, session_bytes=200 * 2**20, tenant_bytes=20 * 2**30),
+    )
+    ```
+
+    Multi-user use: set the quota on the root store at start-up; every `for_session` store derived from it shares one
+    usage ledger per worker process. Across worker processes the limit holds within a bounded overshoot (see the
+    module documentation): ``limit + (workers - 1) x slack x limit``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    session_results: int | None = Field(default=None, ge=0, description="Results one session may hold.")
+    session_bytes: int | None = Field(default=None, ge=0, description="Bytes of results one session may hold.")
+    tenant_results: int | None = Field(default=None, ge=0, description="Results one tenant may hold, all sessions.")
+    tenant_bytes: int | None = Field(default=None, ge=0, description="Bytes of results one tenant may hold.")
+    refresh_seconds: float = Field(
+        default=60.0, gt=0, description="A worker lists a scope again when its listing is older than this."
+    )
+    slack: float = Field(
+        default=0.1,
+        ge=0,
+        le=1,
+        description="Share of a limit a worker may admit between two listings of a scope (the cross-worker overshoot).",
+    )
+    recheck_seconds: float = Field(
+        default=1.0,
+        ge=0,
+        description="A write is refused only on a listing at most this old (0: one begun after the write asked).",
+    )
+
+    def limits(self, level: Literal["session", "tenant"]) -> tuple[int | None, int | None]:
+        """
+        :param level: ``"session"`` or ``"tenant"``.
+        :returns: The results and bytes limits at that level (None: no limit).
+        """
+        if level == "session":
+            return self.session_results, self.session_bytes
+        return self.tenant_results, self.tenant_bytes
+
+    def allowance(self, limit: int) -> int:
+        """
+        :param limit: A results or bytes limit.
+        :returns: How much a worker may admit against it between two listings (at least 1).
+        """
+        return max(1, math.floor(self.slack * limit))
+
+
+@dataclass
+class _Entry:
+    """One reservation: a write admitted and not yet known to be in a listing."""
+
+    sequence: int
+    results: int
+    size: int
+    settled_event: int = 0
+    """When the write finished, on the ledger's event clock (0 while in flight)."""
+
+
+@dataclass
+class _ScopeState:
+    """What one worker knows about one scope's usage."""
+
+    baseline_results: int = 0
+    baseline_bytes: int = 0
+    listed: bool = False
+    listed_at: float = 0.0
+    listed_event: int = 0
+    stale: bool = False
+    in_flight: dict[int, _Entry] = field(default_factory=dict)
+    settled: list[_Entry] = field(default_factory=list)
+    refreshing: Future[None] | None = None
+    changed: Future[None] = field(default_factory=Future)
+
+    def unverified(self) -> tuple[int, int]:
+        entries = itertools.chain(self.in_flight.values(), self.settled)
+        results = size = 0
+        for entry in entries:
+            results += entry.results
+            size += entry.size
+        return results, size
+
+    def usage(self) -> tuple[int, int]:
+        results, size = self.unverified()
+        return self.baseline_results + results, self.baseline_bytes + size
+
+    def notify(self) -> None:
+        changed, self.changed = self.changed, Future()
+        _resolve(changed)
+
+    def idle(self) -> bool:
+        return not self.in_flight and self.refreshing is None
+
+
+@dataclass(frozen=True)
+class _Refresh:
+    scope: ScopeKey
+    event: int
+    """When the listing began, on the ledger's event clock: every write settled before it is in the listing."""
+    started: float
+    done: Future[None]
+
+
+@dataclass(frozen=True)
+class _Wait:
+    future: Future[None]
+
+
+class Reservation:
+    """A write admitted under a quota; `settle` it once the write has finished, whatever the outcome."""
+
+    def __init__(self, ledger: QuotaLedger, scopes: tuple[ScopeKey, ...], entry: _Entry) -> None:
+        self._ledger = ledger
+        self._scopes = scopes
+        self._entry = entry
+        self._settled = False
+
+    def settle(self) -> None:
+        """
+        Record that the write finished. It keeps counting until the next listing, landed or not (a failed write may
+        have landed), so the ledger never counts less than what is stored.
+        """
+        if not self._settled:
+            self._settled = True
+            self._ledger._settle(self._scopes, self._entry)
+
+
+@dataclass(frozen=True)
+class _Admission:
+    quota: Quota
+    tenant: str
+    session: str
+    size: int
+    began: int
+    """When the admission began, on the ledger's event clock: a listing begun later was made for this write."""
+
+
+class QuotaLedger:
+    """
+    One worker's view of the usage of the scopes it writes to; shared by a root store and every store derived from it.
+
+    Thread-safe and usable from any number of event loops: decisions are taken under a lock with no I/O, listings and
+    waits happen outside it.
+    """
+
+    def __init__(self, max_scopes: int = MAX_TRACKED_SCOPES) -> None:
+        """
+        :param max_scopes: How many scopes to keep track of before forgetting the least recently used idle one.
+        """
+        self._lock = threading.Lock()
+        self._states: OrderedDict[ScopeKey, _ScopeState] = OrderedDict()
+        # Per tenant: the per-session usage its latest listing found, to start session states without a LIST.
+        self._tenant_sessions: dict[str, SessionUsage] = {}
+        # One clock orders admissions, settlements and listing starts, so a listing knows which writes it includes.
+        self._events = itertools.count(1)
+        self._max_scopes = max_scopes
+
+    # Admission
+
+    def admit(self, quota: Quota, tenant: str, session: str, size: int, lister: Lister) -> Reservation:
+        """
+        Admit a write of `size` bytes to `tenant`/`session`, listing scopes with `lister` when needed.
+
+        :param quota: The limits.
+        :param tenant: The writing store's tenant.
+        :param session: The writing store's session.
+        :param size: The bytes the write will store.
+        :param lister: Lists a scope's usage (one LIST of its prefix).
+        :returns: The reservation to settle when the write is done.
+        :raises QuotaExceededError: If the write would pass a limit; nothing was reserved.
+        :raises StorageError: If a listing needed for the decision failed.
+        """
+        admission = self._begin(quota, tenant, session, size)
+        while True:
+            step = self._decide(admission)
+            if isinstance(step, Reservation):
+                return step
+            if isinstance(step, _Wait):
+                step.future.result()
+                continue
+            try:
+                usage = lister(step.scope)
+            except BaseException:
+                self._refresh_failed(step)
+                raise
+            self._refreshed(step, usage)
+
+    async def admit_async(self, quota: Quota, tenant: str, session: str, size: int, lister: AsyncLister) -> Reservation:
+        """
+        Async `admit`: waits and lists without blocking the event loop.
+
+        :param quota: The limits.
+        :param tenant: The writing store's tenant.
+        :param session: The writing store's session.
+        :param size: The bytes the write will store.
+        :param lister: Lists a scope's usage.
+        :returns: The reservation to settle when the write is done.
+        :raises QuotaExceededError: If the write would pass a limit.
+        :raises StorageError: If a listing needed for the decision failed.
+        """
+        admission = self._begin(quota, tenant, session, size)
+        while True:
+            step = self._decide(admission)
+            if isinstance(step, Reservation):
+                return step
+            if isinstance(step, _Wait):
+                # Shielded: a cancelled waiter must not cancel the future every other waiter shares.
+                await asyncio.shield(asyncio.wrap_future(step.future))
+                continue
+            try:
+                usage = await lister(step.scope)
+            except BaseException:
+                self._refresh_failed(step)
+                raise
+            self._refreshed(step, usage)
+
+    def invalidate(self, scope: ScopeKey) -> None:
+        """
+        Forget what is known about `scope` and every scope below or above it: the next write there lists again.
+
+        Called after deletes and purges, so freed quota is seen at once by this worker.
+
+        :param scope: ``()`` for everything, ``(tenant,)`` or ``(tenant, session)``.
+        """
+        with self._lock:
+            for key, state in self._states.items():
+                if key[: len(scope)] == scope or scope[: len(key)] == key:
+                    state.stale = True
+            for tenant in list(self._tenant_sessions):
+                if not scope or scope[0] == tenant:
+                    del self._tenant_sessions[tenant]
+
+    def usage(self, tenant: str, session: str | None = None) -> tuple[int, int] | None:
+        """
+        What this worker currently counts for a scope (for metrics and tests).
+
+        :param tenant: The tenant.
+        :param session: A session of the tenant, or None for the whole tenant.
+        :returns: Results and bytes, or None if the scope is not tracked.
+        """
+        with self._lock:
+            state = self._states.get((tenant,) if session is None else (tenant, session))
+            return state.usage() if state is not None and state.listed else None
+
+    # Decisions, under the lock
+
+    def _begin(self, quota: Quota, tenant: str, session: str, size: int) -> _Admission:
+        with self._lock:
+            return _Admission(quota, tenant, session, size, began=next(self._events))
+
+    def _decide(self, admission: _Admission) -> Reservation | _Refresh | _Wait:
+        quota, size = admission.quota, admission.size
+        levels: list[tuple[Literal["session", "tenant"], ScopeKey]] = []
+        if any(limit is not None for limit in quota.limits("tenant")):
+            levels.append(("tenant", (admission.tenant,)))
+        if any(limit is not None for limit in quota.limits("session")):
+            levels.append(("session", (admission.tenant, admission.session)))
+        now = time.monotonic()
+        with self._lock:
+            states = []
+            for level, scope in levels:
+                state = self._state(scope)
+                if state.refreshing is not None:
+                    return _Wait(state.refreshing)
+                if not state.listed or state.stale or now - state.listed_at >= quota.refresh_seconds:
+                    return self._start_refresh(scope, state, now)
+                results_limit, bytes_limit = quota.limits(level)
+                used_results, used_bytes = state.usage()
+                over = _over(results_limit, used_results, 1, "results") or _over(bytes_limit, used_bytes, size, "bytes")
+                if over is not None:
+                    # A refusal rests on a recent listing, or one begun after this write asked (by it or a concurrent
+                    # write: that one always counts, or a slow listing would refresh forever).
+                    recent = now - state.listed_at <= quota.recheck_seconds
+                    if state.listed_event < admission.began and not recent:
+                        return self._start_refresh(scope, state, now)
+                    raise _refusal(admission, level, over, used_results if over[0] == "results" else used_bytes)
+                unverified_results, unverified_bytes = state.unverified()
+                beyond = (results_limit is not None and unverified_results + 1 > quota.allowance(results_limit)) or (
+                    bytes_limit is not None
+                    and unverified_bytes > 0
+                    and unverified_bytes + size > quota.allowance(bytes_limit)
+                )
+                if beyond:
+                    # This worker has admitted its allowance since it last looked: others may have written too.
+                    if state.in_flight:
+                        return _Wait(state.changed)
+                    return self._start_refresh(scope, state, now)
+                states.append(state)
+            sequence = next(self._events)
+            entry = _Entry(sequence=sequence, results=1, size=size)
+            for state in states:
+                state.in_flight[sequence] = entry
+            return Reservation(self, tuple(scope for _, scope in levels), entry)
+
+    def _state(self, scope: ScopeKey) -> _ScopeState:
+        state = self._states.get(scope)
+        if state is None:
+            self._forget_idle()
+            state = _ScopeState()
+            self._seed_from_tenant(scope, state)
+            self._states[scope] = state
+        else:
+            self._states.move_to_end(scope)
+        return state
+
+    def _seed_from_tenant(self, scope: ScopeKey, state: _ScopeState) -> None:
+        # A new session of a tenant listed recently starts from that listing: no LIST of its own.
+        if len(scope) != 2:
+            return
+        tenant_state = self._states.get(scope[:1])
+        sessions = self._tenant_sessions.get(scope[0])
+        if tenant_state is None or sessions is None or not tenant_state.listed or tenant_state.stale:
+            return
+        state.baseline_results, state.baseline_bytes = sessions.get(scope[1], (0, 0))
+        state.listed, state.listed_at = True, tenant_state.listed_at
+        state.listed_event = tenant_state.listed_event
+
+    def _forget_idle(self) -> None:
+        while len(self._states) >= self._max_scopes:
+            for key, state in self._states.items():
+                if state.idle():
+                    del self._states[key]
+                    # Its writes since the tenant listing are forgotten with it: that listing may not seed it again.
+                    self._tenant_sessions.pop(key[0], None)
+                    break
+            else:
+                return
+
+    def _start_refresh(self, scope: ScopeKey, state: _ScopeState, now: float) -> _Refresh:
+        state.refreshing = Future()
+        return _Refresh(scope=scope, event=next(self._events), started=now, done=state.refreshing)
+
+    # Listings and settlements
+
+    def _refreshed(self, step: _Refresh, usage: SessionUsage) -> None:
+        with self._lock:
+            state = self._states.get(step.scope)
+            if state is None:  # forgotten meanwhile (it was idle); nothing to update
+                _resolve(step.done)
+                return
+            if len(step.scope) == 1:
+                results = sum(count for count, _ in usage.values())
+                size = sum(total for _, total in usage.values())
+                self._tenant_sessions[step.scope[0]] = dict(usage)
+                self._update_sessions(step, usage)
+            else:
+                results, size = usage.get(step.scope[1], (0, 0))
+            _apply_listing(state, step, results, size)
+            state.refreshing = None
+            _resolve(step.done)
+            state.notify()
+
+    def _update_sessions(self, step: _Refresh, usage: SessionUsage) -> None:
+        # The tenant listing is newer than any session listing begun before it: bring those sessions up to date.
+        for key, state in self._states.items():
+            if len(key) == 2 and key[0] == step.scope[0] and state.refreshing is None:
+                if state.listed and state.listed_event > step.event:
+                    continue
+                results, size = usage.get(key[1], (0, 0))
+                _apply_listing(state, step, results, size)
+
+    def _refresh_failed(self, step: _Refresh) -> None:
+        with self._lock:
+            state = self._states.get(step.scope)
+            if state is not None:
+                state.refreshing = None
+                state.notify()
+            _resolve(step.done)
+
+    def _settle(self, scopes: tuple[ScopeKey, ...], entry: _Entry) -> None:
+        with self._lock:
+            entry.settled_event = next(self._events)
+            for scope in scopes:
+                state = self._states.get(scope)
+                if state is None or state.in_flight.pop(entry.sequence, None) is None:
+                    continue
+                state.settled.append(entry)
+                state.notify()
+
+
+def _resolve(future: Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _apply_listing(state: _ScopeState, step: _Refresh, results: int, size: int) -> None:
+    """Replace a scope's baseline with a listing; writes admitted after the listing began still count on top."""
+    state.baseline_results, state.baseline_bytes = results, size
+    state.listed, state.stale = True, False
+    state.listed_at, state.listed_event = step.started, step.event
+    # Writes settled before the listing began are in it; later ones may not be, so they keep counting (conservative).
+    state.settled = [entry for entry in state.settled if entry.settled_event > step.event]
+
+
+def _over(limit: int | None, used: int, adding: int, what: str) -> tuple[str, int, int] | None:
+    if limit is not None and used + adding > limit:
+        return what, limit, adding
+    return None
+
+
+def _refusal(admission: _Admission, level: str, over: tuple[str, int, int], used: int) -> QuotaExceededError:
+    what, limit, adding = over
+    needs = "one more result" if what == "results" else f"{adding} more bytes"
+    return QuotaExceededError(
+        f"Quota exceeded for tenant {admission.tenant!r}, session {admission.session!r}: the {level} may hold "
+        f"{limit} {what} and holds {used}; this result needs {needs}. It was not stored.",
+        tenant=admission.tenant,
+        session=admission.session,
+        scope=level,
+        limit=what,
+        allowed=limit,
+    )
+
+
+def usage_by_session(
+    found: Mapping[str, int], scope: ScopeKey, scope_path: str, live: Callable[[str, str], bool]
+) -> SessionUsage:
+    """
+    Sum a listing of a tenant's or a session's directory into results and bytes per session.
+
+    :param found: Paths and sizes from a listing of `scope_path`.
+    :param scope: The listed scope: ``(tenant,)`` or ``(tenant, session)``.
+    :param scope_path: The listed directory.
+    :param live: Whether an object name counts, given the tenant: a result name, not past its retention.
+    :returns: Results and bytes per session.
+    """
+    prefix = scope_path.rstrip("/") + "/"
+    depth = 3 - len(scope)  # results sit at <session>/<name> below a tenant, at <name> below a session
+    usage: SessionUsage = {}
+    for path, size in found.items():
+        if not path.startswith(prefix):
+            continue  # a sibling prefix: 't/ab' when 't/a' was listed
+        parts = path[len(prefix) :].split("/")
+        if len(parts) != depth or not live(scope[0], parts[-1]):
+            continue
+        session = parts[0] if len(scope) == 1 else scope[1]
+        results, total = usage.get(session, (0, 0))
+        usage[session] = (results + 1, total + size)
+    return usage

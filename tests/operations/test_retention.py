@@ -1,0 +1,155 @@
+"""
+Retention on every backend: expired results are refused (clearly, before any request), left out of listings and
+removed by ``purge(expired=True)``; per-tenant overrides; ``purge(older_than=...)``; and `end_session`.
+"""
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from ops_helpers import put_aged, state_for
+
+from haystack_integrations.offload import (
+    FsspecToolResultStore,
+    ResultExpiredError,
+    ResultNotFoundError,
+    Retention,
+    end_session,
+    end_session_async,
+    read_tool_result,
+)
+from haystack_integrations.offload.local_s3 import LocalS3Server, RequestLog
+
+WEEK = Retention(ttl=timedelta(days=7), tenants={"trial": timedelta(hours=1), "archive": None})
+
+
+def _root(backend: tuple[str, dict[str, Any]], retention: Retention | None = WEEK) -> FsspecToolResultStore:
+    url, storage_options = backend
+    return FsspecToolResultStore(url, storage_options=storage_options, retention=retention)
+
+
+async def test_an_expired_result_is_refused_by_every_read(backend: tuple[str, dict[str, Any]]) -> None:
+    session = _root(backend).for_session("acme", "chat-1")
+    old = put_aged(session, age=timedelta(days=8), content="old news")
+    fresh = session.write(key="fresh.txt", content="today's news")
+    reads = [
+        lambda: session.read(old),
+        lambda: session.read_range(old, 0, 3),
+        lambda: session.read_range_and_size(old, 0, 3),
+        lambda: session.info(old),
+    ]
+    for read in reads:
+        with pytest.raises(ResultExpiredError) as caught:
+            read()
+        assert isinstance(caught.value, ResultNotFoundError) and isinstance(caught.value, FileNotFoundError)
+        assert "has expired" in str(caught.value) and "7 days" in str(caught.value)
+    with pytest.raises(ResultExpiredError):
+        await session.read_async(old)
+    with pytest.raises(ResultExpiredError):
+        await session.read_range_and_size_async(old, 0, 3)
+    assert session.read(fresh) == "today's news"
+    assert [record.reference for record in session.list()] == [fresh]
+    # Without retention the same object is an ordinary, readable result.
+    assert _root(backend, retention=None).for_session("acme", "chat-1").read(old) == "old news"
+
+
+def test_tenants_override_the_stores_time_to_live(backend: tuple[str, dict[str, Any]]) -> None:
+    root = _root(backend)
+    trial, acme, archive = (root.for_session(tenant, "chat-1") for tenant in ("trial", "acme", "archive"))
+    two_hours = {store.tenant: put_aged(store, age=timedelta(hours=2), content="2h") for store in (trial, acme)}
+    ancient = put_aged(archive, age=timedelta(days=400), content="kept")
+    with pytest.raises(ResultExpiredError, match="1 hour"):
+        trial.read(two_hours["trial"])
+    assert acme.read(two_hours["acme"]) == "2h"
+    assert archive.read(ancient) == "kept"
+    # The root store applies each tenant's own time to live to references that name the tenant.
+    with pytest.raises(ResultExpiredError):
+        root.read(f"trial/chat-1/{two_hours['trial']}")
+    assert root.read(f"acme/chat-1/{two_hours['acme']}") == "2h"
+    assert {record.reference.split("/")[0] for record in root.list()} == {"acme", "archive"}
+
+
+async def test_purge_expired_removes_only_expired_results(backend: tuple[str, dict[str, Any]]) -> None:
+    root = _root(backend)
+    stale = root.for_session("acme", "chat-1")
+    put_aged(stale, age=timedelta(days=8), content="a", key="a.txt")
+    put_aged(stale, age=timedelta(days=9), content="b", key="b.txt")
+    keep = stale.write(key="c.txt", content="c")
+    put_aged(root.for_session("trial", "chat-9"), age=timedelta(hours=2), content="d")
+    kept_long = put_aged(root.for_session("archive", "chat-1"), age=timedelta(days=999), content="e")
+    stale.documents("audit").put("0001.json", b"{}")
+
+    assert await root.purge_async(expired=True) == 3
+    assert root.purge(expired=True) == 0
+    assert [record.reference for record in stale.list()] == [keep]
+    assert root.for_session("archive", "chat-1").read(kept_long) == "e"
+    assert stale.documents("audit").list() == ["0001.json"]  # documents are not results
+    assert stale.read(keep) == "c"
+
+
+def test_purge_older_than_ignores_retention(backend: tuple[str, dict[str, Any]]) -> None:
+    root = _root(backend, retention=None)
+    session = root.for_session("acme", "chat-1")
+    put_aged(session, age=timedelta(hours=3), content="old", key="old.txt")
+    recent = put_aged(session, age=timedelta(minutes=30), content="recent", key="recent.txt")
+    assert root.for_tenant("acme").purge(older_than=timedelta(hours=1)) == 1
+    assert [record.reference for record in session.list()] == [recent]
+    with pytest.raises(ValueError, match="not both"):
+        root.purge(older_than=timedelta(days=1), expired=True)
+    with pytest.raises(ValueError, match="positive"):
+        root.purge(older_than=timedelta(0))
+    with pytest.raises(ValueError, match="no retention"):
+        root.purge(expired=True)
+
+
+def test_the_model_is_told_the_result_expired(backend: tuple[str, dict[str, Any]]) -> None:
+    session = _root(backend).for_session("acme", "chat-1")
+    old = put_aged(session, age=timedelta(days=30), content="old news")
+    reply = read_tool_result.invoke(state=state_for(session), reference=old)
+    assert isinstance(reply, str) and reply.startswith("Error")
+    assert "has expired" in reply and "kept for 7 days" in reply and "no longer be read" in reply
+
+
+@pytest.mark.s3
+def test_an_expired_read_sends_nothing(s3_server: LocalS3Server, s3_requests: RequestLog) -> None:
+    session = FsspecToolResultStore(
+        f"{s3_server.bucket_url}/{uuid.uuid4().hex}", storage_options=s3_server.storage_options(), retention=WEEK
+    ).for_session("acme", "chat-1")
+    old = put_aged(session, age=timedelta(days=8), content="old news")
+    s3_requests.clear()
+    with pytest.raises(ResultExpiredError):
+        session.read(old)
+    assert len(s3_requests) == 0
+
+
+async def test_end_session_deletes_the_sessions_results(backend: tuple[str, dict[str, Any]]) -> None:
+    root = _root(backend, retention=None)
+    ended, other = root.for_session("acme", "chat-1"), root.for_session("acme", "chat-2")
+    for i in range(3):
+        ended.write(key=f"{i}.txt", content=str(i))
+    survivor = other.write(key="k.txt", content="mine")
+    ended.documents("approvals").put("request.json", b"{}")
+    other.documents("approvals").put("request.json", b"{}")
+
+    assert end_session(ended) == 3
+    assert ended.list() == []
+    assert ended.documents("approvals").list() == ["request.json"]  # kept by default
+    assert await end_session_async(ended, documents=True) == 1
+    assert ended.documents("approvals").list() == []
+    assert other.read(survivor) == "mine"
+    assert other.documents("approvals").list() == ["request.json"]
+    with pytest.raises(ValueError, match="session store"):
+        end_session(root.for_tenant("acme"))
+
+
+def test_retention_validation() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        Retention(ttl=timedelta(0))
+    with pytest.raises(ValueError, match="positive"):
+        Retention(tenants={"acme": timedelta(seconds=-1)})
+    with pytest.raises(ValueError, match="tenant"):
+        Retention(tenants={"../x": timedelta(days=1)})
+    retention = Retention(ttl=timedelta(days=1), tenants={"acme": None})
+    assert retention.ttl_for("acme") is None and retention.ttl_for("globex") == timedelta(days=1)
+    assert Retention.model_validate_json(retention.model_dump_json()) == retention
