@@ -60,6 +60,7 @@ from haystack_integrations.offload.testing.latency_proxy import (
     _CHUNK,
     LatencyProxy,
     ProxiedRequest,
+    ThreadSafeLog,
     _InterimResponses,
     _RequestHeads,
 )
@@ -106,43 +107,14 @@ class InjectedFault:
     request: ProxiedRequest
 
 
-class FaultLog:
+class FaultLog(ThreadSafeLog[InjectedFault]):
     """A thread-safe log of injected faults, oldest first."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._faults: list[InjectedFault] = []
-
-    def append(self, fault: InjectedFault) -> None:
-        """
-        Record a fault.
-
-        :param fault: The fault.
-        """
-        with self._lock:
-            self._faults.append(fault)
-
-    def clear(self) -> None:
-        """Forget every fault logged so far."""
-        with self._lock:
-            self._faults = []
-
-    def snapshot(self) -> list[InjectedFault]:
-        """
-        :returns: A copy of the log.
-        """
-        with self._lock:
-            return list(self._faults)
 
     def counts(self) -> Counter[Fault]:
         """
         :returns: Faults tallied by kind.
         """
         return Counter(fault.kind for fault in self.snapshot())
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._faults)
 
 
 class FaultPlan:

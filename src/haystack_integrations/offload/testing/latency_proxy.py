@@ -47,7 +47,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Generic, Self, TypeVar
 from urllib.parse import urlsplit
 
 __all__ = ["LatencyProxy", "ProxiedRequest", "ProxyLog", "main"]
@@ -56,6 +56,9 @@ _CHUNK = 64 * 1024
 # A request head longer than this is not HTTP we understand; counting stops on that connection.
 _MAX_HEAD = 64 * 1024
 _INTERIM_STATUS = re.compile(rb"HTTP/1\.[01] 1\d\d ")
+
+
+Entry = TypeVar("Entry")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,33 +78,41 @@ class ProxiedRequest:
     at: float
 
 
-class ProxyLog:
-    """A thread-safe log of proxied requests, oldest first."""
+class ThreadSafeLog(Generic[Entry]):
+    """A log that proxy threads append to and tests read, oldest first."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._requests: list[ProxiedRequest] = []
+        self._entries: list[Entry] = []
 
-    def append(self, request: ProxiedRequest) -> None:
+    def append(self, entry: Entry) -> None:
         """
-        Record a request.
+        Record an entry.
 
-        :param request: The request.
+        :param entry: The entry.
         """
         with self._lock:
-            self._requests.append(request)
+            self._entries.append(entry)
 
     def clear(self) -> None:
-        """Forget every request logged so far."""
+        """Forget every entry logged so far."""
         with self._lock:
-            self._requests = []
+            self._entries = []
 
-    def snapshot(self) -> list[ProxiedRequest]:
+    def snapshot(self) -> list[Entry]:
         """
         :returns: A copy of the log.
         """
         with self._lock:
-            return list(self._requests)
+            return list(self._entries)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+
+class ProxyLog(ThreadSafeLog[ProxiedRequest]):
+    """A thread-safe log of proxied requests, oldest first."""
 
     def count(self, method: str | None = None) -> int:
         """
