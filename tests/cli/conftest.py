@@ -6,10 +6,6 @@ commands meet exactly what a deployment leaves behind: results, history turns, a
 """
 
 import asyncio
-import json
-import os
-import signal
-import subprocess
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +15,7 @@ from cli_stores import FilledStore, IamEndpoint
 
 from haystack_integrations.offload import FsspecToolResultStore
 from haystack_integrations.offload.demo.model import scripted_generator
+from haystack_integrations.offload.local_s3 import local_s3_process
 from haystack_integrations.offload.server.agent import build_agent
 from haystack_integrations.offload.server.service import ChatService
 
@@ -51,28 +48,5 @@ def iam_endpoint() -> Iterator[IamEndpoint]:
     """
     if sys.platform == "win32":
         pytest.skip("stops the server with SIGINT")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "haystack_integrations.offload.local_s3", "--port", "0", "--quiet", "--enforce-iam"],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        assert process.stdout is not None
-        settings: dict[str, str] = {}
-        for line in process.stdout:
-            name, _, value = line.partition(":")
-            settings[name.strip()] = value.strip()
-            if line.startswith("Press Ctrl-C"):
-                break
-        else:
-            pytest.fail(f"the local S3 server exited early with code {process.wait()}")
-        yield IamEndpoint(settings["Bucket URL"], json.loads(settings["storage_options"]))
-        process.send_signal(signal.SIGINT)
-        process.wait(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
+    with local_s3_process(enforce_iam=True) as server:
+        yield IamEndpoint(server.bucket_url, server.storage_options)

@@ -6,10 +6,6 @@ from the repository by path.
 """
 
 import importlib.util
-import json
-import os
-import signal
-import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +14,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+
+from haystack_integrations.offload.local_s3 import local_s3_process
 
 INFRA_DIR = Path(__file__).resolve().parents[2] / "infra"
 
@@ -69,30 +67,5 @@ def iam_server() -> Iterator[IamServer]:
     """
     if sys.platform == "win32":
         pytest.skip("stops the server with SIGINT")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "haystack_integrations.offload.local_s3", "--port", "0", "--quiet", "--enforce-iam"],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        assert process.stdout is not None
-        settings: dict[str, str] = {}
-        for line in process.stdout:
-            name, _, value = line.partition(":")
-            settings[name.strip()] = value.strip()
-            if line.startswith("Press Ctrl-C"):
-                break
-        else:
-            pytest.fail(f"the local S3 server exited early with code {process.wait()}")
-        storage_options = json.loads(settings["storage_options"])
-        bucket = settings["Bucket URL"].removeprefix("s3://")
-        yield IamServer(storage_options["endpoint_url"], bucket, storage_options)
-        process.send_signal(signal.SIGINT)
-        process.wait(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
+    with local_s3_process(enforce_iam=True) as server:
+        yield IamServer(server.endpoint_url, server.bucket, server.storage_options)

@@ -38,7 +38,12 @@ Things to know:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import urllib.request
 from collections import Counter
@@ -55,7 +60,7 @@ with LazyImport(message="Run 'pip install \"offload-haystack[local-s3]\"'") as _
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
     from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
-__all__ = ["LocalS3Server", "RecordedRequest", "RequestLog", "main"]
+__all__ = ["LocalS3Process", "LocalS3Server", "RecordedRequest", "RequestLog", "local_s3_process", "main"]
 
 DEFAULT_BUCKET = "offload-results"
 # The IAM user that owns the bucket and creates other principals when IAM enforcement is on.
@@ -574,6 +579,70 @@ class LocalS3Server:
         if self._server is None:
             raise RuntimeError("LocalS3Server is not running: call start() or use it as a context manager")
         return self._server
+
+
+@dataclass(frozen=True)
+class LocalS3Process:
+    """
+    What a local S3 server running in a process of its own printed at start-up.
+
+    :param bucket_url: The bucket as an fsspec URL, ``s3://<bucket>``.
+    :param storage_options: Options for s3fs / `FsspecToolResultStore` (endpoint and the keys to use).
+    """
+
+    bucket_url: str
+    storage_options: dict[str, Any]
+
+    @property
+    def endpoint_url(self) -> str:
+        """The HTTP endpoint clients connect to."""
+        return str(self.storage_options["endpoint_url"])
+
+    @property
+    def bucket(self) -> str:
+        """The bucket's name."""
+        return self.bucket_url.removeprefix("s3://")
+
+
+@contextlib.contextmanager
+def local_s3_process(*, enforce_iam: bool = False, timeout: float = 30) -> Iterator[LocalS3Process]:
+    """
+    Run ``python -m haystack_integrations.offload.local_s3`` in a process of its own, on a free loopback port.
+
+    moto keeps state and its IAM switch per process, so a server that enforces IAM, or one that benchmarks load without
+    slowing the client, belongs in its own process. The server is stopped with Ctrl-C (SIGINT) when the block ends.
+
+    :param enforce_iam: Start it with ``--enforce-iam``.
+    :param timeout: Seconds to wait for it to stop.
+    :returns: A context manager yielding the printed settings.
+    :raises RuntimeError: If the server exits before it is ready.
+    """
+    command = [sys.executable, "-m", "haystack_integrations.offload.local_s3", "--port", "0", "--quiet"]
+    if enforce_iam:
+        command.append("--enforce-iam")
+    process = subprocess.Popen(  # noqa: S603 - our own interpreter and module, fixed arguments
+        command, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
+    try:
+        if process.stdout is None:  # pragma: no cover - stdout=PIPE always gives one
+            raise RuntimeError("no output from the local S3 process")
+        settings: dict[str, str] = {}
+        for line in process.stdout:
+            name, _, value = line.partition(":")
+            settings[name.strip()] = value.strip()
+            if line.startswith("Press Ctrl-C"):
+                break
+        else:
+            raise RuntimeError(f"the local S3 server exited early with code {process.wait()}")
+        yield LocalS3Process(settings["Bucket URL"], json.loads(settings["storage_options"]))
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
