@@ -282,7 +282,7 @@ class FaultProxy(LatencyProxy):
             upstream_reader, upstream_writer = await asyncio.open_connection(*self._upstream)
             upstream_writer.write(bytes(buffered))
             await upstream_writer.drain()
-            to_upstream = asyncio.create_task(self._pump(client_reader, upstream_writer, heads, parsed))
+            to_upstream = asyncio.create_task(self._copy_requests(client_reader, upstream_writer, heads, parsed))
             if fault is Fault.SLOW:
                 await asyncio.sleep(self.slow_seconds)
             elif fault in AMBIGUOUS_FAULTS:
@@ -307,33 +307,7 @@ class FaultProxy(LatencyProxy):
         except asyncio.CancelledError:
             pass  # the proxy is stopping; this handler is the top of its own task
         finally:
-            if to_upstream is not None and not to_upstream.done():
-                to_upstream.cancel()
-                with contextlib.suppress(asyncio.CancelledError, ConnectionError, OSError):
-                    await to_upstream
-            for writer in (client_writer, upstream_writer):
-                if writer is not None:
-                    writer.close()
-            if task is not None:
-                self._tasks.discard(task)
-
-    async def _pump(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        heads: _RequestHeads,
-        parsed: list[ProxiedRequest],
-    ) -> None:
-        """Copy the rest of the client's bytes to the server, logging further request heads (which pass untouched)."""
-        while chunk := await reader.read(_CHUNK):
-            heads.feed(chunk)
-            for request in parsed:
-                await self._on_request(request)
-            parsed.clear()
-            writer.write(chunk)
-            await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
+            await self._end_exchange(task, to_upstream, (client_writer, upstream_writer))
 
     async def _answer_error(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, fault: Fault, *, head_only: bool

@@ -339,15 +339,24 @@ class LatencyProxy:
         except asyncio.CancelledError:
             pass  # the proxy is stopping; this handler is the top of its own task
         finally:
-            if to_upstream is not None and not to_upstream.done():
-                to_upstream.cancel()
-                with contextlib.suppress(asyncio.CancelledError, ConnectionError, OSError):
-                    await to_upstream
-            for writer in (client_writer, upstream_writer):
-                if writer is not None:
-                    writer.close()
-            if task is not None:
-                self._tasks.discard(task)
+            await self._end_exchange(task, to_upstream, (client_writer, upstream_writer))
+
+    async def _end_exchange(
+        self,
+        task: asyncio.Task[Any] | None,
+        to_upstream: asyncio.Task[None] | None,
+        writers: tuple[asyncio.StreamWriter | None, ...],
+    ) -> None:
+        """Stop copying requests, close both sides and forget the handler's task: the end of every exchange."""
+        if to_upstream is not None and not to_upstream.done():
+            to_upstream.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ConnectionError, OSError):
+                await to_upstream
+        for writer in writers:
+            if writer is not None:
+                writer.close()
+        if task is not None:
+            self._tasks.discard(task)
 
     async def _forward_requests(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connection: int
@@ -357,6 +366,16 @@ class LatencyProxy:
         heads = _RequestHeads(
             lambda method, target: parsed.append(ProxiedRequest(method, target, connection, time.monotonic()))
         )
+        await self._copy_requests(reader, writer, heads, parsed)
+
+    async def _copy_requests(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        heads: _RequestHeads,
+        parsed: list[ProxiedRequest],
+    ) -> None:
+        """Copy the client's bytes to the server, handing each request head `heads` finds to `_on_request`."""
         while chunk := await reader.read(_CHUNK):
             heads.feed(chunk)
             for request in parsed:
