@@ -21,7 +21,7 @@ import contextlib
 import os
 import secrets
 import threading
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
 
 from fsspec import AbstractFileSystem
@@ -155,34 +155,14 @@ class LocalIO(StorageIO):
 
     def put(self, path: str, data: bytes) -> None:
         """Write `data` to a temporary file beside `path`, then rename it into place (atomic on POSIX and Windows)."""
-        directory = os.path.dirname(path)
-        os.makedirs(directory, exist_ok=True)
-        _refuse_redirected(directory)
-        # A leading dot keeps the temporary file out of listings: it is not a valid result name.
-        temporary = os.path.join(directory, f".tmp-{secrets.token_hex(8)}")
-        try:
-            with open(temporary, "xb") as file:
-                file.write(data)
+        with _temporary_beside(path, data) as temporary:
             os.replace(temporary, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temporary)
-            raise
 
     def put_exclusive(self, path: str, data: bytes) -> None:
         """Write a temporary file, then hard-link it into place: the link fails if the name exists (any process)."""
-        directory = os.path.dirname(path)
-        os.makedirs(directory, exist_ok=True)
-        _refuse_redirected(directory)
-        temporary = os.path.join(directory, f".tmp-{secrets.token_hex(8)}")
-        try:
-            with open(temporary, "xb") as file:
-                file.write(data)
+        with _temporary_beside(path, data) as temporary:
             # link() is atomic and never replaces: readers see the whole document or nothing.
             os.link(temporary, path)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temporary)
 
     def get(self, path: str) -> bytes:
         """Return the file's content after checking that no symlink redirects the path."""
@@ -458,6 +438,24 @@ def _is_unsatisfiable_range(error: OSError) -> bool:
     response = getattr(error.__cause__, "response", None) or {}
     status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
     return bool(status == 416 or response.get("Error", {}).get("Code") == "InvalidRange")
+
+
+@contextlib.contextmanager
+def _temporary_beside(path: str, data: bytes) -> Iterator[str]:
+    """Write `data` to a fresh temporary file in `path`'s directory, yield its name, and remove it afterwards."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    _refuse_redirected(directory)
+    # A leading dot keeps the temporary file out of listings: it is not a valid result name.
+    temporary = os.path.join(directory, f".tmp-{secrets.token_hex(8)}")
+    try:
+        with open(temporary, "xb") as file:
+            file.write(data)
+        yield temporary
+    finally:
+        # After a rename there is nothing left to remove; after a link or a failure there is.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
 
 
 def _refuse_redirected(path: str) -> None:
