@@ -307,6 +307,49 @@ class _RecordingMiddleware:
                 close()
 
 
+class _S3FirstDispatcher:
+    """
+    moto's dispatcher, with a direct route for requests SigV4-signed for S3.
+
+    moto's `DomainDispatcherApplication` finds each request's service by matching the Host header against every
+    backend's URL patterns, then parsing the Authorization header and matching again, all under one lock: about 1.4 ms
+    of a busy server's CPU per request, most of what moto spends on a small PUT. A request signed for ``s3`` (and not
+    for S3 Control) always lands in the S3 backend, so it goes straight to that app; anything else (IAM, STS, moto's
+    own API, unsigned requests) takes moto's route. Both routes share moto's process-global backends and app cache.
+    """
+
+    def __init__(self) -> None:
+        self._dispatcher = DomainDispatcherApplication(create_backend_app)
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        app = self._s3_app(environ) if _signed_for_s3(environ) else None
+        if app is None:
+            return self._dispatcher(environ, start_response)  # type: ignore[no-any-return]
+        return app(environ, start_response)  # type: ignore[no-any-return]
+
+    def _s3_app(self, environ: WSGIEnvironment) -> Any:
+        cached = self._dispatcher.app_instances.get("s3")
+        if cached is not None:
+            return cached
+        # The first S3 request creates the app through moto's own route, so both routes share one instance.
+        return self._dispatcher.get_application(environ)
+
+
+def _signed_for_s3(environ: WSGIEnvironment) -> bool:
+    # `AWS4-HMAC-SHA256 Credential=<key>/<date>/<region>/s3/aws4_request, SignedHeaders=..., Signature=...`
+    authorization = environ.get("HTTP_AUTHORIZATION", "")
+    if not authorization.startswith("AWS4-HMAC-SHA256 Credential="):
+        return False
+    scope = authorization.split(",", 1)[0].split("=", 1)[1].split("/")
+    if len(scope) != 5 or scope[3] != "s3":
+        return False
+    path = environ.get("PATH_INFO", "")
+    # moto sends these to other backends (S3 Control, its own API, instance metadata) even when signed for s3.
+    return not (
+        path.startswith(("/v20180820/", "/moto-api", "/latest/")) or "s3-control" in environ.get("HTTP_HOST", "")
+    )
+
+
 def _request_handler(verbose: bool) -> type[WSGIRequestHandler]:
     if verbose:
         return MotoRequestHandler
@@ -384,7 +427,7 @@ class LocalS3Server:
         """
         if self._server is not None:
             raise RuntimeError("LocalS3Server is already running")
-        app = _RecordingMiddleware(DomainDispatcherApplication(create_backend_app), self.requests)
+        app = _RecordingMiddleware(_S3FirstDispatcher(), self.requests)
         self._server = make_server(
             self.host, self._requested_port, app, threaded=True, request_handler=_request_handler(self.verbose)
         )
