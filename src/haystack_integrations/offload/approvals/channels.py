@@ -123,15 +123,21 @@ class CallbackApprovals:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
 
+        def deliver(answer: Any, error: BaseException | None) -> None:
+            try:
+                loop.call_soon_threadsafe(_settle, future, answer, error)
+            except RuntimeError:
+                pass  # the loop has closed: the run stopped waiting (its timeout passed) and is gone
+
         def call() -> None:
             try:
                 answer = self.callback(request)
                 if inspect.isawaitable(answer):
                     answer = asyncio.run(_awaited(answer))
             except BaseException as error:
-                loop.call_soon_threadsafe(_settle, future, None, error)
+                deliver(None, error)
             else:
-                loop.call_soon_threadsafe(_settle, future, answer, None)
+                deliver(answer, None)
 
         threading.Thread(target=call, name="approval-callback", daemon=True).start()
         try:
