@@ -19,7 +19,7 @@ from haystack.hooks.tool_result_offloading.types import ToolResultStore
 
 from haystack_integrations.offload.errors import InvalidReferenceError, ResultExpiredError
 from haystack_integrations.offload.stores.documents import SessionDocuments
-from haystack_integrations.offload.stores.io import StorageIO, storage_io_for
+from haystack_integrations.offload.stores.io import StorageIO, s3_io_with_loop_twins, storage_io_for
 from haystack_integrations.offload.stores.names import ContentKind, new_object_name, parse_object_name
 from haystack_integrations.offload.stores.options import deserialize_options, resolve_secrets, serialize_options
 from haystack_integrations.offload.stores.quotas import Quota, QuotaLedger, Reservation, SessionUsage, usage_by_session
@@ -765,6 +765,7 @@ class _FilesystemHandle:
             if self._io is not None:
                 return
             fs = self._filesystem
+            io: StorageIO | None = None
             if fs is None:
                 options = resolve_secrets(self._storage_options)
                 if self._protocol in {"s3", "s3a"}:
@@ -773,17 +774,31 @@ class _FilesystemHandle:
                     options["config_kwargs"] = config
                     if self._retry is not None:
                         options = s3_client_options(options)
-                fs = fsspec.filesystem(self._protocol, **options)
-                if self._retry is not None and self._protocol in {"s3", "s3a"}:
-                    # s3fs retries on top of botocore (a class attribute, not an option): one attempt, ours retry.
-                    fs.retries = 1
+                    # Async calls use a client on the caller's own loop (made on first use there), sync calls this one.
+                    io = s3_io_with_loop_twins(
+                        self._s3_filesystem(options), lambda: self._s3_filesystem(options, asynchronous=True)
+                    )
+                    fs = io.fs
+                else:
+                    fs = fsspec.filesystem(self._protocol, **options)
             root = self._root_path
             if self._protocol in {"file", "local"}:
                 # Compare real paths later: a symlink anywhere below the real root is refused.
                 root = os.path.realpath(root)
             self._resolved_root = root
-            io = storage_io_for(fs)
+            io = io or storage_io_for(fs)
             self._io = RetryingIO(io, self._retry, self.retry_stats) if self._retry is not None else io
+
+    def _s3_filesystem(self, options: dict[str, Any], *, asynchronous: bool = False) -> AbstractFileSystem:
+        if asynchronous:
+            # Never from fsspec's instance cache: an asynchronous instance belongs to the loop it was made on.
+            fs = fsspec.filesystem(self._protocol, asynchronous=True, skip_instance_cache=True, **options)
+        else:
+            fs = fsspec.filesystem(self._protocol, **options)
+        if self._retry is not None:
+            # s3fs retries on top of botocore (a class attribute, not an option): one attempt, ours retry.
+            fs.retries = 1
+        return fs
 
     def io(self) -> StorageIO:
         if self._io is None:

@@ -12,8 +12,11 @@ fsspec does the I/O; this module only picks, per backend family, the call that m
 
 Async fsspec filesystems created the usual way live on fsspec's own I/O thread and event loop. Their coroutines are
 submitted to that loop and awaited from the caller's loop (`asyncio.wrap_future`), so no caller's loop ever blocks on
-the network and none ever awaits a coroutine bound to another loop ("Event loop is closed"). Blocking local-disk calls
-run in a worker thread in async paths.
+the network and none ever awaits a coroutine bound to another loop ("Event loop is closed"). For S3 filesystems the
+store builds itself, async calls skip that hop: each caller's loop gets an ``asynchronous=True`` twin with the same
+settings (`LoopLocal`, closed when that loop shuts down), which halves the thread hand-offs per request and keeps the
+GIL from ping-ponging between the caller's thread and fsspec's. Blocking local-disk calls run in a worker thread in
+async paths.
 """
 
 import asyncio
@@ -22,14 +25,16 @@ import os
 import secrets
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Iterator
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
 from fsspec import AbstractFileSystem
 from fsspec.asyn import AsyncFileSystem, sync
 
 from haystack_integrations.offload.errors import InvalidReferenceError, StorageError, StoragePermissionError
+from haystack_integrations.offload.stores.loop_local import LoopLocal
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 # DeleteObjects takes at most 1000 keys per request.
 _S3_DELETE_BATCH = 1000
@@ -59,6 +64,9 @@ class StorageIO:
 
     async def warm_up_async(self) -> None:
         """Async `warm_up`."""
+
+    async def ready_async(self) -> None:
+        """Make what async calls from the running loop need (a client), so no request's time limit pays for it."""
 
     def put(self, path: str, data: bytes) -> None:
         """Store `data` at `path`, replacing any object there."""
@@ -231,12 +239,16 @@ class AsyncFilesystemIO(StorageIO):
     # coroutine on its loop when it runs out. Async calls are limited by their awaiter instead.
     timeout: float | None = None
 
-    def __init__(self, fs: AsyncFileSystem) -> None:
+    def __init__(self, fs: AsyncFileSystem, *, loop_twins: LoopLocal[Self] | None = None) -> None:
         """
         :param fs: The async fsspec filesystem to use.
+        :param loop_twins: Where async calls find a twin of this I/O on the caller's own loop (an
+            ``asynchronous=True`` filesystem with the same settings), to use instead of hopping to `fs`'s loop; `None`
+            to always run on `fs`'s loop.
         """
         super().__init__(fs)
         self.async_fs = fs
+        self._loop_twins = loop_twins
 
     def _sync(self, coroutine_function: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
         if self.async_fs.asynchronous:
@@ -246,6 +258,14 @@ class AsyncFilesystemIO(StorageIO):
             )
         result: T = sync(self.async_fs.loop, coroutine_function, *args, timeout=self.timeout)
         return result
+
+    async def _run_async(
+        self, operation: Callable[Concatenate[Self, P], Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        # On the caller's own loop with the loop's twin when there is one; else on the filesystem's loop.
+        if self._loop_twins is not None and self.async_fs.loop is not asyncio.get_running_loop():
+            return await operation(await self._loop_twins.get(), *args, **kwargs)
+        return await self._on_fs_loop(operation(self, *args, **kwargs))
 
     async def _on_fs_loop(self, coroutine: Coroutine[Any, Any, T]) -> T:
         if self.async_fs.asynchronous:
@@ -266,8 +286,13 @@ class AsyncFilesystemIO(StorageIO):
         self._sync(self._warm_up)
 
     async def warm_up_async(self) -> None:
-        """Async `warm_up`, run on the filesystem's loop."""
-        await self._on_fs_loop(self._warm_up())
+        """Async `warm_up`: creates the client async calls from this loop use."""
+        await self._run_async(type(self)._warm_up)
+
+    async def ready_async(self) -> None:
+        """Create the running loop's client, if async calls from it use one of their own."""
+        if self._loop_twins is not None and self.async_fs.loop is not asyncio.get_running_loop():
+            await (await self._loop_twins.get())._warm_up()
 
     async def _put(self, path: str, data: bytes) -> None:
         await self.async_fs._pipe_file(path, data)
@@ -335,36 +360,36 @@ class AsyncFilesystemIO(StorageIO):
         self._sync(self._delete, list(paths))
 
     async def put_async(self, path: str, data: bytes) -> None:
-        """Async `put`, run on the filesystem's loop."""
-        await self._on_fs_loop(self._put(path, data))
+        """Async `put`, on the caller's loop or the filesystem's."""
+        await self._run_async(type(self)._put, path, data)
 
     async def put_exclusive_async(self, path: str, data: bytes) -> None:
-        """Async `put_exclusive`, run on the filesystem's loop."""
-        await self._on_fs_loop(self._put_exclusive(path, data))
+        """Async `put_exclusive`, on the caller's loop or the filesystem's."""
+        await self._run_async(type(self)._put_exclusive, path, data)
 
     async def get_async(self, path: str) -> bytes:
-        """Async `get`, run on the filesystem's loop."""
-        return await self._on_fs_loop(self._get(path))
+        """Async `get`, on the caller's loop or the filesystem's."""
+        return await self._run_async(type(self)._get, path)
 
     async def get_range_async(self, path: str, start: int, end: int) -> bytes:
-        """Async `get_range`, run on the filesystem's loop."""
-        return await self._on_fs_loop(self._get_range(path, start, end))
+        """Async `get_range`, on the caller's loop or the filesystem's."""
+        return await self._run_async(type(self)._get_range, path, start, end)
 
     async def get_range_and_size_async(self, path: str, start: int, end: int) -> tuple[bytes, int]:
-        """Async `get_range_and_size`, run on the filesystem's loop."""
-        return await self._on_fs_loop(self._get_range_and_size(path, start, end))
+        """Async `get_range_and_size`, on the caller's loop or the filesystem's."""
+        return await self._run_async(type(self)._get_range_and_size, path, start, end)
 
     async def size_async(self, path: str) -> int:
-        """Async `size`, run on the filesystem's loop."""
-        return await self._on_fs_loop(self._size(path))
+        """Async `size`, on the caller's loop or the filesystem's."""
+        return await self._run_async(type(self)._size, path)
 
     async def find_async(self, path: str) -> dict[str, int]:
-        """Async `find`, run on the filesystem's loop."""
-        return await self._on_fs_loop(self._find(path))
+        """Async `find`, on the caller's loop or the filesystem's."""
+        return await self._run_async(type(self)._find, path)
 
     async def delete_async(self, paths: Iterable[str]) -> None:
-        """Async `delete`, run on the filesystem's loop."""
-        await self._on_fs_loop(self._delete(list(paths)))
+        """Async `delete`, on the caller's loop or the filesystem's."""
+        await self._run_async(type(self)._delete, list(paths))
 
 
 class S3IO(AsyncFilesystemIO):
@@ -462,6 +487,31 @@ def _refuse_redirected(path: str) -> None:
     """Refuse a local path that a symlink anywhere along it sends elsewhere (the root itself is already real)."""
     if os.path.realpath(path) != path:
         raise InvalidReferenceError("The path of this result passes through a symlink; refusing to follow it.")
+
+
+def s3_io_with_loop_twins(fs: AsyncFileSystem, make_twin: Callable[[], AsyncFileSystem]) -> S3IO:
+    """
+    An `S3IO` whose async calls run on the caller's own loop, each loop with its own client.
+
+    :param fs: The s3fs filesystem for sync calls (and calls from fsspec's own loop).
+    :param make_twin: Builds an ``asynchronous=True`` s3fs filesystem with the same settings, for the running loop.
+    :returns: The I/O.
+    """
+    twins: LoopLocal[S3IO] = LoopLocal(lambda: S3IO(make_twin()), _close_s3_client, _close_s3_client_now)
+    return S3IO(fs, loop_twins=twins)
+
+
+async def _close_s3_client(io: StorageIO) -> None:
+    creator = getattr(io.fs, "_s3creator", None)  # set by s3fs once the client exists
+    if creator is not None:
+        await creator.__aexit__(None, None, None)
+
+
+def _close_s3_client_now(io: StorageIO, loop: asyncio.AbstractEventLoop) -> None:
+    creator = getattr(io.fs, "_s3creator", None)
+    if creator is not None:
+        # s3fs's own finalizer for its sync instances: closes the connection pool without the (closed) loop.
+        type(io.fs).close_session(loop, creator)
 
 
 def storage_io_for(fs: AbstractFileSystem) -> StorageIO:

@@ -341,6 +341,7 @@ class RetryingIO(StorageIO):
     async def _run_async(self, operation: str, path: str, call: Callable[[_Attempts], Awaitable[T]]) -> T:
         attempts = _Attempts(self, operation, path)
         limit = self.policy.attempt_timeout if self._limited else None
+        await self.inner.ready_async()  # a first call from a new loop makes its client here, outside the time limit
         while True:
             try:
                 # Cancelling the wait cancels the request on the filesystem's loop too (asyncio.wrap_future).

@@ -1,0 +1,105 @@
+"""
+One value per running event loop: made on first use on that loop, closed when that loop shuts down.
+
+An async S3 client bound to the caller's own loop saves every async call two hand-offs between threads (to fsspec's I/O
+thread and back), which on a busy server is a large share of a small PUT's CPU. Such a client must be closed on its
+own loop before the loop closes, or aiohttp reports an unclosed session. asyncio offers no "loop is closing" callback,
+but `asyncio.run`, `asyncio.Runner` (pytest-asyncio) and uvicorn all finish by closing the loop's async generators
+(`loop.shutdown_asyncgens`), so each value is guarded by a suspended async generator whose ``finally`` closes it there.
+A loop closed without that step (a hand-made loop) is noticed on the next use of any loop, and at interpreter exit, and
+its value is closed synchronously.
+"""
+
+import asyncio
+import atexit
+import threading
+import weakref
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass
+class _Entry(Generic[T]):
+    loop: asyncio.AbstractEventLoop
+    value: T
+    guard: AsyncGenerator[None, None] | None = field(default=None)
+
+
+class LoopLocal(Generic[T]):
+    """A value per event loop, with its closing tied to the loop's shutdown."""
+
+    def __init__(
+        self,
+        make: Callable[[], T],
+        close: Callable[[T], Awaitable[None]],
+        close_now: Callable[[T, asyncio.AbstractEventLoop], None],
+    ) -> None:
+        """
+        :param make: Builds the value for the running loop (called on that loop, without awaiting).
+        :param close: Closes a value on its own loop, as the loop shuts down.
+        :param close_now: Closes a value without its loop (closed already, or the interpreter is exiting).
+        """
+        self._make = make
+        self._close = close
+        self._close_now = close_now
+        self._entries: dict[int, _Entry[T]] = {}
+        self._lock = threading.Lock()
+        _LIVE.add(self)
+
+    async def get(self) -> T:
+        """
+        The running loop's value, made on first use.
+
+        :returns: The value for the running loop.
+        """
+        loop = asyncio.get_running_loop()
+        entry = self._entries.get(id(loop))
+        if entry is not None and entry.loop is loop:
+            return entry.value
+        with self._lock:
+            self._close_abandoned()
+            entry = _Entry(loop, self._make())
+            self._entries[id(loop)] = entry
+        guard = self._close_at_shutdown(entry)
+        entry.guard = guard
+        await guard.__anext__()  # runs to the `yield` at once; from here the loop tracks the generator
+        return entry.value
+
+    async def _close_at_shutdown(self, entry: _Entry[T]) -> AsyncGenerator[None, None]:
+        try:
+            yield
+        finally:
+            with self._lock:
+                if self._entries.get(id(entry.loop)) is entry:
+                    del self._entries[id(entry.loop)]
+            await self._close(entry.value)
+
+    def _close_abandoned(self) -> None:
+        # Called with the lock held. A closed loop's id may be reused by a new loop, so entries are matched by identity.
+        for key, entry in list(self._entries.items()):
+            if entry.loop.is_closed():
+                del self._entries[key]
+                self._close_now(entry.value, entry.loop)
+
+    def close_all_now(self) -> None:
+        """Close every value synchronously (at interpreter exit)."""
+        with self._lock:
+            entries = list(self._entries.values())
+            self._entries.clear()
+        for entry in entries:
+            self._close_now(entry.value, entry.loop)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+_LIVE: "weakref.WeakSet[LoopLocal[Any]]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all_at_exit() -> None:
+    for loop_local in list(_LIVE):
+        loop_local.close_all_now()
