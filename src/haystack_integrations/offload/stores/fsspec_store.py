@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import copy
 import os
@@ -22,6 +23,7 @@ from haystack_integrations.offload.stores.documents import SessionDocuments
 from haystack_integrations.offload.stores.io import StorageIO, s3_io_with_loop_twins, storage_io_for
 from haystack_integrations.offload.stores.names import ContentKind, new_object_name, parse_object_name
 from haystack_integrations.offload.stores.options import deserialize_options, resolve_secrets, serialize_options
+from haystack_integrations.offload.stores.pending import InFlightWrites, PendingWrite
 from haystack_integrations.offload.stores.quotas import Quota, QuotaLedger, Reservation, SessionUsage, usage_by_session
 from haystack_integrations.offload.stores.records import StoredResult
 from haystack_integrations.offload.stores.references import parse_reference
@@ -391,13 +393,39 @@ class FsspecToolResultStore(ToolResultStore):
         """
         path, reference, data = self._prepare_write(key, content, tool_name)
         reservation = await self._admit_async(len(data))
+        await self._put_async(path, data, reservation)
+        return reference
+
+    async def begin_write_async(self, *, key: str, content: str | bytes, tool_name: str | None = None) -> PendingWrite:
+        """
+        Start storing one tool result and return at once with its reference; the upload goes on in a task.
+
+        For write-behind callers (`OffloadHook(write_behind=True)`) that hand the reference on while the bytes are
+        still travelling. Everything that can be refused without I/O (a bad key or content, the quota) is refused here,
+        before anything is sent. Until the write finishes, reading, describing, listing or deleting the result through
+        any store built from the same root waits for it, so an early reader never sees "not found".
+
+        :param key: The writer's key for the result.
+        :param content: The result, as text or bytes.
+        :param tool_name: The tool that produced the result, recorded for `list`.
+        :returns: The write in flight: its ``reference``, and ``wait()`` for the outcome (the same errors as
+            `write_async`).
+        :raises QuotaExceededError: If the write would pass the store's quota; nothing was sent.
+        :raises RuntimeError: If called outside a running event loop.
+        """
+        path, reference, data = self._prepare_write(key, content, tool_name)
+        reservation = await self._admit_async(len(data))
+        task = asyncio.get_running_loop().create_task(self._put_async(path, data, reservation))
+        self._handle.in_flight.track(path, task)
+        return PendingWrite(reference, task)
+
+    async def _put_async(self, path: str, data: bytes, reservation: Reservation | None) -> None:
         try:
             with storage_errors("store the result", reference=None):
                 await self._handle.io().put_async(path, data)
         finally:
             if reservation is not None:
                 reservation.settle()
-        return reference
 
     def read(self, reference: str) -> str | bytes:
         """
@@ -428,6 +456,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises StorageError: If the backend fails.
         """
         path, segments = self._readable_path_of(reference)
+        await self._handle.in_flight.wait_for(path)
         with storage_errors("read the result", reference=reference):
             data = await self._handle.io().get_async(path)
         return self._decode(segments, data)
@@ -465,6 +494,7 @@ class FsspecToolResultStore(ToolResultStore):
         """
         _check_range(start, end)
         path, _ = self._readable_path_of(reference)
+        await self._handle.in_flight.wait_for(path)
         with storage_errors("read the result", reference=reference):
             return await self._handle.io().get_range_async(path, start, end)
 
@@ -503,6 +533,7 @@ class FsspecToolResultStore(ToolResultStore):
         """
         _check_range(start, end)
         path, _ = self._readable_path_of(reference)
+        await self._handle.in_flight.wait_for(path)
         with storage_errors("read the result", reference=reference):
             return await self._handle.io().get_range_and_size_async(path, start, end)
 
@@ -532,6 +563,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises ResultNotFoundError: If no result exists under the reference.
         """
         path, segments = self._readable_path_of(reference)
+        await self._handle.in_flight.wait_for(path)
         with storage_errors("describe the result", reference=reference):
             size = await self._handle.io().size_async(path)
         return self._record(reference, segments, size)
@@ -557,6 +589,7 @@ class FsspecToolResultStore(ToolResultStore):
         :returns: The results' metadata, newest first.
         :raises StorageError: If the backend fails.
         """
+        await self._handle.in_flight.wait_under(self._scope_path() + "/")
         with storage_errors("list results", reference=None):
             found = await self._handle.io().find_async(self._scope_path())
         return self._records(found)[:limit]
@@ -585,6 +618,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises StorageError: If the backend fails.
         """
         path, segments = self._path_of(reference)
+        await self._handle.in_flight.wait_for(path)  # else the write could land after the delete
         try:
             with storage_errors("delete the result", reference=reference):
                 await self._handle.io().delete_async([path])
@@ -633,6 +667,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises StorageError: If the backend fails.
         """
         self._check_purge(older_than, expired)
+        await self._handle.in_flight.wait_under(self._scope_path() + "/")
         with storage_errors("list results", reference=None):
             found = await self._handle.io().find_async(self._scope_path())
         paths = self._purge_paths(found, older_than, expired)
@@ -759,6 +794,7 @@ class _FilesystemHandle:
         self._retry = retry
         self.retry_stats = RetryStats()
         self._ledger: QuotaLedger | None = None
+        self.in_flight = InFlightWrites()
 
     def _create(self) -> None:
         with self._lock:
