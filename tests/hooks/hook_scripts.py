@@ -92,10 +92,10 @@ def script(messages: list[ChatMessage]) -> ChatMessage:
     return ChatMessage.from_assistant(tool_calls=calls, meta=usage)
 
 
-def make_agent(hooks: dict[str, list[Any]], **kwargs: Any) -> Agent:
+def make_agent(hooks: dict[str, list[Any]], *, tools: list[Tool] | None = None, **kwargs: Any) -> Agent:
     agent = Agent(
         chat_generator=MockChatGenerator(response_fn=script),
-        tools=list(TOOLS),
+        tools=list(TOOLS) if tools is None else tools,
         hooks=hooks,  # type: ignore[arg-type]
         max_agent_steps=20,
         **kwargs,

@@ -40,15 +40,18 @@ def _originals(label: str) -> set[str]:
     }
 
 
-async def test_twenty_sessions_over_five_tenants_on_one_agent(s3_server: LocalS3Server) -> None:
+@pytest.mark.parametrize("write_behind", [False, True], ids=["write-through", "write-behind"])
+async def test_twenty_sessions_over_five_tenants_on_one_agent(s3_server: LocalS3Server, write_behind: bool) -> None:
     root = FsspecToolResultStore(
         f"{s3_server.bucket_url}/{uuid.uuid4().hex}", storage_options=s3_server.storage_options()
     )
     await root.warm_up_async()
+    offload = OffloadHook({"fetch": OffloadOverChars(10_000), "*": NeverOffload()}, write_behind=write_behind)
     agent = make_agent(
         {
-            "after_tool": [OffloadHook({"fetch": OffloadOverChars(10_000), "*": NeverOffload()})],
+            "after_tool": [offload],
             "before_llm": [OffloadCompactionHook(context_window=4000)],
+            **({"after_run": [offload]} if write_behind else {}),
         }
     )
     stores = {(tenant, session): root.for_session(tenant, session) for tenant, session in SESSIONS}

@@ -20,6 +20,8 @@ from haystack_integrations.offload.hooks.strategies import (
     serialize_strategies,
     validate_strategies,
 )
+from haystack_integrations.offload.hooks.write_behind import begin_offload, settle_run, track
+from haystack_integrations.offload.hooks.writes import can_write_behind
 
 
 class OffloadHook:
@@ -43,6 +45,18 @@ class OffloadHook:
     A failed write (network, permissions, a missing bucket) is logged and leaves that result in the conversation; the
     run goes on. Errors, empty results and results already offloaded stay as they are.
 
+    **Write-behind** (``write_behind=True``, async runs, stores with ``begin_write_async`` such as
+    `FsspecToolResultStore`): the pointer replaces the result as soon as the write has started, and the run's next
+    model call and tools overlap the upload instead of waiting for it. Register the same hook under ``after_run`` as
+    well: there it waits for every write of the run, so when the run returns every pointer names a stored result.
+    Each call of the hook puts back any result whose write has failed meanwhile; reading a result whose write is still
+    in flight (`read_tool_result`) waits for it. Sync runs and other stores write through as usual.
+
+    ```python
+    hook = OffloadHook({"*": OffloadOverChars(4000)}, write_behind=True)
+    agent = Agent(chat_generator=..., hooks={"after_tool": [hook], "after_run": [hook]})
+    ```
+
     ```python
     from haystack.components.agents import Agent
     from haystack.components.generators.chat import MockChatGenerator
@@ -64,7 +78,7 @@ class OffloadHook:
     ``results.for_session(tenant, session)`` through ``hook_context``; concurrent runs never share a store.
     """
 
-    allowed_hook_points = ("after_tool",)
+    allowed_hook_points = ("after_tool", "after_run")
 
     def __init__(
         self,
@@ -72,6 +86,7 @@ class OffloadHook:
         *,
         store: ToolResultStore | None = None,
         preview_chars: int = 200,
+        write_behind: bool = False,
     ) -> None:
         """
         Configure which tools' results are offloaded, and how much of each stays visible.
@@ -82,7 +97,10 @@ class OffloadHook:
         :param store: The store for runs whose ``hook_context`` brings none. Leave it out on multi-user servers, so a
             run without its own store fails loudly instead of writing into a shared one.
         :param preview_chars: How many leading characters of each offloaded text the pointer keeps.
-        :raises TypeError: If a strategy key or policy has the wrong type, or `store` has no ``write``.
+        :param write_behind: In async runs, let the run go on while results upload (see the class docs); register
+            the hook under both ``after_tool`` and ``after_run``.
+        :raises TypeError: If a strategy key or policy has the wrong type, `store` has no ``write``, or
+            `write_behind` is not a bool.
         :raises ValueError: If `preview_chars` is negative, a key is empty or repeated, or a read-back tool is given
             a policy other than `NeverOffload`.
         """
@@ -90,9 +108,12 @@ class OffloadHook:
             raise ValueError(f"preview_chars must be a non-negative integer, got {preview_chars!r}.")
         if store is not None and not callable(getattr(store, "write", None)):
             raise TypeError(f"store must be a ToolResultStore (with write), got {type(store).__name__}.")
+        if not isinstance(write_behind, bool):
+            raise TypeError(f"write_behind must be a bool, got {type(write_behind).__name__}.")
         self.offload_strategies = validate_strategies(offload_strategies)
         self.store = store
         self.preview_chars = preview_chars
+        self.write_behind = write_behind
 
     # Running
 
@@ -113,17 +134,39 @@ class OffloadHook:
         """
         Offload this step's tool results that their policies select, all writes at once, without blocking the loop.
 
+        With ``write_behind``, the writes go on after this returns; at the end of the run (``after_run``, when the
+        Agent has set ``exit_reason``) every write of the run is waited for, and a result whose write failed is put
+        back into the conversation.
+
         :param state: The Agent's live `State`; offloaded results are replaced in ``messages``.
         :raises ValueError: If neither the run's ``hook_context`` nor the hook has a store.
         """
+        # The Agent sets `exit_reason` only once the run is ending, so it tells `after_run` from `after_tool`. Taking
+        # an `after_tool` for the end (after an `on_exit` hook revived the run) only makes that step write through.
+        ending = state.data.get("exit_reason") is not None
         planned = self._plan(state)
-        if planned is None:
-            return
-        store, plans = planned
-        if len(plans) == 1:
-            pointers = [await offload_async(store, plans[0][1])]  # no task to create for the common single result
-        else:
-            pointers = list(await asyncio.gather(*(offload_async(store, offload_plan) for _, offload_plan in plans)))
+        if planned is not None:
+            store, plans = planned
+            if self.write_behind and not ending and can_write_behind(store):
+                await self._offload_behind(state, store, plans)
+            elif len(plans) == 1:
+                # No task to create for the common single result.
+                self._apply(state, plans, [await offload_async(store, plans[0][1])])
+            else:
+                offloads = (offload_async(store, offload_plan) for _, offload_plan in plans)
+                self._apply(state, plans, list(await asyncio.gather(*offloads)))
+        await settle_run(state, wait=ending)
+
+    async def _offload_behind(self, state: State, store: ToolResultStore, plans: list[tuple[int, OffloadPlan]]) -> None:
+        pointers: list[ChatMessage | None] = []
+        for _, offload_plan in plans:
+            started = await begin_offload(store, offload_plan)
+            if started is None:
+                pointers.append(None)
+                continue
+            pointer, offload = started
+            pointers.append(pointer)
+            track(state, [offload])
         self._apply(state, plans, pointers)
 
     def _plan(self, state: State) -> tuple[ToolResultStore, list[tuple[int, OffloadPlan]]] | None:
@@ -195,6 +238,7 @@ class OffloadHook:
             offload_strategies=serialize_strategies(self.offload_strategies),
             store=component_to_dict(obj=self.store, name="store") if self.store is not None else None,
             preview_chars=self.preview_chars,
+            write_behind=self.write_behind,
         )
 
     @classmethod
@@ -214,7 +258,8 @@ class OffloadHook:
 
     def __repr__(self) -> str:
         keys = ", ".join(repr(key) for key in self.offload_strategies)
-        return f"{type(self).__name__}(keys=[{keys}], preview_chars={self.preview_chars})"
+        behind = ", write_behind=True" if self.write_behind else ""
+        return f"{type(self).__name__}(keys=[{keys}], preview_chars={self.preview_chars}{behind})"
 
 
 def _fresh_results_start(messages: list[ChatMessage]) -> int:

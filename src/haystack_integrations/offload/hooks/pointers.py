@@ -175,7 +175,8 @@ def _planned_block(block: TextContent | ImageContent | FileContent, key_prefix: 
     return PlannedBlock(key=f"{key_prefix}{extension}", content=data, label=label, filename=filename)
 
 
-def _log_failure(offload_plan: OffloadPlan, store: ToolResultStore, error: BaseException) -> None:
+def log_failure(offload_plan: OffloadPlan, store: ToolResultStore, error: BaseException) -> None:
+    """Log a failed offload once, with the tool and the store; the caller leaves the result in the conversation."""
     logger.warning(
         "Failed to offload the result of tool %r to %s; leaving the result in context. Error: %s",
         offload_plan.tool_name,
@@ -202,7 +203,7 @@ def offload(store: ToolResultStore, offload_plan: OffloadPlan) -> ChatMessage | 
             for block in offload_plan.blocks
         ]
     except Exception as error:
-        _log_failure(offload_plan, store, error)
+        log_failure(offload_plan, store, error)
         return None
     return offload_plan.pointer_message(references)
 
@@ -235,7 +236,7 @@ async def offload_async(store: ToolResultStore, offload_plan: OffloadPlan) -> Ch
         if isinstance(outcome, BaseException):
             if not isinstance(outcome, Exception):
                 raise outcome  # cancellation and interpreter exits are not storage failures
-            _log_failure(offload_plan, store, outcome)
+            log_failure(offload_plan, store, outcome)
             return None
         references.append(outcome)
     return offload_plan.pointer_message(references)

@@ -16,12 +16,15 @@ from typing import Any
 
 from haystack.hooks.tool_result_offloading.types import ToolResultStore
 
+from haystack_integrations.offload.stores.pending import PendingWrite
+
 
 @dataclass(frozen=True)
 class _WriteCapabilities:
     sync_takes_tool_name: bool
     has_async: bool
     async_takes_tool_name: bool
+    can_write_behind: bool
 
 
 def _takes_tool_name(method: Callable[..., Any] | None) -> bool:
@@ -41,10 +44,12 @@ def _capabilities_of(store_type: type) -> _WriteCapabilities:
     # Looked up once per store class: signature inspection is too slow to repeat for every write of a busy server.
     write_async = getattr(store_type, "write_async", None)
     has_async = write_async is not None and inspect.iscoroutinefunction(write_async)
+    begin_write_async = getattr(store_type, "begin_write_async", None)
     return _WriteCapabilities(
         sync_takes_tool_name=_takes_tool_name(getattr(store_type, "write", None)),
         has_async=has_async,
         async_takes_tool_name=has_async and _takes_tool_name(write_async),
+        can_write_behind=begin_write_async is not None and inspect.iscoroutinefunction(begin_write_async),
     )
 
 
@@ -88,6 +93,34 @@ async def write_block_async(store: ToolResultStore, *, key: str, content: str | 
             return _reference(await write_async(key=key, content=content, tool_name=tool_name))
         return _reference(await write_async(key=key, content=content))
     return await asyncio.to_thread(write_block, store, key=key, content=content, tool_name=tool_name)
+
+
+def can_write_behind(store: ToolResultStore) -> bool:
+    """
+    Whether the store can start a write and name its reference before the bytes are stored.
+
+    :param store: The run's store.
+    :returns: True for stores with an async ``begin_write_async`` (like `FsspecToolResultStore`).
+    """
+    return _capabilities(store).can_write_behind
+
+
+async def begin_block_async(store: ToolResultStore, *, key: str, content: str | bytes, tool_name: str) -> PendingWrite:
+    """
+    Start writing one block with the store's ``begin_write_async``; the upload goes on after this returns.
+
+    :param store: The run's store; `can_write_behind` must be true for it.
+    :param key: The block's key (with its extension).
+    :param content: Text or bytes.
+    :param tool_name: The tool that produced the result.
+    :returns: The write in flight, with its reference.
+    :raises Exception: Whatever the store raises before sending (a quota refusal, say).
+    """
+    pending = await store.begin_write_async(key=key, content=content, tool_name=tool_name)  # type: ignore[attr-defined]
+    if not isinstance(pending, PendingWrite):
+        raise TypeError(f"The store returned {pending!r} from begin_write_async; expected a PendingWrite.")
+    _reference(pending.reference)
+    return pending
 
 
 def _reference(value: object) -> str:

@@ -1,0 +1,159 @@
+"""
+Write-behind offloading: the pointer goes into the conversation while the result's bytes are still being stored.
+
+`OffloadHook(write_behind=True)` starts each write with the store's ``begin_write_async`` (which knows the reference
+before anything is sent) and moves on, so the run's next model call and tools overlap the upload instead of waiting for
+it. What that must not cost is a result: every later call of the hook puts back, in place of its pointer, any result
+whose write has failed since, and the call at ``after_run`` waits for every write of the run first. So when a run
+returns, each pointer in its messages names a stored result, and each failed write has left its result in the
+conversation, as a write-through hook would.
+
+The writes in flight belong to the run, and hooks are shared by every run of an Agent, so they are kept here, keyed by
+the run's live `State` (weakly: a run that dies takes its table with it).
+"""
+
+import logging
+from dataclasses import dataclass
+from weakref import WeakKeyDictionary
+
+from haystack.components.agents.state.state import State
+from haystack.components.agents.state.state_utils import replace_values
+from haystack.dataclasses import ChatMessage
+from haystack.hooks.tool_result_offloading.types import ToolResultStore
+
+from haystack_integrations.offload.hooks.pointers import OFFLOADED_META_KEY, OffloadPlan, log_failure
+from haystack_integrations.offload.hooks.writes import begin_block_async
+from haystack_integrations.offload.stores.pending import PendingWrite, settle
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class InFlightOffload:
+    """
+    A result whose pointer is in the conversation while its blocks are being written.
+
+    :param plan: What was offloaded (the original message, to put back if a write fails).
+    :param writes: One write per block, in block order.
+    """
+
+    plan: OffloadPlan
+    writes: tuple[PendingWrite, ...]
+
+    @property
+    def references(self) -> list[str]:
+        """The references the pointer names, in block order."""
+        return [write.reference for write in self.writes]
+
+    def done(self) -> bool:
+        """:returns: Whether every block's write has finished."""
+        return all(write.done() for write in self.writes)
+
+    def error(self) -> BaseException | None:
+        """:returns: The first block's failure, or `None` if every block is stored (only once `done`)."""
+        return next((error for write in self.writes if (error := write.error()) is not None), None)
+
+
+async def begin_offload(
+    store: ToolResultStore, offload_plan: OffloadPlan
+) -> tuple[ChatMessage, InFlightOffload] | None:
+    """
+    Start writing a planned result's blocks and return its pointer at once, with the writes in flight.
+
+    :param store: The run's store; it must support ``begin_write_async``.
+    :param offload_plan: What to write.
+    :returns: The pointer message and the offload to track, or `None` if the store refused a block before sending it
+        (a quota, say: logged, and the result stays in the conversation).
+    """
+    writes: list[PendingWrite] = []
+    try:
+        for block in offload_plan.blocks:
+            writes.append(
+                await begin_block_async(store, key=block.key, content=block.content, tool_name=offload_plan.tool_name)
+            )
+    except Exception as error:
+        # Blocks already started finish unreferenced, as a failed write-through leaves its earlier blocks.
+        log_failure(offload_plan, store, error)
+        return None
+    offload = InFlightOffload(offload_plan, tuple(writes))
+    return offload_plan.pointer_message(offload.references), offload
+
+
+_RUNS: "WeakKeyDictionary[State, list[InFlightOffload]]" = WeakKeyDictionary()
+
+
+def track(state: State, offloads: list[InFlightOffload]) -> None:
+    """
+    Remember `offloads` as this run's writes in flight.
+
+    :param state: The run's live `State`.
+    :param offloads: Results whose pointers are now in the conversation.
+    """
+    if offloads:
+        _RUNS.setdefault(state, []).extend(offloads)
+
+
+def in_flight(state: State) -> int:
+    """
+    :param state: The run's live `State`.
+    :returns: How many of the run's offloaded results still have a write in flight (or unsettled).
+    """
+    return len(_RUNS.get(state, ()))
+
+
+async def settle_run(state: State, *, wait: bool) -> None:
+    """
+    Settle the run's finished writes: a result whose write failed gets its original message back.
+
+    :param state: The run's live `State`.
+    :param wait: Wait for every write in flight first (at the end of the run); otherwise only look at finished ones.
+    """
+    offloads = _RUNS.get(state)
+    if not offloads:
+        return
+    if wait:
+        await settle(write for offload in offloads for write in offload.writes)
+    finished = [offload for offload in offloads if offload.done()]
+    if not finished:
+        return
+    remaining = [offload for offload in offloads if not offload.done()]
+    if remaining:
+        _RUNS[state] = remaining
+    else:
+        del _RUNS[state]
+    failed = [offload for offload in finished if offload.error() is not None]
+    if failed:
+        _restore(state, failed)
+
+
+def _restore(state: State, failed: list[InFlightOffload]) -> None:
+    messages: list[ChatMessage] = list(state.data.get("messages") or [])
+    # References are unique (each carries a random nonce), so they find the pointer wherever it now sits.
+    positions = {
+        tuple(references): index
+        for index, message in enumerate(messages)
+        if isinstance(references := message.meta.get(OFFLOADED_META_KEY), list)
+    }
+    changed = False
+    for offload in failed:
+        error = offload.error()
+        index = positions.get(tuple(offload.references))
+        if index is None:
+            # A compactor has dropped the pointer since: the result left the conversation by that compactor's choice.
+            logger.warning(
+                "Failed to offload the result of tool %r (%s); its pointer is no longer in the conversation, so "
+                "there is nothing to put back.",
+                offload.plan.tool_name,
+                error,
+            )
+            continue
+        logger.warning(
+            "Failed to offload the result of tool %r; putting the result back into the conversation. Error: %s",
+            offload.plan.tool_name,
+            error,
+            exc_info=error,
+        )
+        messages[index] = offload.plan.message
+        changed = True
+    if changed:
+        state.set("messages", messages, handler_override=replace_values)
