@@ -14,6 +14,7 @@ travel with each run instead::
 """
 
 import asyncio
+import contextlib
 import inspect
 import threading
 from collections.abc import Awaitable, Callable
@@ -124,10 +125,9 @@ class CallbackApprovals:
         future: asyncio.Future[Any] = loop.create_future()
 
         def deliver(answer: Any, error: BaseException | None) -> None:
-            try:
+            # RuntimeError: the loop has closed, because the run stopped waiting (its timeout passed) and is gone.
+            with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_settle, future, answer, error)
-            except RuntimeError:
-                pass  # the loop has closed: the run stopped waiting (its timeout passed) and is gone
 
         def call() -> None:
             try:
