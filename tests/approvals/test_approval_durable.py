@@ -6,6 +6,7 @@ Each test drives a real Agent (scripted `MockChatGenerator`) and checks what the
 """
 
 import json
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from haystack_integrations.offload import (
     Decision,
     DurableApprovals,
     FsspecToolResultStore,
+    OffloadHook,
     decide,
     decide_async,
     offload_context,
@@ -47,6 +49,8 @@ from haystack_integrations.offload.approvals import (
     ResumeConversationError,
     ResumeInterruptedError,
 )
+from haystack_integrations.offload.local_s3 import LocalS3Server
+from haystack_integrations.offload.testing.latency_proxy import LatencyProxy
 
 INVOICE = ("send_invoice", {"customer": "acme", "amount": 120}, "call_inv")
 SEARCH = ("web_search", {"query": "acme"}, "call_search")
@@ -520,6 +524,40 @@ def test_resumed_results_go_through_the_agents_after_tool_hooks(ledger: Path, se
     [result] = [m for m in final["messages"] if m.tool_call_result is not None]
     [reference] = result.meta["tool_result_offloaded"]
     assert session.read(reference) == "invoice sent to acme for 120"
+    assert len(ledger_lines(ledger)) == 1
+
+
+@pytest.mark.s3
+async def test_a_resumed_result_written_behind_is_stored_when_resume_returns(
+    ledger: Path, s3_server: LocalS3Server
+) -> None:
+    # Resume runs after_tool hooks outside an Agent run, so no after_run waits there: resume itself must settle the
+    # uploads OffloadHook(write_behind=True) starts. A slow proxy keeps the upload in flight past an unsettled return.
+    offload = OffloadHook({"send_invoice": AlwaysOffload()}, write_behind=True)
+    agent = Agent(
+        chat_generator=MockChatGenerator(response_fn=script),
+        tools=make_tools(),
+        hooks={
+            "before_tool": [ApprovalHook({"send_invoice": AlwaysAskPolicy()})],
+            "after_tool": [offload],
+            "after_run": [offload],
+        },
+    )
+    url = f"{s3_server.bucket_url}/{uuid.uuid4().hex}"
+    with LatencyProxy(s3_server.endpoint_url, latency=0.5) as proxy:
+        options = {**s3_server.storage_options(), "endpoint_url": proxy.endpoint_url}
+        session = FsspecToolResultStore(url, storage_options=options).for_session("acme", "chat-1")
+        reply = await agent.run_async([plan(INVOICE)], hook_context=durable(session))
+        [request] = await pending_approvals_async(session)
+        await decide_async(session, request.request_id, Decision.approve())
+
+        final = await resume_async(agent, reply["messages"], session)
+
+        [result] = [m for m in final["messages"] if m.tool_call_result is not None]
+        [reference] = result.meta["tool_result_offloaded"]
+        # Read directly from moto, past the proxy and the store's in-flight table: the upload has landed.
+        direct = FsspecToolResultStore(url, storage_options=s3_server.storage_options()).for_session("acme", "chat-1")
+        assert direct.read(reference) == "invoice sent to acme for 120"
     assert len(ledger_lines(ledger)) == 1
 
 

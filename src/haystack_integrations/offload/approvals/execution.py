@@ -22,6 +22,8 @@ from haystack.hooks.protocol import AFTER_TOOL
 from haystack.tools import flatten_tools_or_toolsets
 from haystack.tools.tool import Tool
 
+from haystack_integrations.offload.hooks.write_behind import settle_run
+
 
 def run_tools(agent: Agent, selection: Any) -> list[Tool]:
     """
@@ -125,9 +127,11 @@ def after_tool(agent: Agent, state: State, conversation: list[ChatMessage]) -> l
 
 
 async def after_tool_async(agent: Agent, state: State, conversation: list[ChatMessage]) -> list[ChatMessage]:
-    """Async `after_tool`."""
+    """Async `after_tool`; uploads a write-behind `OffloadHook` started are waited for, as at the end of a run."""
     state.set("messages", conversation, handler_override=replace_values)
     await _run_hooks_async(hooks=agent.hooks, hook_point=AFTER_TOOL, state=state)
+    # A resume is a run of its own with no after_run: settle here, so every pointer returned names a stored result.
+    await settle_run(state, wait=True)
     return list(state.data["messages"])
 
 
