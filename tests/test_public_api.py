@@ -24,6 +24,7 @@ PUBLIC_NAMES = [
     "ListToolResults",
     "OffloadCompactionHook",
     "OffloadHook",
+    "PendingWrite",
     "Quota",
     "QuotaExceededError",
     "ReadBackToolError",

@@ -43,6 +43,7 @@ _import_structure = {
     "hooks": ["ApprovalHook", "OffloadCompactionHook", "OffloadHook"],
     "stores": [
         "FsspecToolResultStore",
+        "PendingWrite",
         "Quota",
         "Retention",
         "RetryPolicy",
@@ -85,6 +86,7 @@ if TYPE_CHECKING:
     from .hooks import OffloadCompactionHook as OffloadCompactionHook
     from .hooks import OffloadHook as OffloadHook
     from .stores import FsspecToolResultStore as FsspecToolResultStore
+    from .stores import PendingWrite as PendingWrite
     from .stores import Quota as Quota
     from .stores import Retention as Retention
     from .stores import RetryPolicy as RetryPolicy

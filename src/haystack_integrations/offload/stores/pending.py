@@ -31,7 +31,11 @@ class PendingWrite:
         self._task = task
 
     def done(self) -> bool:
-        """:returns: Whether the write has finished, successfully or not."""
+        """
+        Whether the write has finished.
+
+        :returns: True once the write has succeeded or failed.
+        """
         return self._task.done()
 
     def error(self) -> BaseException | None:
