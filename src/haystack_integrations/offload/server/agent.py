@@ -47,7 +47,10 @@ def build_agent(
     :param max_agent_steps: The most model calls one request may make.
     :returns: The Agent, warmed up.
     """
-    offload = OffloadHook({"*": OffloadOverChars(offload_over_chars), "render_chart": AlwaysOffload()})
+    # Write-behind: a step's uploads overlap the next model call; the after_run registration waits for them.
+    offload = OffloadHook(
+        {"*": OffloadOverChars(offload_over_chars), "render_chart": AlwaysOffload()}, write_behind=True
+    )
     agent = Agent(
         chat_generator=chat_generator,
         tools=[*DEMO_TOOLS, read_tool_result, list_tool_results],
@@ -55,6 +58,7 @@ def build_agent(
             "after_tool": [offload],
             "before_llm": [OffloadCompactionHook(context_window=context_window)],
             "before_tool": [ApprovalHook({APPROVAL_TOOL_NAMES: AlwaysAskPolicy()})],
+            "after_run": [offload],
         },
         max_agent_steps=max_agent_steps,
     )
