@@ -93,14 +93,6 @@ def track(state: State, offloads: list[InFlightOffload]) -> None:
         _RUNS.setdefault(state, []).extend(offloads)
 
 
-def in_flight(state: State) -> int:
-    """
-    :param state: The run's live `State`.
-    :returns: How many of the run's offloaded results still have a write in flight (or unsettled).
-    """
-    return len(_RUNS.get(state, ()))
-
-
 async def settle_run(state: State, *, wait: bool) -> None:
     """
     Settle the run's finished writes: a result whose write failed gets its original message back.

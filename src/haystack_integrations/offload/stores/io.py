@@ -263,9 +263,16 @@ class AsyncFilesystemIO(StorageIO):
         self, operation: Callable[Concatenate[Self, P], Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs
     ) -> T:
         # On the caller's own loop with the loop's twin when there is one; else on the filesystem's loop.
-        if self._loop_twins is not None and self.async_fs.loop is not asyncio.get_running_loop():
-            return await operation(await self._loop_twins.get(), *args, **kwargs)
+        twins = self._twins_for_running_loop()
+        if twins is not None:
+            return await operation(await twins.get(), *args, **kwargs)
         return await self._on_fs_loop(operation(self, *args, **kwargs))
+
+    def _twins_for_running_loop(self) -> LoopLocal[Self] | None:
+        # fsspec's own loop (a sync call's coroutine, or a caller running there) keeps the filesystem's client.
+        if self._loop_twins is not None and self.async_fs.loop is not asyncio.get_running_loop():
+            return self._loop_twins
+        return None
 
     async def _on_fs_loop(self, coroutine: Coroutine[Any, Any, T]) -> T:
         if self.async_fs.asynchronous:
@@ -291,8 +298,9 @@ class AsyncFilesystemIO(StorageIO):
 
     async def ready_async(self) -> None:
         """Create the running loop's client, if async calls from it use one of their own."""
-        if self._loop_twins is not None and self.async_fs.loop is not asyncio.get_running_loop():
-            await (await self._loop_twins.get())._warm_up()
+        twins = self._twins_for_running_loop()
+        if twins is not None:
+            await (await twins.get())._warm_up()
 
     async def _put(self, path: str, data: bytes) -> None:
         await self.async_fs._pipe_file(path, data)
