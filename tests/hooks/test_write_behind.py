@@ -139,19 +139,6 @@ async def test_reading_a_result_still_uploading_waits_for_it(s3_server: LocalS3S
     assert page("early", lines=40)[:500] in str(read_back.result)
 
 
-@pytest.fixture(params=[pytest.param("s3", marks=pytest.mark.s3), "local"])
-def failing_store(request: pytest.FixtureRequest, tmp_path: Path) -> FsspecToolResultStore:
-    """A session store whose uploads fail for real, after the write has started: no bucket, or no directory."""
-    if request.param == "s3":
-        server: LocalS3Server = request.getfixturevalue("s3_server")
-        root = FsspecToolResultStore("s3://no-such-bucket-behind/prod", storage_options=server.storage_options())
-    else:
-        blocker = tmp_path / "not-a-directory"
-        blocker.write_text("")
-        root = FsspecToolResultStore(str(blocker / "results"))
-    return root.for_session("acme", "chat-1")
-
-
 async def test_failed_uploads_put_every_result_back(
     failing_store: FsspecToolResultStore, caplog: pytest.LogCaptureFixture
 ) -> None:
