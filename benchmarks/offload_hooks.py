@@ -33,7 +33,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from typing import Any, TypeVar
@@ -50,50 +50,30 @@ from haystack_integrations.offload.testing.latency_proxy import LatencyProxy
 BUCKET = "offload-bench"
 T = TypeVar("T")
 
-# Proxy process
+# Helper processes: the proxy and moto each run in a process of their own, driven over a pipe
 
 
-def _proxy_process(connection: Connection, upstream: str) -> None:
-    """Run a LatencyProxy in this process and obey commands from the benchmark over `connection`."""
-    with LatencyProxy(upstream) as proxy:
-        connection.send(proxy.endpoint_url)
-        while True:
-            command, argument = connection.recv()
-            if command == "latency":
-                proxy.latency = argument
-                connection.send(None)
-            elif command == "clear":
-                proxy.requests.clear()
-                connection.send(None)
-            elif command == "methods":
-                connection.send(dict(proxy.requests.methods()))
-            else:
-                connection.send(None)
-                return
+class ChildProcess:
+    """A helper process obeying ``(command, argument)`` messages; it sends one value when ready, one per command."""
 
-
-class ProxyControl:
-    """The benchmark's handle on the proxy process."""
-
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, target: Any, name: str, *args: Any) -> None:
         self._connection, child = multiprocessing.Pipe()
         self._process = multiprocessing.get_context("spawn").Process(
-            target=_proxy_process, args=(child, upstream), name="latency-proxy", daemon=True
+            target=target, args=(child, *args), name=name, daemon=True
         )
         self._process.start()
-        self.endpoint_url: str = self._connection.recv()
+        self.ready: Any = self._connection.recv()
 
     def _ask(self, command: str, argument: Any = None) -> Any:
         self._connection.send((command, argument))
         return self._connection.recv()
 
-    def set_latency(self, seconds: float) -> None:
-        self._ask("latency", seconds)
-
     def clear(self) -> None:
+        """Empty the process's request log."""
         self._ask("clear")
 
     def methods(self) -> dict[str, int]:
+        """Requests in the process's log, by HTTP method."""
         methods: dict[str, int] = self._ask("methods")
         return methods
 
@@ -102,7 +82,43 @@ class ProxyControl:
         self._process.join(timeout=10)
 
 
-# moto process
+def _serve_commands(connection: Connection, requests: Any, latency: Callable[[float], None] | None = None) -> None:
+    # The loop both helper processes run: answer the log commands (and "latency", for the proxy) until "stop".
+    while True:
+        command, argument = connection.recv()
+        if command == "methods":
+            connection.send(dict(requests.methods()))
+            continue
+        if command == "clear":
+            requests.clear()
+        elif command == "latency" and latency is not None:
+            latency(argument)
+        elif command == "stop":
+            connection.send(None)
+            return
+        connection.send(None)
+
+
+def _proxy_process(connection: Connection, upstream: str) -> None:
+    """Run a LatencyProxy in this process and obey commands from the benchmark over `connection`."""
+    with LatencyProxy(upstream) as proxy:
+        connection.send(proxy.endpoint_url)
+
+        def set_latency(seconds: float) -> None:
+            proxy.latency = seconds
+
+        _serve_commands(connection, proxy.requests, set_latency)
+
+
+class ProxyControl(ChildProcess):
+    """The benchmark's handle on the proxy process."""
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(_proxy_process, "latency-proxy", upstream)
+        self.endpoint_url: str = self.ready
+
+    def set_latency(self, seconds: float) -> None:
+        self._ask("latency", seconds)
 
 
 def _moto_process(connection: Connection) -> None:
@@ -111,48 +127,20 @@ def _moto_process(connection: Connection) -> None:
 
     with LocalS3Server(bucket=BUCKET) as server:
         connection.send(server.storage_options())
-        while True:
-            command = connection.recv()
-            if command == "methods":
-                connection.send(dict(server.requests.methods()))
-            elif command == "clear":
-                server.requests.clear()
-                connection.send(None)
-            else:
-                connection.send(None)
-                return
+        _serve_commands(connection, server.requests)
 
 
-class MotoControl:
+class MotoControl(ChildProcess):
     """The benchmark's handle on the moto process."""
 
     def __init__(self) -> None:
-        self._connection, child = multiprocessing.Pipe()
-        self._process = multiprocessing.get_context("spawn").Process(
-            target=_moto_process, args=(child,), name="moto", daemon=True
-        )
-        self._process.start()
-        self.storage_options: dict[str, Any] = self._connection.recv()
+        super().__init__(_moto_process, "moto")
+        self.storage_options: dict[str, Any] = self.ready
         self.endpoint_url: str = self.storage_options["endpoint_url"]
 
     def s3_options(self, endpoint: str) -> dict[str, Any]:
         """The server's storage options, pointed at `endpoint` (the proxy, or moto itself)."""
         return {**self.storage_options, "endpoint_url": endpoint}
-
-    def _ask(self, command: str) -> Any:
-        self._connection.send(command)
-        return self._connection.recv()
-
-    def clear(self) -> None:
-        self._ask("clear")
-
-    def methods(self) -> dict[str, int]:
-        methods: dict[str, int] = self._ask("methods")
-        return methods
-
-    def stop(self) -> None:
-        self._ask("stop")
-        self._process.join(timeout=10)
 
 
 # The agent
