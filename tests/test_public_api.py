@@ -15,6 +15,7 @@ PUBLIC_NAMES = [
     "AskOncePerSession",
     "AskWhen",
     "CallbackApprovals",
+    "CreateOutcomeUnknownError",
     "Decision",
     "DocumentExistsError",
     "DurableApprovals",

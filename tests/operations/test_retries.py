@@ -11,6 +11,7 @@ import pytest
 from ops_helpers import FAST_RETRY, Roots, proxied_options
 
 from haystack_integrations.offload import (
+    CreateOutcomeUnknownError,
     DocumentExistsError,
     FsspecToolResultStore,
     ResultNotFoundError,
@@ -167,11 +168,49 @@ async def test_a_conditional_create_whose_answer_was_lost_is_still_its_own(
     assert s3_requests.count(method="GET") == 1
     direct = roots.direct.for_session("acme", "chat-1").documents("claims")
     assert direct.get("call_1.json") == mine
-    # A real competitor still loses, and a create with no earlier uncertain attempt never reads back.
+    # A real competitor still loses: its 412 is read back once and the bytes are not its own.
     s3_requests.clear()
     with pytest.raises(DocumentExistsError):
         await claims.create_async("call_1.json", b'{"claimed_by": "worker-b"}')
-    assert s3_requests.count(method="GET") == 0
+    assert s3_requests.count(method="GET") == 1
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_one_reset_after_the_create_landed_is_not_taken_for_a_lost_race(
+    mode: str, roots: Roots, fault_proxy: FaultProxy, s3_requests: RequestLog
+) -> None:
+    # One reset after S3 stored the PUT: aiohttp resends it below the retry layer, and the resend's 412 is the first
+    # answer the store sees. Reading back and finding its own token makes it a success, not "another worker won".
+    claims = roots.faulty.for_session("acme", "chat-1").documents("claims")
+    mine = b'{"token": "a1b2", "claimed_by": "worker-a"}'
+    fault_proxy.inject(Fault.RESET_AFTER, method="PUT")
+    s3_requests.clear()
+    if mode == "sync":
+        claims.create("call_1.json", mine)
+    else:
+        await claims.create_async("call_1.json", mine)
+    assert [request.status for request in s3_requests.filter(method="PUT")] == [200, 412]
+    assert roots.direct.for_session("acme", "chat-1").documents("claims").get("call_1.json") == mine
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_a_create_whose_outcome_cannot_be_read_back_is_retryable_not_lost(
+    mode: str, roots: Roots, fault_proxy: FaultProxy
+) -> None:
+    claims = roots.faulty.for_session("acme", "chat-1").documents("claims")
+    mine = b'{"token": "c3d4", "claimed_by": "worker-a"}'
+    # The create lands but its answer is lost, and every read-back attempt fails too: nobody can tell whose it is.
+    fault_proxy.inject(Fault.RESET_AFTER, method="PUT")
+    fault_proxy.inject(*[Fault.SLOW_DOWN] * FAST_RETRY.attempts, method="GET")
+    with pytest.raises(CreateOutcomeUnknownError) as caught:
+        if mode == "sync":
+            claims.create("call_1.json", mine)
+        else:
+            await claims.create_async("call_1.json", mine)
+    assert not isinstance(caught.value, DocumentExistsError)
+    assert isinstance(caught.value, StorageUnavailableError)
+    # Retrying the same create, once storage answers, recognises it as its own.
+    await claims.create_async("call_1.json", mine)
 
 
 async def test_a_competitor_that_won_meanwhile_still_wins(

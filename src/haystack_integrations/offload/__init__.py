@@ -30,6 +30,7 @@ _import_structure = {
     ],
     "context": ["offload_context"],
     "errors": [
+        "CreateOutcomeUnknownError",
         "DocumentExistsError",
         "InvalidReferenceError",
         "InvalidScopeIdError",
@@ -73,6 +74,7 @@ if TYPE_CHECKING:
     from .approvals import resume as resume
     from .approvals import resume_async as resume_async
     from .context import offload_context as offload_context
+    from .errors import CreateOutcomeUnknownError as CreateOutcomeUnknownError
     from .errors import DocumentExistsError as DocumentExistsError
     from .errors import InvalidReferenceError as InvalidReferenceError
     from .errors import InvalidScopeIdError as InvalidScopeIdError

@@ -9,6 +9,7 @@ Every error subclasses a built-in exception, so callers can catch what they alre
     OSError
     ├── StorageError               any other backend failure (network, throttling, bad endpoint, ...)
     │   └── StorageUnavailableError  transient failures outlasted the store's retry policy
+    │       └── CreateOutcomeUnknownError  a conditional create may have landed; retry it with the same bytes
     ├── QuotaExceededError         a write was refused before sending: it would pass a tenant or session quota
     ├── FileNotFoundError
     │   └── ResultNotFoundError    no result (or document) under this name in this store's scope
@@ -99,6 +100,13 @@ class QuotaExceededError(OSError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.strerror,), self.__dict__)
+
+
+class CreateOutcomeUnknownError(StorageUnavailableError):
+    """
+    A conditional create may or may not have landed: the document exists but could not be read back to tell whose it
+    is. Retryable: a retry with the same bytes is recognised as the same writer's.
+    """
 
 
 class DocumentExistsError(FileExistsError):

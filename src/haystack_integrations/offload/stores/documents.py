@@ -12,15 +12,28 @@ per-tenant IAM prefix and lifecycle rules) but never show up as tool results::
 `create` is a conditional write (S3 ``If-None-Match: *``, a hard link on local disk), so two workers racing to
 create the same document get one winner and one `DocumentExistsError`: the basis for exactly-once claims and
 optimistic concurrency on history.
+
+"Already exists" is not taken for an answer: the network may have lost the reply to our own create (HTTP clients
+resend a PUT on a dropped connection, and the resend finds our first transmission). So `create` reads the document
+back and compares it with what it wrote: the same bytes mean the create was ours. Every created document therefore
+carries its writer's unique token (`writer_token`), and an outcome that stays unknown (the read-back keeps failing, or
+the document vanished in between) raises `CreateOutcomeUnknownError`, which is retryable, never "someone else won".
 """
 
 from __future__ import annotations
 
 import builtins
 import re
+import secrets
 from typing import TYPE_CHECKING
 
-from haystack_integrations.offload.errors import InvalidReferenceError
+from haystack_integrations.offload.errors import (
+    CreateOutcomeUnknownError,
+    DocumentExistsError,
+    InvalidReferenceError,
+    ResultNotFoundError,
+    StorageError,
+)
 from haystack_integrations.offload.stores.translate import storage_errors
 
 if TYPE_CHECKING:
@@ -28,6 +41,15 @@ if TYPE_CHECKING:
 
 _NAMESPACE = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _DOCUMENT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")
+
+
+def writer_token() -> str:
+    """
+    A token unique to one writer's create (128 random bits), to put in every document created with `create`.
+
+    :returns: 32 hex digits.
+    """
+    return secrets.token_hex(16)
 
 
 def _checked_name(name: object) -> str:
@@ -94,20 +116,40 @@ class SessionDocuments:
         """
         Write a document only if it does not exist yet; atomic across processes and machines.
 
+        `data` must be unique to this writer (carry a `writer_token`): "already exists" is resolved by reading the
+        document back, and the same bytes mean the create was our own, landed by a transmission whose reply was lost.
+
         :param name: The document's name within the namespace.
-        :param data: Its content.
-        :raises DocumentExistsError: If the document already exists (another writer won).
+        :param data: Its content, unique to this create.
+        :raises DocumentExistsError: If another writer's document is there.
+        :raises CreateOutcomeUnknownError: If whether the create landed could not be told (retryable).
         :raises StorageError: If the backend fails.
         """
-        path = self._path(name)
-        with storage_errors(f"create document {self._label(name)!r}", reference=None):
-            self.store._handle.io().put_exclusive(path, bytes(data))
+        path, data = self._path(name), bytes(data)
+        try:
+            with storage_errors(f"create document {self._label(name)!r}", reference=None):
+                self.store._handle.io().put_exclusive(path, data)
+        except DocumentExistsError as exists:
+            try:
+                found = self.get(name)
+            except (ResultNotFoundError, StorageError) as error:
+                raise _unknown(self._label(name)) from error
+            if found != data:
+                raise exists
 
     async def create_async(self, name: str, data: bytes) -> None:
         """Async `create`."""
-        path = self._path(name)
-        with storage_errors(f"create document {self._label(name)!r}", reference=None):
-            await self.store._handle.io().put_exclusive_async(path, bytes(data))
+        path, data = self._path(name), bytes(data)
+        try:
+            with storage_errors(f"create document {self._label(name)!r}", reference=None):
+                await self.store._handle.io().put_exclusive_async(path, data)
+        except DocumentExistsError as exists:
+            try:
+                found = await self.get_async(name)
+            except (ResultNotFoundError, StorageError) as error:
+                raise _unknown(self._label(name)) from error
+            if found != data:
+                raise exists
 
     def get(self, name: str) -> bytes:
         """
@@ -163,3 +205,11 @@ class SessionDocuments:
         path = self._path(name)
         with storage_errors(f"delete document {self._label(name)!r}", reference=None):
             await self.store._handle.io().delete_async([path])
+
+
+def _unknown(label: str) -> CreateOutcomeUnknownError:
+    # "Exists" but unreadable, or gone again (purged in between): we cannot tell whose it was. Retrying is safe, since
+    # a retry of the same bytes is recognised as ours.
+    return CreateOutcomeUnknownError(
+        f"Could not tell whether creating document {label!r} succeeded: it exists but could not be read back."
+    )

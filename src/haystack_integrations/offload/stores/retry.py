@@ -26,11 +26,9 @@ read timeout, a reset) is simply written again: one object, one reference, `list
 fails, the write raises and the hook keeps the result in the conversation; an attempt that did land may then leave one
 complete, unreferenced object behind (`list` shows it; retention and purges remove it).
 
-Conditional creates (documents, approval claims) are retried too: when a retry finds the document already there after
-an attempt whose outcome was unknown, the document is read back, and if it holds exactly the bytes being created the
-earlier attempt landed and the create succeeded. Create contents must therefore identify their writer (the library's
-claims carry the worker and a timestamp). aiohttp's own resend happens below this layer and is not seen here: a
-conditional create whose first transmission landed before its connection dropped reports `DocumentExistsError`.
+Conditional creates (documents, approval claims) are retried like writes, with the same bytes each time. Telling
+whether "already exists" was our own earlier transmission (an attempt here, or aiohttp's resend below this layer) is
+not done here but by the caller, which reads the document back and compares (`SessionDocuments.create`).
 """
 
 from __future__ import annotations
@@ -244,11 +242,6 @@ class _Attempts:
         self.started = time.monotonic()
         self.causes: list[str] = []
 
-    @property
-    def uncertain(self) -> bool:
-        """Whether an earlier attempt failed with an outcome the client cannot know."""
-        return bool(self.causes)
-
     def failed(self, error: Exception) -> float:
         """
         Record a failed attempt and return the delay before the next one.
@@ -362,31 +355,15 @@ class RetryingIO(StorageIO):
         """Async `warm_up`."""
         await self.inner.warm_up_async()
 
-    # Conditional create: an earlier attempt of this very call may be the one that created the document.
+    # Conditional create: "already exists" is permanent here; SessionDocuments.create tells whether it was our own.
 
     def put_exclusive(self, path: str, data: bytes) -> None:
         """Store `data` at `path` only if nothing is there yet, retrying transient failures."""
-
-        def call(attempts: _Attempts) -> None:
-            try:
-                self.inner.put_exclusive(path, data)
-            except FileExistsError:
-                if not (attempts.uncertain and _is_own(lambda: self.inner.get(path), data)):
-                    raise
-
-        self._run("put_exclusive", path, call)
+        self._run("put_exclusive", path, lambda _: self.inner.put_exclusive(path, data))
 
     async def put_exclusive_async(self, path: str, data: bytes) -> None:
         """Async `put_exclusive`."""
-
-        async def call(attempts: _Attempts) -> None:
-            try:
-                await self.inner.put_exclusive_async(path, data)
-            except FileExistsError:
-                if not (attempts.uncertain and await _is_own_async(self.inner.get_async(path), data)):
-                    raise
-
-        await self._run_async("put_exclusive", path, call)
+        await self._run_async("put_exclusive", path, lambda _: self.inner.put_exclusive_async(path, data))
 
     # Idempotent calls: repeated as they are.
 
@@ -449,20 +426,6 @@ class RetryingIO(StorageIO):
         """Async `delete`."""
         batch = list(paths)
         await self._run_async("delete", batch[0] if batch else "", lambda _: self.inner.delete_async(batch))
-
-
-def _is_own(read: Callable[[], bytes], data: bytes) -> bool:
-    try:
-        return read() == data
-    except Exception:  # the check is best effort: when it cannot tell, the create lost
-        return False
-
-
-async def _is_own_async(read: Awaitable[bytes], data: bytes) -> bool:
-    try:
-        return await read == data
-    except Exception:  # as in _is_own
-        return False
 
 
 def s3_client_options(options: dict[str, Any]) -> dict[str, Any]:
