@@ -402,8 +402,10 @@ class FsspecToolResultStore(ToolResultStore):
 
         For write-behind callers (`OffloadHook(write_behind=True)`) that hand the reference on while the bytes are
         still travelling. Everything that can be refused without I/O (a bad key or content, the quota) is refused here,
-        before anything is sent. Until the write finishes, reading, describing, listing or deleting the result through
-        any store built from the same root waits for it, so an early reader never sees "not found".
+        before anything is sent. Until the write finishes, reading, describing, listing, deleting or purging the result
+        through any store built from the same root, sync or async, from any thread or event loop, waits for it: an
+        early reader never sees "not found", and nothing lands after a delete or purge. Keep this loop running until
+        the write is done, and do not call a sync method on its thread meanwhile (that raises `RuntimeError`).
 
         :param key: The writer's key for the result.
         :param content: The result, as text or bytes.
@@ -439,8 +441,11 @@ class FsspecToolResultStore(ToolResultStore):
         :raises ResultExpiredError: If the result outlived the store's retention (a `ResultNotFoundError`, refused
             before any request). The same holds for every read method.
         :raises StorageError: If the backend fails.
+        :raises RuntimeError: If a write-behind write of the result is still in flight on this thread's own event loop
+            (waiting would block the loop it needs); use `read_async`. The same holds for every sync method.
         """
         path, segments = self._readable_path_of(reference)
+        self._handle.in_flight.wait_for_sync(path)
         with storage_errors("read the result", reference=reference):
             data = self._handle.io().get(path)
         return self._decode(segments, data)
@@ -477,6 +482,7 @@ class FsspecToolResultStore(ToolResultStore):
         """
         _check_range(start, end)
         path, _ = self._readable_path_of(reference)
+        self._handle.in_flight.wait_for_sync(path)
         with storage_errors("read the result", reference=reference):
             return self._handle.io().get_range(path, start, end)
 
@@ -516,6 +522,7 @@ class FsspecToolResultStore(ToolResultStore):
         """
         _check_range(start, end)
         path, _ = self._readable_path_of(reference)
+        self._handle.in_flight.wait_for_sync(path)
         with storage_errors("read the result", reference=reference):
             return self._handle.io().get_range_and_size(path, start, end)
 
@@ -549,6 +556,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises ResultNotFoundError: If no result exists under the reference.
         """
         path, segments = self._readable_path_of(reference)
+        self._handle.in_flight.wait_for_sync(path)
         with storage_errors("describe the result", reference=reference):
             size = self._handle.io().size(path)
         return self._record(reference, segments, size)
@@ -577,6 +585,7 @@ class FsspecToolResultStore(ToolResultStore):
             are results past the store's retention (they cannot be read).
         :raises StorageError: If the backend fails (e.g. the bucket does not exist).
         """
+        self._handle.in_flight.wait_under_sync(self._scope_path() + "/")
         with storage_errors("list results", reference=None):
             found = self._handle.io().find(self._scope_path())
         return self._records(found)[:limit]
@@ -603,6 +612,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises StorageError: If the backend fails.
         """
         path, segments = self._path_of(reference)
+        self._handle.in_flight.wait_for_sync(path)  # else the write could land after the delete
         try:
             with storage_errors("delete the result", reference=reference):
                 self._handle.io().delete([path])
@@ -646,6 +656,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises StorageError: If the backend fails; results not yet deleted stay (and stay readable, unless expired).
         """
         self._check_purge(older_than, expired)
+        self._handle.in_flight.wait_under_sync(self._scope_path() + "/")
         with storage_errors("list results", reference=None):
             found = self._handle.io().find(self._scope_path())
         paths = self._purge_paths(found, older_than, expired)

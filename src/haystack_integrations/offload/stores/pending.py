@@ -3,13 +3,17 @@ Writes a store has started but not finished (`FsspecToolResultStore.begin_write_
 
 A write-behind caller learns a result's reference before its bytes are stored, so it can hand the reference on (to the
 model, in a pointer) while the PUT is still in flight. The store keeps every such write in an `InFlightWrites` table
-shared by all the stores built from one root, so reading, describing, listing or deleting a result that is still being
-written waits for that write first: a reference is never "not found" just because it was used early.
+shared by all the stores built from one root, so reading, describing, listing, deleting or purging a result that is
+still being written waits for that write first, from any thread or event loop: a reference is never "not found" just
+because it was used early, and a purge never misses a result that lands after it.
 """
 
 import asyncio
+import concurrent.futures
 import logging
+import threading
 from collections.abc import Iterable
+from typing import NamedTuple
 
 logger = logging.getLogger(__name__)
 
@@ -76,51 +80,117 @@ async def settle(writes: Iterable[PendingWrite]) -> None:
 
 
 class InFlightWrites:
-    """The writes in flight on one filesystem handle, by full object path."""
+    """
+    The writes in flight on one filesystem handle, by full object path; usable from any thread and any event loop.
+
+    An upload runs as a task on the loop that started it, but whoever waits for it may be elsewhere: a sync web endpoint
+    in a thread pool ending the session, or a worker thread with a loop of its own reading the result. So each write is
+    tracked twice: by its task, awaited on its own loop, and by a `concurrent.futures.Future` that the task's done
+    callback finishes, which any other loop can await (`asyncio.wrap_future`) and any other thread can block on.
+    Waiting never raises the writes' errors: the caller then acts on what is stored.
+    """
 
     def __init__(self) -> None:
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        # Written on the uploads' loops, read by any thread that waits.
+        self._lock = threading.Lock()
+        self._writes: dict[str, _Write] = {}
 
     def track(self, path: str, task: "asyncio.Task[None]") -> None:
         """
-        Remember `task` as the write of `path` until it finishes.
+        Remember `task` as the write of `path` until it finishes. Call it on the loop that runs `task`.
 
         :param path: The object's full path.
         :param task: The task writing it.
         """
-        self._tasks[path] = task
-        task.add_done_callback(lambda finished: self._finish(path, finished))
+        finished: concurrent.futures.Future[None] = concurrent.futures.Future()
+        # A running future cannot be cancelled, so a cancelled waiter (wrap_future cancels its source) cannot mark
+        # the write finished for every other waiter.
+        finished.set_running_or_notify_cancel()
+        write = _Write(task, finished, threading.get_ident())
+        with self._lock:
+            self._writes[path] = write
+        task.add_done_callback(lambda _: self._finish(path, write))
 
-    def _finish(self, path: str, task: "asyncio.Task[None]") -> None:
-        if self._tasks.get(path) is task:
-            del self._tasks[path]
+    def _finish(self, path: str, write: "_Write") -> None:
+        with self._lock:
+            if self._writes.get(path) is write:
+                del self._writes[path]
+        write.finished.set_result(None)
+        task = write.task
         if not task.cancelled() and task.exception() is not None:
             # Retrieved here so asyncio does not report it as unhandled; whoever started the write decides what a
             # failure means (OffloadHook puts the result back into the conversation).
             logger.debug("A write-behind store write failed: %s", task.exception())
 
+    def _matching(self, path: str, *, under: bool) -> list["_Write"]:
+        with self._lock:
+            writes = [write for key, write in self._writes.items() if (key.startswith(path) if under else key == path)]
+        # A finished task's done callback may not have run yet (it needs its loop), and a loop closed with the upload
+        # pending will never finish it: waiting on either could hang for good.
+        return [write for write in writes if not write.task.done() and not write.task.get_loop().is_closed()]
+
     async def wait_for(self, path: str) -> None:
         """
-        Wait for the in-flight write of `path`, if there is one on the running loop; never raises its error.
+        Wait for the in-flight write of `path`, if there is one, whichever thread or loop runs it.
 
         :param path: The object's full path.
         """
-        task = self._tasks.get(path)
-        if task is not None and task.get_loop() is asyncio.get_running_loop():
-            await asyncio.wait({task})
+        await _wait_async(self._matching(path, under=False))
 
     async def wait_under(self, prefix: str) -> None:
         """
-        Wait for every in-flight write below `prefix` on the running loop; never raises their errors.
+        Wait for every in-flight write below `prefix`, whichever threads or loops run them.
 
         :param prefix: A scope's path, ending with a separator.
         """
-        loop = asyncio.get_running_loop()
-        tasks = {
-            task for path, task in list(self._tasks.items()) if path.startswith(prefix) and task.get_loop() is loop
-        }
-        if tasks:
-            await asyncio.wait(tasks)
+        await _wait_async(self._matching(prefix, under=True))
+
+    def wait_for_sync(self, path: str) -> None:
+        """
+        Block until the in-flight write of `path`, if there is one, has finished; for sync methods.
+
+        :param path: The object's full path.
+        :raises RuntimeError: If the write was started on this thread's event loop (see `wait_under_sync`).
+        """
+        _wait_blocking(self._matching(path, under=False))
+
+    def wait_under_sync(self, prefix: str) -> None:
+        """
+        Block until every in-flight write below `prefix` has finished; for sync methods.
+
+        :param prefix: A scope's path, ending with a separator.
+        :raises RuntimeError: If one of the writes was started on this thread's event loop: blocking here would stop
+            the loop that has to finish it (a deadlock). Not waiting is no better: a purge would report results
+            deleted that land afterwards, a read would find nothing. Use the async method, or wait for the write first.
+        """
+        _wait_blocking(self._matching(prefix, under=True))
 
     def __len__(self) -> int:
-        return len(self._tasks)
+        with self._lock:
+            return len(self._writes)
+
+
+class _Write(NamedTuple):
+    task: "asyncio.Task[None]"
+    finished: "concurrent.futures.Future[None]"
+    thread: int  # the thread of the loop running `task`
+
+
+async def _wait_async(writes: list[_Write]) -> None:
+    loop = asyncio.get_running_loop()
+    # On its own loop a task is awaited as it is; from another loop, its future is (without blocking this loop).
+    waits = [write.task if write.task.get_loop() is loop else asyncio.wrap_future(write.finished) for write in writes]
+    if waits:
+        await asyncio.wait(waits)
+
+
+def _wait_blocking(writes: list[_Write]) -> None:
+    here = threading.get_ident()
+    for write in writes:
+        if write.thread == here:
+            raise RuntimeError(
+                "A sync store method was called on the thread whose event loop is still uploading a result it "
+                "needs (a write-behind write). Blocking would stop that upload for good; call the method's async "
+                "twin (e.g. read_async, purge_async) or await the PendingWrite first."
+            )
+    concurrent.futures.wait([write.finished for write in writes])
