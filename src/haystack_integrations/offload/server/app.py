@@ -20,6 +20,8 @@ try:
     from fastapi.responses import FileResponse, JSONResponse
     from fastapi.staticfiles import StaticFiles
     from starlette.exceptions import HTTPException as StarletteHTTPException
+    from starlette.responses import Response
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 except ImportError as import_error:  # pragma: no cover - depends on what is installed
     raise ImportError(SERVER_EXTRA_HINT) from import_error
 
@@ -50,11 +52,14 @@ logger = logging.getLogger("haystack_integrations.offload.server")
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 NOT_FOUND_DETAIL = "Not found."
 PAGE_SECURITY_HEADERS = {
-    # The page renders model output with textContent only; the policy is the second line of defence.
+    # The page renders model output with textContent only; the policy is the second line of defence. It has no inline
+    # script or style; images are results shown from blob: URLs; its one form is sent by script, so a form submission
+    # (which would put the token in a URL) is never needed; no other site may frame it (clickjacking).
     "Content-Security-Policy": (
         "default-src 'self'; img-src 'self' blob:; script-src 'self'; style-src 'self'; connect-src 'self'; "
         "frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
     ),
+    "X-Frame-Options": "DENY",  # for browsers that predate frame-ancestors
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-cache",
@@ -120,13 +125,116 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.state.scripted = settings.scripted
     app.include_router(router)
     _add_error_handlers(app)
-    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    # Outside everything but Starlette's error handler: an oversized body is refused before routing, auth or parsing.
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.mount("/static", PageFiles(directory=STATIC_DIR), name="static")
 
     @app.get("/", include_in_schema=False)
     async def page() -> FileResponse:
         return FileResponse(STATIC_DIR / "index.html", media_type="text/html", headers=PAGE_SECURITY_HEADERS)
 
     return app
+
+
+class BodyLimitMiddleware:
+    """
+    Refuse request bodies over `max_body_bytes` with 413 ``body_too_large``, without reading them.
+
+    A ``Content-Length`` over the limit is refused before the application runs and before a byte of the body is read.
+    A body without one (chunked) is counted as it streams in: the chunk that passes the limit is never handed to the
+    application, and the 413 goes out at once, so a worker never holds more than the limit of one request's body.
+    This runs before routing and authentication (FastAPI reads a body before it resolves the token), so an
+    unauthenticated client cannot make a worker buffer more than that either.
+
+    A pure ASGI middleware (not ``BaseHTTPMiddleware``): it wraps ``receive`` and ``send`` and buffers nothing itself.
+
+    ```python
+    from fastapi import FastAPI
+    from haystack_integrations.offload.server.app import BodyLimitMiddleware
+
+    api = FastAPI()
+    api.add_middleware(BodyLimitMiddleware, max_body_bytes=64 * 1024)  # added last: runs first
+    ```
+    """
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
+        """
+        :param app: The application behind the limit.
+        :param max_body_bytes: The largest body passed on, in bytes.
+        """
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve one request (or pass other connection types through untouched)."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _declared_length(scope)
+        if declared is not None and declared > self.max_body_bytes:
+            await self._refuse(scope, receive, send)
+            return
+        received = 0
+        started = False
+        refused = False
+
+        async def limited_receive() -> Message:
+            nonlocal received, refused
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    if not started:
+                        refused = True
+                        await self._refuse(scope, receive, send)
+                    raise BodyTooLargeError(self.max_body_bytes)
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            if refused:
+                return  # the 413 is the answer; whatever the application makes of the error is dropped
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, guarded_send)
+        except BodyTooLargeError:
+            if not refused:
+                raise  # a response had started: nothing can be answered, let the server close the connection
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        detail = f"The request body is larger than the server's limit of {self.max_body_bytes} bytes."
+        # Connection: close, since the rest of the body is never read: the server drops it with the connection.
+        response = JSONResponse(_body("body_too_large", detail), status_code=413, headers={"Connection": "close"})
+        await response(scope, receive, send)
+
+
+class BodyTooLargeError(Exception):
+    """Raised to the application, from ``receive``, when a request body passes the server's limit."""
+
+    def __init__(self, limit: int) -> None:
+        """
+        :param limit: The limit in bytes.
+        """
+        super().__init__(f"The request body is larger than {limit} bytes.")
+        self.limit = limit
+
+
+class PageFiles(StaticFiles):
+    """The page's static files, served with the page's security headers (so none of them can be framed either)."""
+
+    async def get_response(self, path: str, scope: Scope) -> Response:
+        """
+        One static file, with `PAGE_SECURITY_HEADERS`.
+
+        :param path: The file's path below the static directory.
+        :param scope: The request's ASGI scope.
+        :returns: The response.
+        """
+        response = await super().get_response(path, scope)
+        response.headers.update(PAGE_SECURITY_HEADERS)
+        return response
 
 
 def app_from_environment() -> FastAPI:
@@ -136,6 +244,17 @@ def app_from_environment() -> FastAPI:
     :returns: The ASGI application.
     """
     return create_app(ServerSettings())
+
+
+def _declared_length(scope: Scope) -> int | None:
+    # An unreadable Content-Length is left to the server's parser; the count in `receive` still bounds the body.
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
 
 
 def _shown_store(url: str) -> str:

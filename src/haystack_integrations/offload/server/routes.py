@@ -7,9 +7,10 @@ handler cannot reach another tenant even by mistake, and another tenant's sessio
 like one that does not exist (same status, same body).
 """
 
+import json
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from haystack_integrations.offload.server._extra import SERVER_EXTRA_HINT
 
@@ -35,6 +36,11 @@ from haystack_integrations.offload.stores import FsspecToolResultStore
 # Raster images are shown inline; anything else binary is a download, so a stored HTML or SVG file can never run as a
 # page of this origin (where the bearer token lives).
 INLINE_MEDIA_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+# Edited tool arguments are stored in the approval record and passed to the tool: a person edits a few fields, so these
+# bounds are far above real use and far below what would make records (and every later read of them) expensive.
+MAX_ARGUMENTS_BYTES = 64 * 1024
+MAX_ARGUMENTS_DEPTH = 32
+MAX_ARGUMENTS_VALUES = 1000
 
 
 class HttpError(Exception):
@@ -68,8 +74,49 @@ class DecisionIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     approved: bool
-    arguments: dict[str, Any] | None = Field(default=None, description="Edited arguments (approvals only).")
+    arguments: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            f"Edited arguments (approvals only): at most {MAX_ARGUMENTS_BYTES} bytes as JSON, "
+            f"{MAX_ARGUMENTS_DEPTH} levels deep and {MAX_ARGUMENTS_VALUES} keys and list items in all."
+        ),
+    )
     reason: str | None = Field(default=None, max_length=2000)
+
+    @field_validator("arguments")
+    @classmethod
+    def _bounded_arguments(cls, arguments: dict[str, Any] | None) -> dict[str, Any] | None:
+        if arguments is not None:
+            check_arguments_bounds(arguments)
+        return arguments
+
+
+def check_arguments_bounds(arguments: dict[str, Any]) -> None:
+    """
+    Check edited tool arguments against `MAX_ARGUMENTS_DEPTH`, `MAX_ARGUMENTS_VALUES` and `MAX_ARGUMENTS_BYTES`.
+
+    The walk is iterative and stops at the first bound passed, so a hostile document costs no more than the bounds.
+
+    :param arguments: The arguments, as decoded from JSON.
+    :raises ValueError: Naming the bound that was passed (the API answers 422 ``invalid_request``).
+    """
+    values = 0
+    pending: list[tuple[Any, int]] = [(arguments, 1)]
+    while pending:
+        node, depth = pending.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        for child in children:
+            values += 1
+            if values > MAX_ARGUMENTS_VALUES:
+                raise ValueError(f"arguments hold more than {MAX_ARGUMENTS_VALUES} keys and list items")
+            if isinstance(child, dict | list):
+                if depth + 1 > MAX_ARGUMENTS_DEPTH:
+                    raise ValueError(f"arguments nest deeper than {MAX_ARGUMENTS_DEPTH} levels")
+                pending.append((child, depth + 1))
+    encoded = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"), default=str)
+    size = len(encoded.encode("utf-8", "surrogatepass"))  # JSON may carry lone surrogates ("\\ud800")
+    if size > MAX_ARGUMENTS_BYTES:
+        raise ValueError(f"arguments take {size} bytes as JSON, more than {MAX_ARGUMENTS_BYTES}")
 
 
 def _service(request: Request) -> ChatService:

@@ -26,6 +26,7 @@ from haystack_integrations.offload.demo.model import SCRIPTED_CONTEXT_WINDOW, SC
 from haystack_integrations.offload.stores.scope import validate_scope_id
 
 DEFAULT_SERVER_STORE = "./offload-server-results"
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 MIN_TOKEN_LENGTH = 16
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant with tools. Large tool results are stored outside the conversation and replaced by "
@@ -77,6 +78,9 @@ class ServerSettings(BaseSettings):
     approval_ttl: float = Field(default=24 * 3600.0, gt=0, description="Seconds an approval request stays open.")
     turn_lease: float = Field(default=300.0, gt=0, description="Seconds before a stuck turn may be abandoned.")
     system_prompt: str | None = Field(default=None, description="Default: a prompt explaining the read-back tools.")
+    max_body_bytes: int = Field(
+        default=DEFAULT_MAX_BODY_BYTES, ge=1024, description="Larger request bodies are refused (413) unread."
+    )
 
     @field_validator("store")
     @classmethod

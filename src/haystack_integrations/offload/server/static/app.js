@@ -11,7 +11,7 @@ const SUGGESTIONS = [
   "List my results",
 ];
 
-const state = { token: "", session: "", viewer: null, status: null };
+const state = { token: "", session: "", viewer: null, status: null, attempt: 0, offered: null };
 const $ = (id) => document.getElementById(id);
 
 function element(tag, options = {}, children = []) {
@@ -72,11 +72,13 @@ async function showModel() {
 
 async function connect(event) {
   if (event) event.preventDefault();
+  const attempt = ++state.attempt;
   state.token = $("token").value.trim();
   state.session = $("session").value.trim();
   $("login-error").textContent = "";
   try {
     const me = await api("/api/me");
+    if (attempt !== state.attempt) return;  // a newer sign-in (e.g. "Switch") started meanwhile: it wins
     localStorage.setItem("offload-token", state.token);
     localStorage.setItem("offload-session", state.session);
     $("tenant-badge").textContent = `tenant: ${me.tenant}`;
@@ -85,6 +87,7 @@ async function connect(event) {
     $("send").disabled = false;
     await refreshAll();
   } catch (error) {
+    if (attempt !== state.attempt) return;
     $("login-error").textContent = error.status === 401 ? "Unknown token." : error.message;
   }
 }
@@ -309,13 +312,62 @@ function closeViewer() {
   $("viewer").hidden = true;
 }
 
+// Login links: /#token=...&session=...
+// A link never replaces a different stored token by itself: anyone can send a link with their own token, and what
+// this user then types and approves would go to that account (login CSRF). It asks first.
+
+function applyLoginLink() {
+  const fragment = new URLSearchParams(location.hash.slice(1));
+  const token = (fragment.get("token") || "").trim();
+  const session = (fragment.get("session") || "").trim();
+  // Keep the token out of the URL bar, the history and bookmarks, whatever is decided below.
+  if (fragment.has("token")) history.replaceState(null, "", location.pathname + location.search);
+  const stored = localStorage.getItem("offload-token") || "";
+  if (token && stored && token !== stored) {
+    offerSwitch(token, session);
+    return false;
+  }
+  if (token) $("token").value = token;
+  if (session) $("session").value = session;
+  return Boolean(token || session);
+}
+
+function offerSwitch(token, session) {
+  state.offered = { token, session };
+  $("switch-user-detail").textContent = "";
+  $("switch-user").hidden = false;
+  $("switch-user-keep").focus();
+  // Name the link's tenant so the choice is an informed one (/api/me reads, it changes nothing).
+  fetch("/api/me", { headers: { Authorization: `Bearer ${token}` } })
+    .then((response) => (response.ok ? response.json() : null))
+    .then((me) => {
+      if (!state.offered || state.offered.token !== token) return;
+      $("switch-user-detail").textContent = me ? `The link is for tenant ${me.tenant}.` : "The link's token is not valid here.";
+    })
+    .catch(() => {});
+}
+
+function answerSwitch(accepted) {
+  const offered = state.offered;
+  state.offered = null;
+  $("switch-user").hidden = true;
+  if (!offered || !accepted) return;
+  $("token").value = offered.token;
+  if (offered.session) $("session").value = offered.session;
+  connect();
+}
+
 // Start-up
 
 function start() {
-  const fragment = new URLSearchParams(location.hash.slice(1));
-  $("token").value = fragment.get("token") || localStorage.getItem("offload-token") || "";
-  $("session").value = fragment.get("session") || localStorage.getItem("offload-session") || "chat-1";
-  if (fragment.has("token")) history.replaceState(null, "", location.pathname);  // keep the token out of the URL bar
+  $("token").value = localStorage.getItem("offload-token") || "";
+  $("session").value = localStorage.getItem("offload-session") || "chat-1";
+  applyLoginLink();
+  // A link opened in this tab while the page is open changes only the fragment: no reload, so check it here too.
+  window.addEventListener("hashchange", () => { if (applyLoginLink()) connect(); });
+  $("switch-user-switch").addEventListener("click", () => answerSwitch(true));
+  $("switch-user-keep").addEventListener("click", () => answerSwitch(false));
+  $("switch-user").addEventListener("keydown", (event) => { if (event.key === "Escape") answerSwitch(false); });
   $("login").addEventListener("submit", connect);
   $("new-chat").addEventListener("click", () => {
     $("session").value = `chat-${Date.now().toString(36)}`;
