@@ -48,7 +48,15 @@ def test_each_operation_costs_a_handful_of_requests(s3_server: Any, s3_requests:
         [plan(("send_invoice", {"customer": "a", "amount": 1}, "c1"))],
         hook_context=offload_context(session, approval_channel=DurableApprovals()),
     )
-    assert traffic(s3_requests) == [("PUT", ".approvals/step", "*"), ("PUT", ".audit", None)]
+    # A listing finds the next step number (on a session with no documents yet, s3fs's find adds a HEAD and a second
+    # LIST to tell an empty prefix from a missing one); the step's conditional create claims the number.
+    assert traffic(s3_requests) == [
+        ("GET", "LIST", None),
+        ("HEAD", "chat-1", None),
+        ("GET", "LIST", None),
+        ("PUT", ".approvals/step", "*"),
+        ("PUT", ".audit", None),
+    ]
 
     [request] = pending_approvals(session)
     assert traffic(s3_requests) == [("GET", "LIST", None), ("GET", ".approvals/step", None)]
@@ -67,6 +75,8 @@ def test_each_operation_costs_a_handful_of_requests(s3_server: Any, s3_requests:
         ("GET", ".approvals/decision", None),
         ("PUT", ".approvals/resume", "*"),
         ("PUT", ".approvals/claim", "*"),
+        ("PUT", ".approvals/outcome", None),  # the call's result, recorded before anything else
+        ("PUT", ".approvals/done", None),  # what the step added to the conversation
         ("PUT", ".audit", None),  # approval.resumed
         ("PUT", ".audit", None),  # approval.executed
     ]

@@ -13,12 +13,19 @@ the tool and passes the tool's parameter schema) and is then created once: a sec
 fails with `ApprovalAlreadyDecidedError`, whichever worker makes it.
 """
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from haystack_integrations.offload.approvals.audit import append_audit, append_audit_async, new_event
 from haystack_integrations.offload.approvals.binding import arguments_digest
 from haystack_integrations.offload.approvals.errors import ApprovalExpiredError, ApprovalNotFoundError
-from haystack_integrations.offload.approvals.ledger import ApprovalLedger, ApprovalListing, now, parse_request_id
+from haystack_integrations.offload.approvals.ledger import (
+    ApprovalLedger,
+    ApprovalListing,
+    now,
+    parse_request_id,
+    sequence_of,
+)
 from haystack_integrations.offload.approvals.records import (
     ApprovalDecision,
     ApprovalRequest,
@@ -44,20 +51,20 @@ def pending_approvals(store: object) -> list[ApprovalRequest]:
     """
     ledger = ApprovalLedger(store)
     listing = ledger.listing()
-    step_id = _open_step(listing)
-    if step_id is None:
+    sequence = _open_step(listing)
+    if sequence is None:
         return []
-    return _waiting(ledger.step(step_id), listing, now())
+    return _waiting(ledger.step(sequence), listing, now())
 
 
 async def pending_approvals_async(store: object) -> list[ApprovalRequest]:
     """Async `pending_approvals`."""
     ledger = ApprovalLedger(store)
     listing = await ledger.listing_async()
-    step_id = _open_step(listing)
-    if step_id is None:
+    sequence = _open_step(listing)
+    if sequence is None:
         return []
-    return _waiting(await ledger.step_async(step_id), listing, now())
+    return _waiting(await ledger.step_async(sequence), listing, now())
 
 
 def decide(
@@ -84,7 +91,7 @@ def decide(
     """
     ledger = ApprovalLedger(store)
     step_id, position = parse_request_id(request_id)
-    request = _request(ledger.step(step_id), position, request_id)
+    request = _request(ledger.step(sequence_of(step_id)), position, request_id)
     at = now()
     record = _decision_record(request, decision, at=at, ttl=ttl)
     ledger.create_decision(record)
@@ -100,7 +107,7 @@ async def decide_async(
     """Async `decide`."""
     ledger = ApprovalLedger(store)
     step_id, position = parse_request_id(request_id)
-    request = _request(await ledger.step_async(step_id), position, request_id)
+    request = _request(await ledger.step_async(sequence_of(step_id)), position, request_id)
     at = now()
     record = _decision_record(request, decision, at=at, ttl=ttl)
     await ledger.create_decision_async(record)
@@ -110,9 +117,45 @@ async def decide_async(
     return record
 
 
-def _open_step(listing: ApprovalListing) -> str | None:
-    step_id = listing.newest_step_id()
-    return None if step_id is None or listing.resumed(step_id) else step_id
+async def open_step_async(store: object) -> "OpenStep | None":
+    """
+    The session's held step that is not finished yet, and where it stands: the server's check before a new message.
+
+    :param store: The session's store.
+    :returns: None when no step is open; otherwise its number, its requests still waiting, and whether a worker's
+        live lease is resuming it now.
+    """
+    ledger = ApprovalLedger(store)
+    listing = await ledger.listing_async()
+    sequence = _open_step(listing)
+    if sequence is None:
+        return None
+    at = now()
+    waiting = _waiting(await ledger.step_async(sequence), listing, at)
+    attempts = listing.claims_of(sequence)
+    lease_until = (await ledger.step_claim_async(sequence, attempts[-1])).lease_until if attempts else None
+    return OpenStep(
+        sequence=sequence, waiting=waiting, resuming_until=lease_until if lease_until and at < lease_until else None
+    )
+
+
+@dataclass(frozen=True)
+class OpenStep:
+    """A held step not finished yet: waiting for decisions, ready to resume, or being resumed under a live lease."""
+
+    sequence: int
+    waiting: list[ApprovalRequest]
+    resuming_until: datetime | None
+
+    @property
+    def ready(self) -> bool:
+        """Whether it can be resumed now (decided, and no live lease on it)."""
+        return not self.waiting and self.resuming_until is None
+
+
+def _open_step(listing: ApprovalListing) -> int | None:
+    sequence = listing.newest()
+    return None if sequence is None or listing.done(sequence) else sequence
 
 
 def _waiting(step: HeldStep, listing: ApprovalListing, at: datetime) -> list[ApprovalRequest]:

@@ -1,5 +1,5 @@
 """
-Running the approved calls of a resumed step through the Agent's own tool executor and ``after_tool`` hooks.
+Running a resumed step as the Agent runs a step: its ``before_tool`` hooks, its tool executor, its ``after_tool`` hooks.
 
 Resuming must not be a second, subtly different way of running tools: the calls go through the function the Agent
 runs every step with (`haystack.components.agents.tool_calling._run_tool` / `_run_tool_async`), so state injection
@@ -15,10 +15,10 @@ from typing import Any
 from haystack.components.agents import Agent
 from haystack.components.agents.state.state import State
 from haystack.components.agents.state.state_utils import replace_values
-from haystack.components.agents.tool_calling import _run_tool, _run_tool_async
+from haystack.components.agents.tool_calling import _run_tool_async
 from haystack.dataclasses import ChatMessage, ToolCall
-from haystack.hooks.invocation import _run_hooks, _run_hooks_async
-from haystack.hooks.protocol import AFTER_TOOL
+from haystack.hooks.invocation import _run_hooks_async
+from haystack.hooks.protocol import AFTER_TOOL, BEFORE_TOOL
 from haystack.tools import flatten_tools_or_toolsets
 from haystack.tools.tool import Tool
 
@@ -75,7 +75,7 @@ def resumed_state(
     return state
 
 
-def execute(agent: Agent, calls: list[ToolCall], state: State) -> list[ChatMessage]:
+async def execute_async(agent: Agent, calls: list[ToolCall], state: State) -> list[ChatMessage]:
     """
     Run `calls` as the Agent would in one step.
 
@@ -84,21 +84,6 @@ def execute(agent: Agent, calls: list[ToolCall], state: State) -> list[ChatMessa
     :param state: The resumed state; tools read from and write to it.
     :returns: One tool message per call, in the order of `calls`.
     """
-    if not calls:
-        return []
-    messages, _ = _run_tool(
-        messages=[ChatMessage.from_assistant(tool_calls=calls)],
-        state=state,
-        tools=state.data["tools"],
-        raise_on_failure=agent.raise_on_tool_invocation_failure,
-        max_workers=agent.tool_concurrency_limit,
-    )
-    _count(state, calls)
-    return _in_call_order(calls, messages)
-
-
-async def execute_async(agent: Agent, calls: list[ToolCall], state: State) -> list[ChatMessage]:
-    """Async `execute`."""
     if not calls:
         return []
     messages, _ = await _run_tool_async(
@@ -112,22 +97,27 @@ async def execute_async(agent: Agent, calls: list[ToolCall], state: State) -> li
     return _in_call_order(calls, messages)
 
 
-def after_tool(agent: Agent, state: State, conversation: list[ChatMessage]) -> list[ChatMessage]:
+async def before_tool_async(agent: Agent, state: State) -> None:
+    """
+    Run the Agent's whole ``before_tool`` chain over the state, as the Agent does before it runs a step's calls.
+
+    :param agent: The Agent.
+    :param state: The resumed state, ending with the held message; hooks may rewrite it or stop the run.
+    """
+    await _run_hooks_async(hooks=agent.hooks, hook_point=BEFORE_TOOL, state=state)
+
+
+async def after_tool_async(agent: Agent, state: State, conversation: list[ChatMessage]) -> list[ChatMessage]:
     """
     Run the Agent's ``after_tool`` hooks over the resumed conversation and return it as they left it.
+
+    Uploads a write-behind `OffloadHook` started are waited for, as at the end of a run.
 
     :param agent: The Agent.
     :param state: The resumed state.
     :param conversation: The conversation ending with the held step and its results.
     :returns: The conversation after the hooks (e.g. with large results offloaded).
     """
-    state.set("messages", conversation, handler_override=replace_values)
-    _run_hooks(hooks=agent.hooks, hook_point=AFTER_TOOL, state=state)
-    return list(state.data["messages"])
-
-
-async def after_tool_async(agent: Agent, state: State, conversation: list[ChatMessage]) -> list[ChatMessage]:
-    """Async `after_tool`; uploads a write-behind `OffloadHook` started are waited for, as at the end of a run."""
     state.set("messages", conversation, handler_override=replace_values)
     await _run_hooks_async(hooks=agent.hooks, hook_point=AFTER_TOOL, state=state)
     # A resume is a run of its own with no after_run: settle here, so every pointer returned names a stored result.

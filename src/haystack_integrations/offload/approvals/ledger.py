@@ -4,17 +4,26 @@ Where approval records live: documents in the session's ``.approvals/`` namespac
 ::
 
     <root>/<tenant>/<session>/.approvals/
-    ├── step.20261129T213400123456Z-5f3a9c1e7b2d.json          HeldStep: the message and its calls (put once)
-    ├── decision.20261129T213400123456Z-5f3a9c1e7b2d-0.json    ApprovalDecision for request ...-0 (created once)
-    ├── resume.20261129T213400123456Z-5f3a9c1e7b2d.json        StepClaim: the worker that resumed the step (once)
-    ├── claim.20261129T213400123456Z-5f3a9c1e7b2d-0.json       ExecutionClaim: the worker that ran call 0 (once)
-    └── memory.<sha256>.json                                   RememberedApproval (AskOncePerSession)
+    ├── step.00000003.json                      HeldStep 3: the message, its guard, the run's state (created once)
+    ├── decision.00000003-5f3a9c1e7b2d-0.json   ApprovalDecision for request 0 of step 3 (created once)
+    ├── resume.00000003.001.json                StepClaim: the worker resuming step 3 and its lease (created once)
+    ├── resume.00000003.002.json                a takeover after that lease lapsed (created once)
+    ├── claim.00000002-9c1e5f3a7b2d4e6f.01.json ExecutionClaim: try 1 of one call, with its idempotency key (once)
+    ├── outcome.00000002-9c1e5f3a7b2d4e6f.json  CallRecord: what that call returned, written as soon as it did
+    ├── done.00000003.json                      StepDone: the messages resuming step 3 added
+    └── memory.<sha256>.json                    RememberedApproval (AskOncePerSession)
 
-Step ids start with the creation time, so names sort by age and the newest step is the session's open one. Decisions
-and claims use the store's conditional create (S3 ``If-None-Match: *``, a hard link on disk): two deciders or two
-workers racing get one winner and one clear error, never two writes.
+Order is by sequence, never by clock: a step's number is claimed with a conditional create of ``step.<n>.json`` (the
+next number after the newest listed; a race moves on to the next), so a worker whose clock is minutes off still
+holds the newest step. Decisions and claims use the same conditional create (S3 ``If-None-Match: *``, a hard link on
+disk), whose "already exists" is checked against the writer's token (`SessionDocuments.create`): two deciders or two
+workers racing get one winner and one clear error, and a lost reply is never taken for a lost race.
+
+A call keeps one key across the steps that hold its message again (another guard, a retry): the number of the step
+that first held it and a digest of its tool call id.
 """
 
+import hashlib
 import re
 import secrets
 from dataclasses import dataclass
@@ -31,19 +40,26 @@ from haystack_integrations.offload.approvals.errors import (
 )
 from haystack_integrations.offload.approvals.records import (
     ApprovalDecision,
+    CallRecord,
     ExecutionClaim,
     HeldStep,
     RememberedApproval,
     StepClaim,
+    StepDone,
 )
 from haystack_integrations.offload.errors import DocumentExistsError, ResultNotFoundError
 from haystack_integrations.offload.stores.documents import SessionDocuments
 
 NAMESPACE = "approvals"
-_STEP_ID = r"\d{8}T\d{12}Z-[0-9a-f]{12}"
+_STEP_ID = r"\d{8}-[0-9a-f]{12}"
 _REQUEST_ID = re.compile(rf"(?P<step>{_STEP_ID})-(?P<position>\d{{1,4}})")
-_STEP_NAME = re.compile(rf"step\.(?P<step>{_STEP_ID})\.json")
-_RESUME_NAME = re.compile(rf"resume\.(?P<step>{_STEP_ID})\.json")
+_STEP_NAME = re.compile(r"step\.(?P<sequence>\d{8})\.json")
+_RESUME_NAME = re.compile(r"resume\.(?P<sequence>\d{8})\.(?P<attempt>\d{3})\.json")
+_DONE_NAME = re.compile(r"done\.(?P<sequence>\d{8})\.json")
+_CLAIM_NAME = re.compile(r"claim\.(?P<call>\d{8}-[0-9a-f]{16})\.(?P<attempt>\d{2})\.json")
+_OUTCOME_NAME = re.compile(r"outcome\.(?P<call>\d{8}-[0-9a-f]{16})\.json")
+# A race for a step number moves on to the next; this many lost races in a row means something else is wrong.
+_SEQUENCE_RACES = 16
 
 _Model = TypeVar("_Model", bound=BaseModel)
 
@@ -81,18 +97,43 @@ def session_scope(store: object) -> tuple[str, str]:
 
 
 def now() -> datetime:
-    """The current time, timezone-aware UTC."""
+    """The current time, timezone-aware UTC (for expiry and leases; never for order)."""
     return datetime.now(UTC)
 
 
-def new_step_id(created: datetime) -> str:
-    """A step id that sorts by creation time and never collides (48 random bits)."""
-    return f"{created.strftime('%Y%m%dT%H%M%S%f')}Z-{secrets.token_hex(6)}"
+def step_id_for(sequence: int) -> str:
+    """A step id: its sequence number and 48 random bits (so a purged session's ids are never reused)."""
+    return f"{sequence:08d}-{secrets.token_hex(6)}"
+
+
+def sequence_of(step_id: str) -> int:
+    """The sequence number a step id starts with."""
+    return int(step_id[:8])
 
 
 def request_id(step_id: str, position: int) -> str:
-    """The id of the request (and the claim key) for the call at `position` of a step."""
+    """The id of the request for the call at `position` of a step."""
     return f"{step_id}-{position}"
+
+
+def call_key(first_step_id: str, tool_call_id: str | None, position: int) -> str:
+    """
+    The name a call's claims and outcome go under, the same in every step that holds its message again.
+
+    :param first_step_id: The step that first held the call's message.
+    :param tool_call_id: The model's id for the call (stable through rewrites); None for calls without one.
+    :param position: The call's position, used only when it has no id.
+    :returns: ``<sequence>-<16 hex digits>``.
+    """
+    identity = tool_call_id if tool_call_id is not None else f"\x00position:{position}"
+    digest = hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{first_step_id[:8]}-{digest}"
+
+
+def idempotency_key(tenant: str, session: str, key: str) -> str:
+    """The idempotency key a call's tool receives: stable across tries, unique across sessions."""
+    digest = hashlib.sha256(f"{tenant}\x00{session}\x00{key}".encode()).hexdigest()[:32]
+    return f"offload-{digest}"
 
 
 def parse_request_id(value: object) -> tuple[str, int]:
@@ -115,18 +156,26 @@ class ApprovalListing:
 
     names: frozenset[str]
 
-    def step_ids(self) -> list[str]:
-        """Every held step's id, oldest first."""
-        return sorted(match["step"] for name in self.names if (match := _STEP_NAME.fullmatch(name)))
+    def sequences(self) -> list[int]:
+        """Every held step's number, oldest first."""
+        return sorted(int(match["sequence"]) for name in self.names if (match := _STEP_NAME.fullmatch(name)))
 
-    def newest_step_id(self) -> str | None:
+    def newest(self) -> int | None:
         """The session's newest held step: later steps supersede older ones."""
-        steps = self.step_ids()
-        return steps[-1] if steps else None
+        sequences = self.sequences()
+        return sequences[-1] if sequences else None
 
-    def resumed(self, step_id: str) -> bool:
-        """Whether the step has been claimed by a worker that resumed it."""
-        return f"resume.{step_id}.json" in self.names
+    def claims_of(self, sequence: int) -> list[int]:
+        """The attempts claimed at resuming a step, in order."""
+        return sorted(
+            int(match["attempt"])
+            for name in self.names
+            if (match := _RESUME_NAME.fullmatch(name)) and int(match["sequence"]) == sequence
+        )
+
+    def done(self, sequence: int) -> bool:
+        """Whether resuming the step finished (its messages are recorded)."""
+        return f"done.{sequence:08d}.json" in self.names
 
     def decisions_of(self, step_id: str) -> list[str]:
         """The ids of the step's requests that have a decision document."""
@@ -140,6 +189,18 @@ class ApprovalListing:
     def decided(self, request: str) -> bool:
         """Whether the request has a decision document."""
         return f"decision.{request}.json" in self.names
+
+    def call_tries(self, key: str) -> list[int]:
+        """The tries claimed of one call, in order."""
+        return sorted(
+            int(match["attempt"])
+            for name in self.names
+            if (match := _CLAIM_NAME.fullmatch(name)) and match["call"] == key
+        )
+
+    def has_outcome(self, key: str) -> bool:
+        """Whether a call's result is recorded."""
+        return f"outcome.{key}.json" in self.names
 
 
 def _parse(model: type[_Model], name: str, data: bytes) -> _Model:
@@ -155,9 +216,10 @@ def _dump(record: BaseModel) -> bytes:
 
 class ApprovalLedger:
     """
-    The approval documents of one session, with a sync and an async twin for every operation.
+    The approval documents of one session.
 
-    Cheap to create per call: it holds the store's documents handle and nothing else.
+    Cheap to create per call: it holds the store's documents handle and nothing else. Each operation has a sync and an
+    async twin that differ only in how they await the store.
     """
 
     def __init__(self, store: object) -> None:
@@ -180,55 +242,62 @@ class ApprovalLedger:
         """Async `listing`."""
         return ApprovalListing(frozenset(await self.documents.list_async()))
 
-    # Held steps
+    # Held steps: the step document's conditional create is the claim on its number.
 
-    def put_step(self, step: HeldStep) -> None:
-        """Record a held step (created once: step ids are unique)."""
-        self.documents.create(f"step.{step.step_id}.json", _dump(step))
+    def hold(self, build: "StepBuilder", after: int | None = None) -> HeldStep:
+        """
+        Record a held step under the next free number.
 
-    async def put_step_async(self, step: HeldStep) -> None:
-        """Async `put_step`."""
-        await self.documents.create_async(f"step.{step.step_id}.json", _dump(step))
+        :param build: Makes the step for a given number.
+        :param after: The newest number known to be taken; listed when not given.
+        :returns: The recorded step.
+        """
+        sequence = (after if after is not None else (self.listing().newest() or 0)) + 1
+        for _ in range(_SEQUENCE_RACES):
+            step = build(sequence)
+            try:
+                self.documents.create(f"step.{sequence:08d}.json", _dump(step))
+                return step
+            except DocumentExistsError:
+                sequence += 1
+        raise ApprovalClaimedError("Could not number a held step: every step number tried was taken meanwhile.")
 
-    def step(self, step_id: str) -> HeldStep:
+    async def hold_async(self, build: "StepBuilder", after: int | None = None) -> HeldStep:
+        """Async `hold`."""
+        sequence = (after if after is not None else ((await self.listing_async()).newest() or 0)) + 1
+        for _ in range(_SEQUENCE_RACES):
+            step = build(sequence)
+            try:
+                await self.documents.create_async(f"step.{sequence:08d}.json", _dump(step))
+                return step
+            except DocumentExistsError:
+                sequence += 1
+        raise ApprovalClaimedError("Could not number a held step: every step number tried was taken meanwhile.")
+
+    def step(self, sequence: int) -> HeldStep:
         """
         Read a held step.
 
         :raises ApprovalNotFoundError: If the session has no such step.
         """
-        name = f"step.{step_id}.json"
-        try:
-            data = self.documents.get(name)
-        except ResultNotFoundError as error:
-            raise ApprovalNotFoundError(f"No held step {step_id!r} in this session.") from error
-        return _parse(HeldStep, name, data)
+        found = self._optional(f"step.{sequence:08d}.json", HeldStep)
+        if found is None:
+            raise ApprovalNotFoundError(f"No held step {sequence} in this session.")
+        return found
 
-    async def step_async(self, step_id: str) -> HeldStep:
+    async def step_async(self, sequence: int) -> HeldStep:
         """Async `step`."""
-        name = f"step.{step_id}.json"
-        try:
-            data = await self.documents.get_async(name)
-        except ResultNotFoundError as error:
-            raise ApprovalNotFoundError(f"No held step {step_id!r} in this session.") from error
-        return _parse(HeldStep, name, data)
+        return await self._required_async(f"step.{sequence:08d}.json", HeldStep)
 
     # Decisions
 
     def decision(self, request: str) -> ApprovalDecision | None:
         """Read a request's decision, or None if it has none."""
-        name = f"decision.{request}.json"
-        try:
-            return _parse(ApprovalDecision, name, self.documents.get(name))
-        except ResultNotFoundError:
-            return None
+        return self._optional(f"decision.{request}.json", ApprovalDecision)
 
     async def decision_async(self, request: str) -> ApprovalDecision | None:
         """Async `decision`."""
-        name = f"decision.{request}.json"
-        try:
-            return _parse(ApprovalDecision, name, await self.documents.get_async(name))
-        except ResultNotFoundError:
-            return None
+        return await self._optional_async(f"decision.{request}.json", ApprovalDecision)
 
     def create_decision(self, decision: ApprovalDecision) -> None:
         """
@@ -248,61 +317,67 @@ class ApprovalLedger:
         except DocumentExistsError as error:
             raise ApprovalAlreadyDecidedError(f"Request {decision.request_id!r} is already decided.") from error
 
-    # Claims: the conditional create is the whole mechanism; the loser learns who won from the document.
-
-    def claim_step(self, claim: StepClaim) -> None:
-        """
-        Claim the resumption of a step for this worker.
-
-        :raises ApprovalClaimedError: If another worker claimed it first.
-        """
-        try:
-            self.documents.create(f"resume.{claim.step_id}.json", _dump(claim))
-        except DocumentExistsError as error:
-            raise ApprovalClaimedError(f"Held step {claim.step_id!r} was already resumed by another worker.") from error
+    # Resuming a step: claimed per attempt, renewed while the worker works, ended by its done record.
 
     async def claim_step_async(self, claim: StepClaim) -> None:
-        """Async `claim_step`."""
-        try:
-            await self.documents.create_async(f"resume.{claim.step_id}.json", _dump(claim))
-        except DocumentExistsError as error:
-            raise ApprovalClaimedError(f"Held step {claim.step_id!r} was already resumed by another worker.") from error
-
-    def claim_call(self, claim: ExecutionClaim) -> None:
         """
-        Claim the execution of one call for this worker.
+        Claim the resumption of a step (attempt ``claim.attempt``) for this worker.
 
-        :raises ApprovalClaimedError: If the call was already claimed.
+        :raises ApprovalClaimedError: If another worker's claim of that attempt exists.
         """
+        name = f"resume.{sequence_of(claim.step_id):08d}.{claim.attempt:03d}.json"
         try:
-            self.documents.create(f"claim.{claim.call_key}.json", _dump(claim))
+            await self.documents.create_async(name, _dump(claim))
         except DocumentExistsError as error:
-            raise ApprovalClaimedError(f"Tool call {claim.call_key!r} was already run by another worker.") from error
+            raise ApprovalClaimedError(f"Held step {claim.step_id!r} is being resumed by another worker.") from error
+
+    async def renew_step_async(self, claim: StepClaim) -> None:
+        """Extend this worker's own claim (a plain write: nobody else writes this attempt's document)."""
+        name = f"resume.{sequence_of(claim.step_id):08d}.{claim.attempt:03d}.json"
+        await self.documents.put_async(name, _dump(claim))
+
+    async def step_claim_async(self, sequence: int, attempt: int) -> StepClaim:
+        """Read one attempt's claim."""
+        return await self._required_async(f"resume.{sequence:08d}.{attempt:03d}.json", StepClaim)
+
+    async def finish_step_async(self, sequence: int, done: StepDone) -> None:
+        """Record what resuming a step added to the conversation (the step is closed from then on)."""
+        await self.documents.put_async(f"done.{sequence:08d}.json", _dump(done))
+
+    async def done_async(self, sequence: int) -> StepDone | None:
+        """Read a step's done record, or None."""
+        return await self._optional_async(f"done.{sequence:08d}.json", StepDone)
+
+    # Calls: one claim per try, one recorded outcome.
 
     async def claim_call_async(self, claim: ExecutionClaim) -> None:
-        """Async `claim_call`."""
+        """
+        Claim one try of one call for this worker.
+
+        :raises ApprovalClaimedError: If that try was already claimed.
+        """
         try:
-            await self.documents.create_async(f"claim.{claim.call_key}.json", _dump(claim))
+            await self.documents.create_async(f"claim.{claim.call_key}.{claim.attempt:02d}.json", _dump(claim))
         except DocumentExistsError as error:
-            raise ApprovalClaimedError(f"Tool call {claim.call_key!r} was already run by another worker.") from error
+            raise ApprovalClaimedError(f"Tool call {claim.call_key!r} is being run by another worker.") from error
+
+    async def record_call_async(self, record: CallRecord) -> None:
+        """Record what a call returned (a plain write: only the claim's holder writes it)."""
+        await self.documents.put_async(f"outcome.{record.call_key}.json", _dump(record))
+
+    async def call_record_async(self, key: str) -> CallRecord | None:
+        """Read a call's recorded outcome, or None."""
+        return await self._optional_async(f"outcome.{key}.json", CallRecord)
 
     # Remembered approvals (AskOncePerSession)
 
     def remembered(self, key: str) -> RememberedApproval | None:
         """Read a remembered approval, or None."""
-        name = f"memory.{key}.json"
-        try:
-            return _parse(RememberedApproval, name, self.documents.get(name))
-        except ResultNotFoundError:
-            return None
+        return self._optional(f"memory.{key}.json", RememberedApproval)
 
     async def remembered_async(self, key: str) -> RememberedApproval | None:
         """Async `remembered`."""
-        name = f"memory.{key}.json"
-        try:
-            return _parse(RememberedApproval, name, await self.documents.get_async(name))
-        except ResultNotFoundError:
-            return None
+        return await self._optional_async(f"memory.{key}.json", RememberedApproval)
 
     def remember(self, key: str, record: RememberedApproval) -> None:
         """Remember an approval (a later approval replaces it, extending its expiry)."""
@@ -311,3 +386,29 @@ class ApprovalLedger:
     async def remember_async(self, key: str, record: RememberedApproval) -> None:
         """Async `remember`."""
         await self.documents.put_async(f"memory.{key}.json", _dump(record))
+
+    # Reading one record
+
+    def _optional(self, name: str, model: type[_Model]) -> _Model | None:
+        try:
+            return _parse(model, name, self.documents.get(name))
+        except ResultNotFoundError:
+            return None
+
+    async def _optional_async(self, name: str, model: type[_Model]) -> _Model | None:
+        try:
+            return _parse(model, name, await self.documents.get_async(name))
+        except ResultNotFoundError:
+            return None
+
+    async def _required_async(self, name: str, model: type[_Model]) -> _Model:
+        found = await self._optional_async(name, model)
+        if found is None:
+            raise ApprovalNotFoundError(f"No {name.split('.')[0]} record {name!r} in this session.")
+        return found
+
+
+class StepBuilder(Protocol):
+    """Makes the held step to record under a given sequence number."""
+
+    def __call__(self, sequence: int) -> HeldStep: ...

@@ -4,18 +4,23 @@ Validated records of the approval flow: what a run asks, what a person decides, 
 Every record is a frozen pydantic model that refuses unknown fields, so a document read back from the store is either
 exactly what was written or a clear error, never a half-understood dictionary. Times are timezone-aware UTC.
 
-How they relate, for one held step (one assistant message whose tool calls wait for decisions)::
+How they relate, for one held step (one assistant message whose tool calls wait for one guard's decisions)::
 
-    HeldStep            step.<step_id>.json          the assistant message and, per tool call, what to do with it
+    HeldStep            step.<seq>.json              the assistant message, the guard that held it, the run's state
     └── HeldCall        (inside the step)            "run" / "ask" / "deny", in the model's order
-        └── ApprovalRequest                          tenant, session, tool call id, tool, arguments and their digest,
-                                                     the tool's parameter schema, created, expires
+        └── ApprovalRequest                          tenant, session, guard, tool call id, tool, arguments and their
+                                                     digest, the tool's parameter schema, created, expires
     ApprovalDecision    decision.<request_id>.json   approve / deny / approve with edited arguments, bound to the
                                                      request (tenant, session, call id, tool, digest), expires
-    ExecutionClaim      claim.<call_key>.json        who ran a call, created once (conditional create)
-    StepClaim           resume.<step_id>.json        who resumed the step, created once (conditional create)
+    StepClaim           resume.<seq>.<attempt>.json  the worker resuming the step, and its lease (conditional create)
+    ExecutionClaim      claim.<call>.<try>.json      the worker running a call, with its idempotency key (once)
+    CallRecord          outcome.<call>.json          the result a call produced, recorded before anything else
+    StepDone            done.<seq>.json              the messages the resumed step added to the conversation
     RememberedApproval  memory.<key>.json            "ask once per session": an approval remembered until it expires
     AuditEvent          (namespace "audit")          one event: who, when, what
+
+Every document created with a conditional create carries its writer's `token`, so a create whose reply was lost is
+recognised as the writer's own (see `SessionDocuments.create`).
 """
 
 from datetime import datetime
@@ -23,6 +28,8 @@ from typing import Any, Literal
 
 from haystack.dataclasses import ChatMessage
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+
+from haystack_integrations.offload.stores.documents import writer_token
 
 ErrorKind = Literal["approval-denied", "approval-expired", "approval-invalid"]
 """The machine-readable kinds of error result a model receives for a call that did not run."""
@@ -32,6 +39,9 @@ APPROVAL_EXPIRED: ErrorKind = "approval-expired"
 APPROVAL_INVALID: ErrorKind = "approval-invalid"
 
 CallAction = Literal["run", "ask", "deny"]
+
+MAY_HAVE_RUN_GUARD = "may-have-run"
+"""The guard of requests `resume` makes itself: a call whose worker stopped mid-call; approving it retries the call."""
 
 
 class _Record(BaseModel):
@@ -61,6 +71,10 @@ class ApprovalRequest(_Record):
 
     request_id: str = Field(description="Unique within the session; pass it to `decide`.")
     step_id: str = Field(description="The held step (assistant message) the call belongs to.")
+    guard: str = Field(
+        default="approval",
+        description="The `ApprovalHook` that asks (its name), or 'may-have-run' for a call whose worker stopped.",
+    )
     tenant: str | None = Field(description="The tenant of the run's store; None only in runs without a store.")
     session: str | None = Field(description="The session of the run's store; None only in runs without a store.")
     position: int = Field(ge=0, description="The call's index among the message's tool calls.")
@@ -156,6 +170,7 @@ class ApprovalDecision(_Record):
     decided_by: str | None = None
     decided_at: AwareDatetime
     expires: AwareDatetime = Field(description="After this, the approval no longer lets the call run.")
+    token: str = Field(default_factory=writer_token, description="Unique to this decision's writer.")
 
     def expired(self, now: datetime) -> bool:
         """Whether the decision can no longer be used at `now`."""
@@ -183,15 +198,24 @@ class HeldCall(_Record):
 
 
 class HeldStep(_Record):
-    """One assistant message whose tool calls wait for decisions, kept whole so resuming loses nothing."""
+    """One assistant message whose tool calls wait for one guard's decisions, kept whole so resuming loses nothing."""
 
     step_id: str
+    sequence: int = Field(ge=1, description="The step's number in its session, claimed with a conditional create.")
     tenant: str
     session: str
+    guard: str = Field(default="approval", description="The hook (or 'may-have-run') whose requests the step holds.")
+    continues: str | None = Field(
+        default=None, description="The step whose resumption held this one: its decisions still apply."
+    )
     created: AwareDatetime
     requested_by: str | None = None
     message: dict[str, Any] = Field(description="The assistant message, as `ChatMessage.to_dict()`.")
     calls: list[HeldCall]
+    state: dict[str, Any] | None = Field(
+        default=None, description="The run's own state values when it stopped (`State.to_dict`), for the resumed run."
+    )
+    token: str = Field(default_factory=writer_token)
 
     @model_validator(mode="after")
     def _calls_match_the_message(self) -> "HeldStep":
@@ -211,23 +235,22 @@ class HeldStep(_Record):
         """The step's approval requests, in the model's order."""
         return [call.request for call in self.calls if call.request is not None]
 
-    def call_key_of(self, call: HeldCall) -> str:
-        """The name under which `call`'s execution is claimed: its request id, or the step id and its position."""
-        return call.request.request_id if call.request is not None else f"{self.step_id}-{call.position}"
-
 
 class StepClaim(_Record):
-    """The one worker that resumed a held step."""
+    """The worker resuming a held step, until its lease passes (renewed while it works)."""
 
     step_id: str
     tenant: str
     session: str
+    attempt: int = Field(ge=1, description="1 for the first claim; a takeover after a lapsed lease claims the next.")
     claimed_by: str
     claimed_at: AwareDatetime
+    lease_until: AwareDatetime
+    token: str = Field(default_factory=writer_token)
 
 
 class ExecutionClaim(_Record):
-    """The one worker that ran one call of a held step, and with which arguments."""
+    """The one worker running one call (one try of it), with the idempotency key the tool receives."""
 
     call_key: str
     step_id: str
@@ -235,10 +258,33 @@ class ExecutionClaim(_Record):
     session: str
     tool_call_id: str | None
     tool_name: str
-    arguments_digest: str = Field(description="Digest of the arguments the call ran with.")
-    request_id: str | None = None
+    arguments_digest: str = Field(description="Digest of the arguments the call runs with.")
+    attempt: int = Field(default=1, ge=1, description="1 for the first try; an explicit retry claims the next.")
+    idempotency_key: str = Field(description="The same for every try of the call: pass it on to side effects.")
     claimed_by: str
     claimed_at: AwareDatetime
+    token: str = Field(default_factory=writer_token)
+
+
+class CallRecord(_Record):
+    """What one call produced, recorded as soon as it returned, so no later failure can lose it."""
+
+    call_key: str
+    step_id: str
+    attempt: int = Field(ge=1)
+    result: dict[str, Any] = Field(description="The tool message, as `ChatMessage.to_dict()`.")
+    recorded_by: str
+    recorded_at: AwareDatetime
+
+
+class StepDone(_Record):
+    """A resumed step's end: the messages it added to the conversation, so a turn that was lost can recover them."""
+
+    step_id: str
+    messages: list[dict[str, Any]] = Field(description="What the step added (`ChatMessage.to_dict()`), in order.")
+    held_again: str | None = Field(default=None, description="The step held while resuming this one, if any.")
+    finished_by: str
+    finished_at: AwareDatetime
 
 
 class RememberedApproval(_Record):
@@ -257,9 +303,13 @@ class CallOutcome(_Record):
     position: int
     tool_call_id: str | None
     tool_name: str
-    outcome: Literal["executed", "denied", "expired", "invalid"]
+    outcome: Literal["executed", "recorded", "denied", "expired", "invalid", "may-have-run", "not-run"] = Field(
+        description="'executed': ran now; 'recorded': ran earlier, its recorded result was used; 'may-have-run': its "
+        "worker stopped mid-call, a person decides whether to retry it; 'not-run': another hook kept it from running."
+    )
     request_id: str | None = None
     arguments_digest: str | None = Field(default=None, description="Digest of the arguments it ran with.")
+    idempotency_key: str | None = Field(default=None, description="The key the call ran with (calls that ran).")
     reason: str | None = None
 
 

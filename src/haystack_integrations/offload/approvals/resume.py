@@ -1,103 +1,126 @@
 """
-Resuming a held step after its decisions: run what may run exactly once, answer the rest, continue the conversation.
+Resuming a held step after its decisions: re-enter the Agent's step at ``before_tool``, run what may run exactly once.
 
-Design: the held step's calls are run *by resume*, through the Agent's own tool executor (see `execution`), and their
-results are fed back with the held message; then the Agent continues from the next model call. The alternative, asking
-the model to re-issue the call and matching it by arguments digest, costs a model call, depends on the model repeating
-itself exactly, and cannot keep the other calls of the step in place. Running them here keeps the conversation exactly
-as it would have been without the pause:
+A held step is one assistant message whose calls wait for one guard (an `ApprovalHook`). Resuming is the rest of the
+Agent's step, as the Agent would have run it without the pause::
 
-    messages given to resume             (the stopped run's messages: the held message was taken out)
-    + user note per edited call          (Haystack's modification wording, so the model does not retry)
-    + the held assistant message         (edited arguments in place; text, reasoning and meta kept)
-    + one tool result per call           (in the model's order: real results, or approval-denied / -expired /
-                                          -invalid error results)
-    -> agent.run_async(...)              (the next model call sees everything; the run can hold again)
+    messages given to resume + the held message
+    -> the Agent's whole before_tool chain, with the decisions   every ApprovalHook applies its own decisions (or holds
+                                                                 again: a new step that continues this one); every
+                                                                 other hook (guardrails, @hooks) runs and is obeyed
+    -> the calls still pending, each exactly once                claim, run with its idempotency key, record the result
+    -> the Agent's after_tool hooks, then the next model call    (the run may hold again)
 
-Exactly once across workers: before anything runs, the worker creates ``resume.<step>.json`` with a conditional
-create (S3 ``If-None-Match: *``), then one ``claim.<call>.json`` per call it runs. Two workers resuming the same step
-get one winner; the loser raises `ApprovalClaimedError` having run nothing. The trade-off is at-most-once: a worker
-that dies between its claims and the calls leaves that step unresumable (the claim documents name the worker and the
-time; the audit has no execution for them), which is the right failure for tools with side effects. The audit events
-of a resume (``approval.resumed`` and one per call) are written together once the calls have run.
+Exactly once across workers, with a network that lies about outcomes and workers that die:
+
+- the worker claims the step (``resume.<n>.<attempt>``, a conditional create carrying its token) with a lease it renews
+  while it works. A lapsed lease (the worker died) lets another worker take over with the next attempt;
+- each call is claimed (``claim.<call>.<try>``) before it runs and its result recorded (``outcome.<call>``) as soon as
+  it returns, so a takeover reuses a recorded result instead of running the call again;
+- a call claimed but with no recorded result had its worker stop mid-call: nobody can know whether it took effect. It
+  is never re-run silently and never dropped: it is held as a ``may-have-run`` request. Approving it runs the call again
+  with the same idempotency key (`current_idempotency_key`), so a payment provider can tell; denying it tells the model
+  the call may have run;
+- the step's end (``done.<n>``) records the messages it added, so a turn that was lost still learns what ran.
 
 Every decision is checked again when it is used (tenant, session, request, tool call id, tool, arguments digest,
 expiry: see `binding`), and approved arguments are re-validated against the live tool's schema.
 """
 
 import asyncio
+import contextlib
+import contextvars
+import logging
 import os
 import socket
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from datetime import datetime
-from typing import Any, Literal
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
 
 from haystack.components.agents import Agent
+from haystack.components.agents.state.state import State
 from haystack.dataclasses import ChatMessage, ToolCall
 from haystack.hooks.tool_result_offloading import RESULT_STORE_CONTEXT_KEY
-from haystack.tools.tool import Tool
 
-from haystack_integrations.offload.approvals.audit import append_audit, append_audit_async, new_event
-from haystack_integrations.offload.approvals.binding import arguments_digest, binding_problem
-from haystack_integrations.offload.approvals.channels import APPROVAL_CHANNEL_KEY, DurableApprovals
+from haystack_integrations.offload.approvals.audit import append_audit_async, new_event
+from haystack_integrations.offload.approvals.binding import arguments_digest
+from haystack_integrations.offload.approvals.channels import APPROVAL_CHANNEL_KEY, APPROVAL_REQUIRED, DurableApprovals
 from haystack_integrations.offload.approvals.errors import (
     ApprovalClaimedError,
     ApprovalNotFoundError,
     ApprovalPendingError,
-    InvalidApprovalEditError,
     ResumeConversationError,
     ResumeInterruptedError,
 )
 from haystack_integrations.offload.approvals.execution import (
-    after_tool,
     after_tool_async,
-    execute,
+    before_tool_async,
     execute_async,
     resumed_state,
     run_tools,
 )
-from haystack_integrations.offload.approvals.ledger import ApprovalLedger, ApprovalListing, now
-from haystack_integrations.offload.approvals.outcomes import denial_result, denied_by_person, expired, resumed_shape
+from haystack_integrations.offload.approvals.ledger import (
+    ApprovalLedger,
+    ApprovalListing,
+    call_key,
+    idempotency_key,
+    now,
+    request_id,
+    sequence_of,
+    step_id_for,
+)
+from haystack_integrations.offload.approvals.outcomes import META_KEY, denial_result
 from haystack_integrations.offload.approvals.records import (
-    APPROVAL_INVALID,
-    ApprovalDecision,
+    MAY_HAVE_RUN_GUARD,
+    ApprovalRequest,
     AuditEvent,
     CallOutcome,
-    Denial,
-    ErrorKind,
+    CallRecord,
     ExecutionClaim,
+    HeldCall,
     HeldStep,
     StepClaim,
+    StepDone,
 )
-from haystack_integrations.offload.approvals.validation import validated_arguments
+from haystack_integrations.offload.approvals.resuming import RESUMING_KEY, ResumedDecisions, Verdict, verdict_of
+
+logger = logging.getLogger(__name__)
 
 OUTCOMES_KEY = "approval_outcomes"
 """The key under which `resume` adds one `CallOutcome` per call of the held step to the Agent's result."""
 
-_OUTCOME_OF_KIND: dict[ErrorKind, Literal["denied", "expired", "invalid"]] = {
-    "approval-denied": "denied",
-    "approval-expired": "expired",
-    "approval-invalid": "invalid",
-}
+DEFAULT_RESUME_LEASE = 120.0
+"""Seconds a resuming worker's claim lasts without renewal; it renews every third of that while it works."""
+
+MAY_HAVE_RUN_TTL = 7 * 24 * 3600.0
+"""Seconds a "may have run" request can be decided."""
+
+_IDEMPOTENCY_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("offload_idempotency_key", default=None)
+
+T = TypeVar("T")
+
+
+def current_idempotency_key() -> str | None:
+    """
+    The idempotency key of the approved call running now, for tools with side effects to pass on.
+
+    ```python
+    def send_invoice(customer: str, amount: int) -> str:
+        key = current_idempotency_key()          # the same on every try of this call
+        return payments.charge(customer, amount, idempotency_key=key)
+    ```
+
+    :returns: The key while `resume` runs an approved call (the same for a retry of a call that may have run), else
+        None.
+    """
+    return _IDEMPOTENCY_KEY.get()
 
 
 def default_worker() -> str:
     """This process's name in claims and the audit: ``<host>:<pid>``."""
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-@dataclass
-class _Plan:
-    """What resuming a step does with each of its calls, decided before anything runs."""
-
-    step: HeldStep
-    calls: list[ToolCall]
-    denials: dict[int, tuple[Denial, str | None]] = field(default_factory=dict)
-    edits: dict[int, dict[str, Any]] = field(default_factory=dict)
-
-    def to_run(self) -> list[int]:
-        return [position for position in range(len(self.calls)) if position not in self.denials]
 
 
 def resume(
@@ -107,6 +130,7 @@ def resume(
     *,
     hook_context: dict[str, Any] | None = None,
     worker: str | None = None,
+    lease: float = DEFAULT_RESUME_LEASE,
     **run_kwargs: Any,
 ) -> dict[str, Any]:
     """
@@ -119,56 +143,32 @@ def resume(
     print(reply["last_message"].text)
     ```
 
+    The sync API runs `resume_async` on an event loop of its own (in a helper thread when called from a running loop),
+    so the two cannot behave differently; hooks and tools with only sync methods run as Haystack runs them in async
+    runs.
+
     :param agent: The Agent that held the step (same tools and hooks; any instance, in any process).
     :param messages: The conversation as the stopped run returned it (the held message is not in it).
     :param store: The session's store; the held step is the session's newest.
     :param hook_context: The resumed run's `hook_context`; by default ``offload_context(store,
         approval_channel=DurableApprovals())``, so a further call that needs approval holds again.
     :param worker: This worker's name for claims and the audit; by default ``<host>:<pid>``.
+    :param lease: Seconds this worker's claim lasts without renewal (renewed while it works).
     :param run_kwargs: Passed to `Agent.run` (e.g. ``generation_kwargs``, state values).
     :returns: The Agent's result, plus ``approval_outcomes``: one `CallOutcome` per call of the step. If a call that
-        ran is one of the Agent's exit conditions, the run ends there (as the Agent would) without a model call.
+        ran is one of the Agent's exit conditions, the run ends there (as the Agent would) without a model call. If a
+        hook held the step again (another guard, or a call that may have run), ``exit_reason`` is
+        ``"approval_required"`` and the new requests are pending.
     :raises ApprovalNotFoundError: If the session has no held step.
     :raises ApprovalPendingError: If some requests are neither decided nor expired; nothing ran.
-    :raises ApprovalClaimedError: If another worker already resumed the step (or is resuming it); nothing ran here.
+    :raises ApprovalClaimedError: If the step was resumed already, or another worker's lease on it is live.
     :raises ResumeConversationError: If `messages` already contains the held message.
     :raises ResumeInterruptedError: If the step ran but the Agent then failed to continue; the conversation with the
         step's results is on the error's ``messages``, so nothing is lost.
     """
-    ledger = ApprovalLedger(store)
-    worker = worker or default_worker()
-    context = _resume_context(store, hook_context)
-    listing = ledger.listing()
-    step_id = _step_to_resume(listing)
-    step = ledger.step(step_id)
-    decisions = {request: ledger.decision(request) for request in listing.decisions_of(step_id)}
-    tools = run_tools(agent, run_kwargs.get("tools"))
-    plan = _plan(step, decisions, tools, at=now())
-    _check_conversation(messages, step)
-    try:
-        ledger.claim_step(_step_claim(step, worker))
-        for claim in _call_claims(plan, worker):
-            ledger.claim_call(claim)
-    except ApprovalClaimedError:
-        append_audit(store, _claim_lost(step, worker))
-        raise
-    resumed_event = _resumed(step, worker)
-    state = resumed_state(agent, list(messages), tools=tools, hook_context=context, values=run_kwargs)
-    ran = execute(agent, [plan.calls[position] for position in plan.to_run()], state)
-    results, outcomes, events = _results(plan, ran, worker)
-    shaped, assistant = resumed_shape(step.chat_message(), plan.calls, results, plan.edits)
-    append_audit(store, resumed_event, *events)
-    conversation = after_tool(agent, state, [*messages, *shaped])
-    exit_tool = _exit_condition(agent, assistant, results)
-    if exit_tool is not None:
-        return _finished(agent, state, conversation, exit_tool, outcomes)
-    run_kwargs.update(_state_values(agent, state))
-    try:
-        result = _continuing(agent).run(messages=conversation, hook_context=context, **run_kwargs)
-    except Exception as error:
-        raise _interrupted(error, conversation, outcomes) from error
-    result[OUTCOMES_KEY] = outcomes
-    return result
+    return _run_sync(
+        resume_async(agent, messages, store, hook_context=hook_context, worker=worker, lease=lease, **run_kwargs)
+    )
 
 
 async def resume_async(
@@ -178,6 +178,7 @@ async def resume_async(
     *,
     hook_context: dict[str, Any] | None = None,
     worker: str | None = None,
+    lease: float = DEFAULT_RESUME_LEASE,
     **run_kwargs: Any,
 ) -> dict[str, Any]:
     """
@@ -189,101 +190,416 @@ async def resume_async(
 
     Parameters, result and errors are those of `resume`.
     """
+    if not lease > 0:
+        raise ValueError(f"lease must be a positive number of seconds, got {lease}.")
     ledger = ApprovalLedger(store)
     worker = worker or default_worker()
     context = _resume_context(store, hook_context)
+    at = now()
     listing = await ledger.listing_async()
-    step_id = _step_to_resume(listing)
-    # The listing already names the step's decisions, so they are read alongside the step, not after it.
-    decided = listing.decisions_of(step_id)
-    step, found = await asyncio.gather(
-        ledger.step_async(step_id), asyncio.gather(*(ledger.decision_async(request) for request in decided))
-    )
-    decisions = dict(zip(decided, found, strict=True))
-    tools = run_tools(agent, run_kwargs.get("tools"))
-    plan = _plan(step, decisions, tools, at=now())
+    step = await ledger.step_async(_open_sequence(listing))
+    attempt = await _next_attempt(ledger, listing, step, at)
+    decisions = await _decisions(ledger, listing, step, at)
     _check_conversation(messages, step)
+    claim = StepClaim(
+        step_id=step.step_id,
+        tenant=step.tenant,
+        session=step.session,
+        attempt=attempt,
+        claimed_by=worker,
+        claimed_at=at,
+        lease_until=at + timedelta(seconds=lease),
+    )
     try:
-        await ledger.claim_step_async(_step_claim(step, worker))
-        await asyncio.gather(*(ledger.claim_call_async(claim) for claim in _call_claims(plan, worker)))
+        await ledger.claim_step_async(claim)
     except ApprovalClaimedError:
-        await append_audit_async(store, _claim_lost(step, worker))
+        await append_audit_async(store, _event(step, "approval.claim_lost", worker, {"attempt": attempt}))
         raise
-    resumed_event = _resumed(step, worker)
-    state = resumed_state(agent, list(messages), tools=tools, hook_context=context, values=run_kwargs)
-    ran = await execute_async(agent, [plan.calls[position] for position in plan.to_run()], state)
-    results, outcomes, events = _results(plan, ran, worker)
-    shaped, assistant = resumed_shape(step.chat_message(), plan.calls, results, plan.edits)
-    await append_audit_async(store, resumed_event, *events)
-    conversation = await after_tool_async(agent, state, [*messages, *shaped])
-    exit_tool = _exit_condition(agent, assistant, results)
+    events = [_event(step, "approval.resumed", worker, {"calls": len(step.calls), "attempt": attempt})]
+    tools = run_tools(agent, run_kwargs.get("tools"))
+    values = {**_restored_state(decisions.state), **run_kwargs}
+    state = resumed_state(
+        agent,
+        [*messages, step.chat_message()],
+        tools=tools,
+        hook_context={**context, RESUMING_KEY: decisions},
+        values=values,
+    )
+    async with _renewing(ledger, claim, lease):
+        resumed = _Resumed(ledger, listing, step, decisions, worker, len(messages))
+        await before_tool_async(agent, state)
+        pending = resumed.pending(state)
+        if pending is not None:
+            await resumed.run_once(agent, state, pending)
+        if resumed.held is not None:
+            reply = await resumed.held_again(state)
+            await append_audit_async(store, *events, *resumed.events, *resumed.answered(reply[OUTCOMES_KEY]))
+            return reply
+        conversation = await after_tool_async(agent, state, [*state.data["messages"], *resumed.results])
+        await resumed.finish(conversation, held_again=None)
+    outcomes = resumed.outcomes(conversation)
+    await append_audit_async(store, *events, *resumed.events, *resumed.answered(outcomes))
+    if state.data.get("stop_run") is not None:
+        return _stopped(agent, state, conversation, str(state.data["stop_run"]), outcomes)
+    exit_tool = _exit_condition(agent, pending, resumed.results)
     if exit_tool is not None:
-        return _finished(agent, state, conversation, exit_tool, outcomes)
-    run_kwargs.update(_state_values(agent, state))
+        return _stopped(agent, state, conversation, exit_tool, outcomes)
+    continuing = {**run_kwargs, **_state_values(agent, state)}
     try:
-        result = await _continuing(agent).run_async(messages=conversation, hook_context=context, **run_kwargs)
+        result = await _continuing(agent).run_async(messages=conversation, hook_context=context, **continuing)
     except Exception as error:
         raise _interrupted(error, conversation, outcomes) from error
     result[OUTCOMES_KEY] = outcomes
     return result
 
 
-# Planning: pure functions of what was read.
+@dataclass
+class _Resumed:
+    """One resumption's work on the calls still pending after the ``before_tool`` chain."""
 
+    ledger: ApprovalLedger
+    listing: ApprovalListing
+    """The listing read before the step was claimed: a call claimed since then was claimed under a lapsed lease of
+    ours, and its conditional create refuses us."""
+    step: HeldStep
+    decisions: ResumedDecisions
+    worker: str
+    before: int
+    """How many messages came before the held one: everything after them is what this step adds."""
+    results: list[ChatMessage] = field(default_factory=list)
+    ran: dict[str, tuple[str, str, int]] = field(default_factory=dict)
+    """tool call id -> (outcome, idempotency key, try) of the calls that ran or whose recorded result was used."""
+    events: list[AuditEvent] = field(default_factory=list)
+    held: HeldStep | None = None
 
-def _step_to_resume(listing: ApprovalListing) -> str:
-    step_id = listing.newest_step_id()
-    if step_id is None:
-        raise ApprovalNotFoundError("This session has no held step to resume.")
-    if listing.resumed(step_id):
-        raise ApprovalClaimedError(f"Held step {step_id!r} was already resumed; its decisions cannot be used again.")
-    return step_id
+    def pending(self, state: State) -> ChatMessage | None:
+        """The message whose calls the Agent would run now, as the hooks left it (None: nothing runs)."""
+        messages = state.data.get("messages") or []
+        if len(messages) <= self.before or not messages[-1].tool_calls:
+            return None
+        return messages[-1]  # type: ignore[no-any-return]
 
+    async def run_once(self, agent: Agent, state: State, message: ChatMessage) -> None:
+        """Run each pending call once: reuse recorded results, hold calls that may have run, run the others."""
+        plan = [self._plan(self.listing, position, call) for position, call in enumerate(message.tool_calls)]
+        uncertain = [item for item in plan if item.uncertain]
+        if uncertain:
+            self.held = await self._hold_may_have_run(message, plan)
+            return
+        for item in plan:
+            self.results.append(await self._one(agent, state, item))
 
-def _plan(step: HeldStep, decisions: dict[str, ApprovalDecision | None], tools: list[Tool], *, at: datetime) -> _Plan:
-    message = step.chat_message()
-    plan = _Plan(step=step, calls=list(message.tool_calls))
-    by_name = {tool.name: tool for tool in tools}
-    waiting = []
-    for held in step.calls:
-        position = held.position
-        if held.denial is not None:
-            plan.denials[position] = (held.denial, None)
-            continue
-        request = held.request
-        if request is None:
-            continue  # no approval needed: runs as the model asked
-        decision = decisions.get(request.request_id)
-        if decision is None:
-            if request.expired(at):
-                plan.denials[position] = (expired("nobody decided before the request expired."), request.request_id)
-            else:
-                waiting.append(request.request_id)
-            continue
-        problem = binding_problem(decision, request, tenant=step.tenant, session=step.session, now=at)
-        if problem is not None:
-            plan.denials[position] = (problem, request.request_id)
-            continue
-        if not decision.approved:
-            plan.denials[position] = (denied_by_person(decision.reason), request.request_id)
-            continue
-        arguments = dict(decision.arguments or {})
-        tool = by_name.get(request.tool_name)
-        if tool is not None:
-            try:
-                arguments = validated_arguments(request.tool_name, tool.parameters, arguments)
-            except InvalidApprovalEditError as error:  # the tool changed since the decision was validated
-                plan.denials[position] = (Denial(kind=APPROVAL_INVALID, reason=str(error)), request.request_id)
+    def _plan(self, listing: ApprovalListing, position: int, call: ToolCall) -> "_Call":
+        key = call_key(self.decisions.first_step_id, call.id, position)
+        item = _Call(position, call, key, idempotency_key(self.step.tenant, self.step.session, key))
+        tries = listing.call_tries(key)
+        if listing.has_outcome(key):
+            item.recorded = True
+        elif tries:
+            retry = self.decisions.verdict(MAY_HAVE_RUN_GUARD, call)
+            if retry is None:
+                item.uncertain = True
+            elif retry.denial is not None:
+                item.denial = retry
+            item.attempt = tries[-1] + 1
+        return item
+
+    async def _one(self, agent: Agent, state: State, item: "_Call") -> ChatMessage:
+        call = item.call
+        if item.recorded:
+            record = await self.ledger.call_record_async(item.key)
+            if record is not None:
+                self.ran[str(call.id)] = ("recorded", item.idempotency, record.attempt)
+                return ChatMessage.from_dict(record.result)
+        if item.denial is not None and item.denial.denial is not None:
+            request = item.denial.request
+            return denial_result(call, item.denial.denial, request_id=request.request_id)
+        await self.ledger.claim_call_async(
+            ExecutionClaim(
+                call_key=item.key,
+                step_id=self.step.step_id,
+                tenant=self.step.tenant,
+                session=self.step.session,
+                tool_call_id=call.id,
+                tool_name=call.tool_name,
+                arguments_digest=arguments_digest(call.arguments),
+                attempt=item.attempt,
+                idempotency_key=item.idempotency,
+                claimed_by=self.worker,
+                claimed_at=now(),
+            )
+        )
+        token = _IDEMPOTENCY_KEY.set(item.idempotency)
+        try:
+            [result] = await execute_async(agent, [call], state)
+        finally:
+            _IDEMPOTENCY_KEY.reset(token)
+        record = CallRecord(
+            call_key=item.key,
+            step_id=self.step.step_id,
+            attempt=item.attempt,
+            result=result.to_dict(),
+            recorded_by=self.worker,
+            recorded_at=now(),
+        )
+        try:
+            await self.ledger.record_call_async(record)
+        except Exception:  # the result is in the conversation this returns; a takeover would ask, never re-run
+            logger.warning("Could not record the result of call %s; it stays in the conversation.", item.key)
+        self.ran[str(call.id)] = ("executed", item.idempotency, item.attempt)
+        error = bool(result.tool_call_result is not None and result.tool_call_result.error)
+        self.events.append(
+            _event(
+                self.step,
+                "approval.executed",
+                self.worker,
+                {"error": error, "attempt": item.attempt, "idempotency_key": item.idempotency},
+                request_id=self.decisions.request_of(call),
+                tool_call_id=call.id,
+                tool_name=call.tool_name,
+                arguments_digest=arguments_digest(call.arguments),
+            )
+        )
+        return result
+
+    async def _hold_may_have_run(self, message: ChatMessage, plan: "list[_Call]") -> HeldStep:
+        created = now()
+        expires = created + timedelta(seconds=MAY_HAVE_RUN_TTL)
+
+        def build(sequence: int) -> HeldStep:
+            step_id = step_id_for(sequence)
+            calls = []
+            for item in plan:
+                request = None
+                if item.uncertain:
+                    request = ApprovalRequest(
+                        request_id=request_id(step_id, item.position),
+                        step_id=step_id,
+                        guard=MAY_HAVE_RUN_GUARD,
+                        tenant=self.step.tenant,
+                        session=self.step.session,
+                        position=item.position,
+                        tool_call_id=item.call.id,
+                        tool_name=item.call.tool_name,
+                        tool_description=(
+                            "This call's worker stopped while running it, so it may or may not have taken effect. "
+                            "Approve to run it again with the same idempotency key; deny to tell the model it may "
+                            "have run."
+                        ),
+                        arguments=dict(item.call.arguments),
+                        arguments_digest=arguments_digest(item.call.arguments),
+                        parameters={},
+                        rule="MayHaveRun",
+                        requested_by=self.worker,
+                        created=created,
+                        expires=expires,
+                    )
+                calls.append(
+                    HeldCall(
+                        position=item.position,
+                        tool_call_id=item.call.id,
+                        tool_name=item.call.tool_name,
+                        arguments_digest=arguments_digest(item.call.arguments),
+                        action="ask" if request is not None else "run",
+                        request=request,
+                    )
+                )
+            return HeldStep(
+                step_id=step_id,
+                sequence=sequence,
+                tenant=self.step.tenant,
+                session=self.step.session,
+                guard=MAY_HAVE_RUN_GUARD,
+                continues=self.step.step_id,
+                created=created,
+                requested_by=self.worker,
+                message=message.to_dict(),
+                calls=calls,
+                state=self.decisions.state,
+            )
+
+        held = await self.ledger.hold_async(build, after=self.step.sequence)
+        keys = {item.call.id: item.idempotency for item in plan}
+        for request in held.requests():
+            self.events.append(
+                _event(
+                    self.step,
+                    "approval.may_have_run",
+                    self.worker,
+                    {"held_as": request.request_id, "idempotency_key": keys.get(request.tool_call_id)},
+                    tool_call_id=request.tool_call_id,
+                    tool_name=request.tool_name,
+                    arguments_digest=request.arguments_digest,
+                )
+            )
+        return held
+
+    async def held_again(self, state: State) -> dict[str, Any]:
+        """Stop as a held run does: the pending message out of the conversation, its step recorded."""
+        messages = list(state.data["messages"])
+        if self.held is not None and messages and messages[-1].tool_calls:
+            messages = messages[:-1]
+        await self.finish(messages, held_again=self.held.step_id if self.held is not None else None)
+        return {
+            "messages": messages,
+            "last_message": messages[-1] if messages else None,
+            "step_count": 0,
+            "token_usage": {},
+            "tool_call_counts": dict(state.data.get("tool_call_counts") or {}),
+            "exit_reason": APPROVAL_REQUIRED,
+            OUTCOMES_KEY: self.outcomes(messages),
+        }
+
+    async def finish(self, conversation: list[ChatMessage], *, held_again: str | None) -> None:
+        """Record what this step added; from then on the step is closed."""
+        done = StepDone(
+            step_id=self.step.step_id,
+            messages=[message.to_dict() for message in conversation[self.before :]],
+            held_again=held_again,
+            finished_by=self.worker,
+            finished_at=now(),
+        )
+        await self.ledger.finish_step_async(self.step.sequence, done)
+
+    def outcomes(self, conversation: list[ChatMessage]) -> list[CallOutcome]:
+        """One outcome per call of the held step, read from what the step added to the conversation."""
+        answered = {
+            message.tool_call_result.origin.id: message
+            for message in conversation[self.before :]
+            if message.tool_call_result is not None
+        }
+        held_calls = {call.tool_call_id for call in self.held.calls} if self.held is not None else set()
+        outcomes = []
+        for call, tool_call in zip(self.step.calls, self.step.chat_message().tool_calls, strict=True):
+            request = call.request.request_id if call.request is not None else None
+            common: dict[str, Any] = {
+                "position": call.position,
+                "tool_call_id": call.tool_call_id,
+                "tool_name": call.tool_name,
+                "request_id": request,
+            }
+            ran = self.ran.get(str(tool_call.id))
+            if ran is not None:
+                outcome, key, _ = ran
+                result = answered.get(tool_call.id)
+                digest = (
+                    arguments_digest(result.tool_call_result.origin.arguments)
+                    if result and result.tool_call_result
+                    else None
+                )
+                outcomes.append(CallOutcome(outcome=outcome, arguments_digest=digest, idempotency_key=key, **common))  # type: ignore[arg-type]
                 continue
-        if decision.edited:
-            plan.edits[position] = arguments
-            plan.calls[position] = replace(plan.calls[position], arguments=arguments)
+            if tool_call.id in held_calls:
+                outcomes.append(
+                    CallOutcome(
+                        outcome="may-have-run" if self._uncertain(tool_call) else "not-run",
+                        reason="held again",
+                        **common,
+                    )
+                )
+                continue
+            answer = answered.get(tool_call.id)
+            meta = answer.meta.get(META_KEY) if answer is not None else None
+            if isinstance(meta, dict) and meta.get("kind"):
+                kind = str(meta["kind"]).removeprefix("approval-")
+                outcomes.append(CallOutcome(outcome=kind, reason=_text(answer), **common))  # type: ignore[arg-type]
+                continue
+            outcomes.append(CallOutcome(outcome="not-run", reason="another hook kept it from running", **common))
+        return outcomes
+
+    def answered(self, outcomes: list[CallOutcome]) -> list[AuditEvent]:
+        """One audit event per call that did not run here (ran calls have theirs): denied, expired, held, ..."""
+        return [
+            _event(
+                self.step,
+                f"approval.{outcome.outcome.replace('-', '_')}",
+                self.worker,
+                {"reason": outcome.reason},
+                request_id=outcome.request_id,
+                tool_call_id=outcome.tool_call_id,
+                tool_name=outcome.tool_name,
+            )
+            for outcome in outcomes
+            if outcome.outcome not in {"executed", "recorded"}
+        ]
+
+    def _uncertain(self, call: ToolCall) -> bool:
+        return self.held is not None and any(
+            held.request is not None and held.tool_call_id == call.id for held in self.held.calls
+        )
+
+
+@dataclass
+class _Call:
+    """What resuming does with one pending call."""
+
+    position: int
+    call: ToolCall
+    key: str
+    idempotency: str
+    attempt: int = 1
+    recorded: bool = False
+    uncertain: bool = False
+    denial: Verdict | None = None
+
+
+# Reading the step and its decisions
+
+
+def _open_sequence(listing: ApprovalListing) -> int:
+    sequence = listing.newest()
+    if sequence is None:
+        raise ApprovalNotFoundError("This session has no held step to resume.")
+    if listing.done(sequence):
+        raise ApprovalClaimedError(f"Held step {sequence} was already resumed; its decisions cannot be used again.")
+    return sequence
+
+
+async def _next_attempt(ledger: ApprovalLedger, listing: ApprovalListing, step: HeldStep, at: datetime) -> int:
+    """1 for a step nobody claimed; the next attempt when the last claim's lease has lapsed (its worker died)."""
+    attempts = listing.claims_of(step.sequence)
+    if not attempts:
+        return 1
+    last = await ledger.step_claim_async(step.sequence, attempts[-1])
+    if at < last.lease_until:
+        raise ApprovalClaimedError(
+            f"Held step {step.sequence} is being resumed by {last.claimed_by} (lease until "
+            f"{last.lease_until.isoformat()}); if that worker died, it can be resumed once the lease has passed."
+        )
+    return attempts[-1] + 1
+
+
+async def _decisions(
+    ledger: ApprovalLedger, listing: ApprovalListing, step: HeldStep, at: datetime
+) -> ResumedDecisions:
+    """The verdicts of this step and of the steps it continues (later steps' verdicts win); raise if some wait."""
+    chain = [step]
+    while chain[-1].continues is not None:
+        chain.append(await ledger.step_async(sequence_of(str(chain[-1].continues))))
+    decisions = ResumedDecisions(step=step, first_step_id=chain[-1].step_id, state=chain[-1].state)
+    waiting = []
+    for held in reversed(chain):
+        requests = held.requests()
+        found = await asyncio.gather(
+            *(ledger.decision_async(r.request_id) if listing.decided(r.request_id) else _none() for r in requests)
+        )
+        for request, decision in zip(requests, found, strict=True):
+            if decision is None and not request.expired(at):
+                waiting.append(request.request_id)
+                continue
+            if request.tool_call_id is not None:
+                verdict = verdict_of(request, decision, tenant=step.tenant, session=step.session, at=at)
+                decisions.verdicts[(request.guard, request.tool_call_id)] = verdict
     if waiting:
         raise ApprovalPendingError(
             f"{len(waiting)} approval request(s) of this step still wait for a decision: {', '.join(waiting)}.",
             waiting,
         )
-    return plan
+    return decisions
+
+
+async def _none() -> None:
+    return None
 
 
 def _check_conversation(messages: Sequence[ChatMessage], step: HeldStep) -> None:
@@ -308,113 +624,52 @@ def _resume_context(store: object, hook_context: dict[str, Any] | None) -> dict[
     return context
 
 
-# Records
+def _restored_state(serialized: dict[str, Any] | None) -> dict[str, Any]:
+    if not serialized:
+        return {}
+    return dict(State.from_dict(serialized).data)
 
 
-def _step_claim(step: HeldStep, worker: str) -> StepClaim:
-    return StepClaim(
-        step_id=step.step_id, tenant=step.tenant, session=step.session, claimed_by=worker, claimed_at=now()
-    )
+@contextlib.asynccontextmanager
+async def _renewing(ledger: ApprovalLedger, claim: StepClaim, lease: float) -> AsyncIterator[None]:
+    """Renew this worker's claim every third of its lease while the block runs, so a long call keeps it."""
+
+    async def renew() -> None:
+        while True:
+            await asyncio.sleep(lease / 3)
+            renewed = claim.model_copy(update={"lease_until": now() + timedelta(seconds=lease)})
+            try:
+                await ledger.renew_step_async(renewed)
+            except Exception as error:  # a missed renewal shortens the lease; the next one may land
+                logger.warning("Could not renew the claim on held step %s: %s", claim.step_id, error)
+
+    task = asyncio.create_task(renew())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
-def _call_claims(plan: _Plan, worker: str) -> list[ExecutionClaim]:
-    claims = []
-    for position in plan.to_run():
-        held = plan.step.calls[position]
-        call = plan.calls[position]
-        claims.append(
-            ExecutionClaim(
-                call_key=plan.step.call_key_of(held),
-                step_id=plan.step.step_id,
-                tenant=plan.step.tenant,
-                session=plan.step.session,
-                tool_call_id=call.id,
-                tool_name=call.tool_name,
-                arguments_digest=arguments_digest(call.arguments),
-                request_id=held.request.request_id if held.request is not None else None,
-                claimed_by=worker,
-                claimed_at=now(),
-            )
-        )
-    return claims
-
-
-def _results(
-    plan: _Plan, ran: list[ChatMessage], worker: str
-) -> tuple[list[ChatMessage], list[CallOutcome], list[AuditEvent]]:
-    """Merge the run calls' results with the denials, in the model's order, with an outcome and an event for each."""
-    executed = dict(zip(plan.to_run(), ran, strict=True))
-    results: list[ChatMessage] = []
-    outcomes: list[CallOutcome] = []
-    events: list[AuditEvent] = []
-    step = plan.step
-    for held, call in zip(step.calls, plan.calls, strict=True):
-        request_id = held.request.request_id if held.request is not None else None
-        ids: dict[str, Any] = {"tool_call_id": call.id, "tool_name": call.tool_name, "request_id": request_id}
-        if held.position in executed:
-            message = executed[held.position]
-            digest = arguments_digest(call.arguments)
-            results.append(message)
-            outcomes.append(
-                CallOutcome(
-                    position=held.position,
-                    tool_call_id=call.id,
-                    tool_name=call.tool_name,
-                    request_id=request_id,
-                    outcome="executed",
-                    arguments_digest=digest,
-                )
-            )
-            error = bool(message.tool_call_result is not None and message.tool_call_result.error)
-            events.append(_event(step, "approval.executed", worker, digest, {"error": error}, **ids))
-            continue
-        denial, _ = plan.denials[held.position]
-        results.append(denial_result(call, denial, request_id=request_id))
-        outcome = _OUTCOME_OF_KIND[denial.kind]
-        outcomes.append(
-            CallOutcome(
-                position=held.position,
-                tool_call_id=call.id,
-                tool_name=call.tool_name,
-                request_id=request_id,
-                outcome=outcome,
-                reason=denial.reason,
-            )
-        )
-        detail = {"kind": denial.kind, "reason": denial.reason}
-        events.append(_event(step, f"approval.{outcome}", worker, held.arguments_digest, detail, **ids))
-    return results, outcomes, events
-
-
-def _event(
-    step: HeldStep, event: str, actor: str, digest: str | None, detail: dict[str, Any], **ids: Any
-) -> AuditEvent:
+def _event(step: HeldStep, event: str, actor: str, detail: dict[str, Any], **ids: Any) -> AuditEvent:
     return new_event(
-        event=event,
-        actor=actor,
-        tenant=step.tenant,
-        session=step.session,
-        step_id=step.step_id,
-        arguments_digest=digest,
-        detail=detail,
-        **ids,
+        event=event, actor=actor, tenant=step.tenant, session=step.session, step_id=step.step_id, detail=detail, **ids
     )
 
 
-def _resumed(step: HeldStep, worker: str) -> AuditEvent:
-    return _event(step, "approval.resumed", worker, None, {"calls": len(step.calls)})
-
-
-def _claim_lost(step: HeldStep, worker: str) -> AuditEvent:
-    return _event(step, "approval.claim_lost", worker, None, {})
+def _text(message: ChatMessage | None) -> str | None:
+    if message is None or message.tool_call_result is None:
+        return None
+    return str(message.tool_call_result.result)
 
 
 # Continuing like the Agent would
 
 
-def _exit_condition(agent: Agent, assistant: ChatMessage, results: list[ChatMessage]) -> str | None:
+def _exit_condition(agent: Agent, assistant: ChatMessage | None, results: list[ChatMessage]) -> str | None:
     """The Agent's own rule: an exit-condition tool that ran without error ends the run (any errored one cancels)."""
-    if agent.exit_conditions == ["text"]:
+    if agent.exit_conditions == ["text"] or assistant is None:
         return None
     errored = {
         message.tool_call_result.origin.tool_name
@@ -452,13 +707,13 @@ def _continuing(agent: Agent) -> Agent:
     return agent.clone(system_prompt=None, user_prompt=None, required_variables=None)
 
 
-def _state_values(agent: Agent, state: Any) -> dict[str, Any]:
+def _state_values(agent: Agent, state: State) -> dict[str, Any]:
     # Tools may have written state (outputs_to_state): hand it to the resumed run like the caller's own values.
     return {key: state.data[key] for key in agent.state_schema if key in state.data}
 
 
-def _finished(
-    agent: Agent, state: Any, conversation: list[ChatMessage], exit_tool: str, outcomes: list[CallOutcome]
+def _stopped(
+    agent: Agent, state: State, conversation: list[ChatMessage], reason: str, outcomes: list[CallOutcome]
 ) -> dict[str, Any]:
     return {
         **_state_values(agent, state),
@@ -467,6 +722,20 @@ def _finished(
         "step_count": 1,
         "token_usage": {},
         "tool_call_counts": dict(state.data.get("tool_call_counts") or {}),
-        "exit_reason": exit_tool,
+        "exit_reason": reason,
         OUTCOMES_KEY: outcomes,
     }
+
+
+def _run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run the async core from sync code: on a new loop here, or in a helper thread when a loop already runs here."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        running = False
+    else:
+        running = True
+    if not running:
+        return asyncio.run(coroutine)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="offload-resume") as pool:
+        return pool.submit(asyncio.run, coroutine).result()

@@ -7,6 +7,9 @@ adds: the channel comes per run, "ask once" is remembered per session in the sto
 run with its requests recorded so that a decision made later, in any worker, can resume it exactly once.
 """
 
+import hashlib
+import json
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -30,7 +33,7 @@ from haystack_integrations.offload.approvals.channels import (
     channel_from,
 )
 from haystack_integrations.offload.approvals.errors import InvalidApprovalEditError
-from haystack_integrations.offload.approvals.ledger import ApprovalLedger, new_step_id, now, request_id
+from haystack_integrations.offload.approvals.ledger import ApprovalLedger, StepBuilder, now, request_id, step_id_for
 from haystack_integrations.offload.approvals.outcomes import denied_by_person, expired, in_process_shape
 from haystack_integrations.offload.approvals.records import (
     APPROVAL_DENIED,
@@ -45,6 +48,7 @@ from haystack_integrations.offload.approvals.records import (
     RememberApproval,
     RememberedApproval,
 )
+from haystack_integrations.offload.approvals.resuming import RESUMING_KEY, ResumedDecisions, Verdict
 from haystack_integrations.offload.approvals.rules import (
     AskOncePerSession,
     RuleKey,
@@ -55,7 +59,21 @@ from haystack_integrations.offload.approvals.rules import (
     rule_for,
     serialize_rules,
 )
-from haystack_integrations.offload.approvals.validation import approved_arguments
+from haystack_integrations.offload.approvals.validation import approved_arguments, validated_arguments
+
+# Keys of the Agent's own bookkeeping in State; everything else is the run's own state, kept with a held step.
+_AGENT_STATE_KEYS = [
+    "messages",
+    "step_count",
+    "token_usage",
+    "tool_call_counts",
+    "exit_reason",
+    "continue_run",
+    "stop_run",
+    "tools",
+    "hook_context",
+    "context_tokens",
+]
 
 UNBOUND_CALL = Denial(
     kind=APPROVAL_DENIED,
@@ -87,6 +105,7 @@ class _Step:
     ledger: ApprovalLedger | None
     created: datetime
     step_id: str
+    resuming: ResumedDecisions | None = None
     requests: dict[int, ApprovalRequest] = field(default_factory=dict)
     denials: dict[int, tuple[Denial, str | None]] = field(default_factory=dict)
     edits: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -156,13 +175,17 @@ class ApprovalHook:
 
     allowed_hook_points = ("before_tool",)
 
-    def __init__(self, rules: Mapping[RuleKey, ConfirmationPolicy]) -> None:
+    def __init__(self, rules: Mapping[RuleKey, ConfirmationPolicy], *, name: str | None = None) -> None:
         """
         :param rules: Tool name, tuple of tool names, or ``"*"`` -> a `ConfirmationPolicy` (Haystack's
             `AlwaysAskPolicy` / `NeverAskPolicy`, `AskOncePerSession`, `AskWhen`, or your own).
+        :param name: The hook's guard name, which binds its decisions to it when several approval hooks guard one
+            Agent; by default a digest of its rules (two hooks with the same rules then share their decisions).
         :raises TypeError: If a key or rule is invalid, or a rule is Haystack's process-wide `AskOncePolicy`.
         """
         self.rules = checked_rules(rules)
+        self._name = name
+        self.guard = name if name is not None else _default_guard(self.rules)
 
     # Hook protocol
 
@@ -176,21 +199,22 @@ class ApprovalHook:
             session-scoped store.
         :raises Exception: Whatever an in-process callback raised.
         """
-        step = self._begin(state)
+        step = self._decided_step(state)
         if step is None:
             return
         if step.ledger is not None and step.memory_keys():
             step.apply_memory([step.ledger.remembered(key) for key in step.memory_keys()])
         if not step.asks():
+            self._finish_decided(state, step)
             return
-        self._make_requests(step)
         if isinstance(step.channel, DurableApprovals):
-            held = self._hold(step, state)
-            if step.ledger is not None:
-                if held is not None:
-                    step.ledger.put_step(held)
-                append_audit(step.ledger.store, *step.events)
+            ledger = _durable_ledger(step)
+            held = ledger.hold(self._builder(step, state), after=_resumed_sequence(step))
+            step.events.extend(_requested(held, step.channel.actor))
+            _stop(state, step, held)
+            append_audit(ledger.store, *step.events)
             return
+        self._make_requests(step, step.step_id)
         channel = step.channel
         for request in step.requests.values():
             step.events.append(_event("approval.requested", request, actor=channel.actor))
@@ -208,22 +232,23 @@ class ApprovalHook:
 
     async def run_async(self, state: State) -> None:
         """Async `run`: store I/O and callbacks never block the event loop."""
-        step = self._begin(state)
+        step = self._decided_step(state)
         if step is None:
             return
         if step.ledger is not None and step.memory_keys():
             ledger = step.ledger
             step.apply_memory([await ledger.remembered_async(key) for key in step.memory_keys()])
         if not step.asks():
+            await self._finish_decided_async(state, step)
             return
-        self._make_requests(step)
         if isinstance(step.channel, DurableApprovals):
-            held = self._hold(step, state)
-            if step.ledger is not None:
-                if held is not None:
-                    await step.ledger.put_step_async(held)
-                await append_audit_async(step.ledger.store, *step.events)
+            ledger = _durable_ledger(step)
+            held = await ledger.hold_async(self._builder(step, state), after=_resumed_sequence(step))
+            step.events.extend(_requested(held, step.channel.actor))
+            _stop(state, step, held)
+            await append_audit_async(ledger.store, *step.events)
             return
+        self._make_requests(step, step.step_id)
         channel = step.channel
         for request in step.requests.values():
             step.events.append(_event("approval.requested", request, actor=channel.actor))
@@ -243,7 +268,7 @@ class ApprovalHook:
 
     def to_dict(self) -> dict[str, Any]:
         """Serialize the hook and its rules (tuple keys become JSON-array strings, as in Haystack)."""
-        return default_to_dict(self, rules=serialize_rules(self.rules))
+        return default_to_dict(self, rules=serialize_rules(self.rules), name=self._name)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ApprovalHook":
@@ -255,6 +280,41 @@ class ApprovalHook:
 
     # The steps shared by run and run_async; none of them does I/O.
 
+    def _decided_step(self, state: State) -> _Step | None:
+        """
+        Begin the step, answering in place what needs no asking: decisions this guard already made (when resuming)
+        and, on the durable channel, calls with no id (nothing to bind a decision to).
+
+        Those answers rewrite the conversation (Haystack's shape) and the calls still running are screened again on the
+        rewritten message, so what is held is exactly what still waits for this guard.
+        """
+        step = self._begin(state)
+        answered: list[AuditEvent] = []
+        for _ in range(3):  # a later pass sees only approvals whose arguments are already the approved ones
+            if step is None:
+                return None
+            step.events[:0] = answered
+            if step.resuming is not None:
+                self._apply_verdicts(step)
+            if isinstance(step.channel, DurableApprovals):
+                _deny_unbound(step)
+            if not step.denials and not step.edits:
+                return step
+            _rewrite(state, step)
+            answered = list(step.events)
+            step = self._begin(state)
+        return step
+
+    def _finish_decided(self, state: State, step: _Step) -> None:
+        if step.ledger is not None and step.events:
+            append_audit(step.ledger.store, *step.events)
+        _rewrite(state, step)
+
+    async def _finish_decided_async(self, state: State, step: _Step) -> None:
+        if step.ledger is not None and step.events:
+            await append_audit_async(step.ledger.store, *step.events)
+        _rewrite(state, step)
+
     def _begin(self, state: State) -> _Step | None:
         messages = state.data.get("messages") or []
         if not messages or not messages[-1].tool_calls:
@@ -265,6 +325,7 @@ class ApprovalHook:
         if not any(item.ask for item in screened):
             return None
         hook_context = state.data.get("hook_context") or {}
+        resuming = hook_context.get(RESUMING_KEY)
         channel = channel_from(hook_context)
         if channel is None:
             asked = sorted({item.call.tool_name for item in screened if item.ask})
@@ -283,7 +344,9 @@ class ApprovalHook:
         else:
             ledger = _optional_ledger(store)
         created = now()
-        return _Step(message, screened, channel, ledger, created, new_step_id(created))
+        # In-process requests are never stored as a step: sequence 0 marks them, the random part keeps them apart.
+        step_id = f"{0:08d}-{secrets.token_hex(6)}"
+        return _Step(message, screened, channel, ledger, created, step_id, resuming=resuming)
 
     def _screen(self, position: int, call: ToolCall, tools: dict[str, Tool]) -> _Screened:
         tool = tools.get(call.tool_name)
@@ -299,20 +362,49 @@ class ApprovalHook:
             screened.memory = memory_key(call.tool_name, digest if rule.per_arguments else None)
         return screened
 
+    def _apply_verdicts(self, step: _Step) -> None:
+        """Answer the calls this guard already decided on, from the resumed step's decisions."""
+        resuming = step.resuming
+        assert resuming is not None  # noqa: S101 - only called when resuming
+        for item in step.screened:
+            if not item.ask:
+                continue
+            verdict = resuming.verdict(self.guard, item.call)
+            if verdict is None:
+                continue
+            item.ask = False
+            self._apply_verdict(step, item, verdict)
+
     @staticmethod
-    def _make_requests(step: _Step) -> None:
+    def _apply_verdict(step: _Step, item: _Screened, verdict: Verdict) -> None:
+        request = verdict.request
+        if verdict.denial is not None:
+            step.denials[item.position] = (verdict.denial, request.request_id)
+            return
+        arguments = verdict.arguments or {}
+        if arguments == dict(item.call.arguments):
+            return
+        try:  # the live tool may have changed since the decision was validated
+            parameters = item.tool.parameters if item.tool is not None else request.parameters
+            step.edits[item.position] = validated_arguments(request.tool_name, parameters, arguments)
+        except InvalidApprovalEditError as error:
+            step.denials[item.position] = (Denial(kind=APPROVAL_INVALID, reason=str(error)), request.request_id)
+
+    def _make_requests(self, step: _Step, step_id: str) -> None:
         channel = step.channel
         ttl = channel.ttl if isinstance(channel, DurableApprovals) else channel.timeout
         tenant = step.ledger.tenant if step.ledger is not None else None
         session = step.ledger.session if step.ledger is not None else None
+        step.requests.clear()
         for item in step.screened:
             if not item.ask or item.tool is None or item.rule is None:
                 continue
             if isinstance(channel, DurableApprovals) and item.call.id is None:
                 continue  # nothing to bind a decision to: held as a denial instead
             step.requests[item.position] = ApprovalRequest(
-                request_id=request_id(step.step_id, item.position),
-                step_id=step.step_id,
+                request_id=request_id(step_id, item.position),
+                step_id=step_id,
+                guard=self.guard,
                 tenant=tenant,
                 session=session,
                 position=item.position,
@@ -329,62 +421,44 @@ class ApprovalHook:
                 remember=item.remember,
             )
 
+    def _builder(self, step: _Step, state: State) -> StepBuilder:
+        """What `ApprovalLedger.hold` records under the number it claims: the message, its calls, the run's state."""
+        ledger = _durable_ledger(step)
+        resuming = step.resuming
+        run_state = resuming.state if resuming is not None else _run_state(state)
+
+        def build(sequence: int) -> HeldStep:
+            step_id = step_id_for(sequence)
+            self._make_requests(step, step_id)
+            return HeldStep(
+                step_id=step_id,
+                sequence=sequence,
+                tenant=ledger.tenant,
+                session=ledger.session,
+                guard=self.guard,
+                continues=resuming.step.step_id if resuming is not None else None,
+                created=step.created,
+                requested_by=step.channel.actor,
+                message=step.message.to_dict(),
+                calls=[self._held_call(step, item) for item in step.screened],
+                state=run_state,
+            )
+
+        return build
+
     @staticmethod
-    def _hold(step: _Step, state: State) -> HeldStep | None:
-        """Build the held step and stop the run; None when no call could be bound (those are denied in place)."""
-        ledger = step.ledger
-        assert ledger is not None  # noqa: S101 - DurableApprovals always has a ledger (checked in _begin)
-        unbound = [item for item in step.screened if item.ask and item.position not in step.requests]
-        for item in unbound:
-            step.denials[item.position] = (UNBOUND_CALL, None)
-            step.events.append(
-                new_event(
-                    event="approval.denied",
-                    actor=None,
-                    tenant=ledger.tenant,
-                    session=ledger.session,
-                    step_id=step.step_id,
-                    tool_call_id=item.call.id,
-                    tool_name=item.call.tool_name,
-                    arguments_digest=item.digest,
-                    detail={"kind": UNBOUND_CALL.kind, "reason": UNBOUND_CALL.reason},
-                )
-            )
-        if not step.requests:
-            _rewrite(state, step)
-            return None
-        calls = []
-        for item in step.screened:
-            request = step.requests.get(item.position)
-            action: CallAction = "ask" if request is not None else ("deny" if item.ask else "run")
-            calls.append(
-                HeldCall(
-                    position=item.position,
-                    tool_call_id=item.call.id,
-                    tool_name=item.call.tool_name,
-                    arguments_digest=item.digest,
-                    action=action,
-                    request=request,
-                    denial=UNBOUND_CALL if action == "deny" else None,
-                )
-            )
-            if request is not None:
-                step.events.append(_event("approval.requested", request, actor=step.channel.actor))
-        held = HeldStep(
-            step_id=step.step_id,
-            tenant=ledger.tenant,
-            session=ledger.session,
-            created=step.created,
-            requested_by=step.channel.actor,
-            message=step.message.to_dict(),
-            calls=calls,
+    def _held_call(step: _Step, item: _Screened) -> HeldCall:
+        request = step.requests.get(item.position)
+        action: CallAction = "ask" if request is not None else ("deny" if item.ask else "run")
+        return HeldCall(
+            position=item.position,
+            tool_call_id=item.call.id,
+            tool_name=item.call.tool_name,
+            arguments_digest=item.digest,
+            action=action,
+            request=request,
+            denial=UNBOUND_CALL if action == "deny" else None,
         )
-        # The held message leaves this run's conversation (resume puts it back with its results), so the history the
-        # run returns stays valid for any provider: no tool call without a result.
-        messages = state.data["messages"]
-        state.set("messages", messages[:-1], handler_override=replace_values)
-        state.set("stop_run", APPROVAL_REQUIRED)
-        return held
 
     @staticmethod
     def _refuse(step: _Step, request: ApprovalRequest, reason: str, *, actor: str | None) -> None:
@@ -420,6 +494,63 @@ class ApprovalHook:
             step.edits[position] = arguments
         elif request.remember is not None:
             step.memories.append(remembered_approval(request, decision.decided_by, now()))
+
+
+def _default_guard(rules: Mapping[RuleKey, ConfirmationPolicy]) -> str:
+    canonical = json.dumps(serialize_rules(rules), sort_keys=True, default=str)
+    return "approval-" + hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def _durable_ledger(step: _Step) -> ApprovalLedger:
+    assert step.ledger is not None  # noqa: S101 - DurableApprovals always has a ledger (checked in _begin)
+    return step.ledger
+
+
+def _resumed_sequence(step: _Step) -> int | None:
+    # Holding again while resuming step n takes the next number after n without listing; a race moves it further.
+    return step.resuming.step.sequence if step.resuming is not None else None
+
+
+def _run_state(state: State) -> dict[str, Any] | None:
+    """The run's own state values (the Agent's `state_schema`), serialized as Haystack serializes State."""
+    own = [key for key in state.data if key not in _AGENT_STATE_KEYS]
+    if not own:
+        return None
+    return state.to_dict(skip_keys=_AGENT_STATE_KEYS)
+
+
+def _deny_unbound(step: _Step) -> None:
+    """A durable call with no id has nothing to bind a decision to: it is answered as denied, never held."""
+    for item in step.screened:
+        if item.ask and item.call.id is None:
+            item.ask = False
+            step.denials[item.position] = (UNBOUND_CALL, None)
+            step.events.append(
+                new_event(
+                    event="approval.denied",
+                    actor=None,
+                    tenant=step.ledger.tenant if step.ledger is not None else None,
+                    session=step.ledger.session if step.ledger is not None else None,
+                    step_id=None,
+                    tool_call_id=None,
+                    tool_name=item.call.tool_name,
+                    arguments_digest=item.digest,
+                    detail={"kind": UNBOUND_CALL.kind, "reason": UNBOUND_CALL.reason},
+                )
+            )
+
+
+def _stop(state: State, step: _Step, held: HeldStep) -> None:
+    """Take the held message out of the run and stop it."""
+    # The held message leaves this run's conversation (resume puts it back with its results), so the history the
+    # run returns stays valid for any provider: no tool call without a result.
+    messages = state.data["messages"]
+    state.set("messages", messages[:-1], handler_override=replace_values)
+    state.set("stop_run", APPROVAL_REQUIRED)
+
+
+def _requested(held: HeldStep, actor: str | None) -> list[AuditEvent]:
+    return [_event("approval.requested", request, actor=actor) for request in held.requests()]
 
 
 def _rewrite(state: State, step: _Step) -> None:
