@@ -32,6 +32,7 @@ from haystack_integrations.offload.approvals.records import (
     AuditEvent,
     Decision,
     HeldStep,
+    StepDone,
 )
 from haystack_integrations.offload.approvals.rules import remembered_approval
 from haystack_integrations.offload.approvals.validation import approved_arguments
@@ -137,6 +138,19 @@ async def open_step_async(store: object) -> "OpenStep | None":
     return OpenStep(
         sequence=sequence, waiting=waiting, resuming_until=lease_until if lease_until and at < lease_until else None
     )
+
+
+async def newest_done_async(store: object) -> StepDone | None:
+    """
+    What the session's newest finished step added to the conversation, or None.
+
+    :param store: The session's store.
+    :returns: The done record of the newest step that has one.
+    """
+    ledger = ApprovalLedger(store)
+    listing = await ledger.listing_async()
+    finished = [sequence for sequence in listing.sequences() if listing.done(sequence)]
+    return await ledger.done_async(finished[-1]) if finished else None
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,8 @@ from haystack_integrations.offload.approvals import (
     read_audit_async,
     resume_async,
 )
-from haystack_integrations.offload.approvals.resume import OUTCOMES_KEY, default_worker
+from haystack_integrations.offload.approvals.decisions import newest_done_async, open_step_async
+from haystack_integrations.offload.approvals.resume import DEFAULT_RESUME_LEASE, OUTCOMES_KEY, default_worker
 from haystack_integrations.offload.context import offload_context
 from haystack_integrations.offload.errors import InvalidReferenceError, ResultNotFoundError
 from haystack_integrations.offload.hooks.pointers import OFFLOADED_META_KEY
@@ -161,6 +162,7 @@ class ChatService:
         *,
         approval_ttl: float = 24 * 3600.0,
         turn_lease: float = DEFAULT_TURN_LEASE,
+        resume_lease: float = DEFAULT_RESUME_LEASE,
         system_prompt: str | None = None,
         worker: str | None = None,
     ) -> None:
@@ -168,12 +170,15 @@ class ChatService:
         :param agent: The shared Agent (see `build_agent`); its hooks must include `ApprovalHook` for approvals.
         :param approval_ttl: Seconds an approval request can be decided.
         :param turn_lease: Seconds a turn may run before a later request may declare it abandoned.
+        :param resume_lease: Seconds a resuming worker's claim on a held step lasts unrenewed (it renews it while it
+            works); after a worker died, the step can be resumed elsewhere once this has passed.
         :param system_prompt: Prepended to a session's first turn (stored with the conversation, so it is sent once).
         :param worker: This worker's name in history, claims and audit; default ``<host>:<pid>``.
         """
         self.agent = agent
         self.approval_ttl = approval_ttl
         self.turn_lease = turn_lease
+        self.resume_lease = resume_lease
         self.system_prompt = system_prompt
         self.worker = worker or default_worker()
 
@@ -227,25 +232,40 @@ class ChatService:
         :raises SessionBusyError: If another request holds the session's next turn.
         :raises RunFailedError: If continuing failed (what ran is kept in the conversation).
         """
+        # The approval ledger, not the history, says whether a step waits: a turn that died while resuming (its
+        # worker killed, its end never written) leaves the step open, and it must stay resumable.
+        step = await open_step_async(store)
+        if step is None:
+            raise NothingToResumeError("Nothing waits for approval in this session.")
+        if step.waiting:
+            raise ApprovalPendingConflict(
+                f"{len(step.waiting)} approval request(s) still wait for a decision.", step.waiting
+            )
+        if step.resuming_until is not None:
+            raise SessionBusyError("Another worker is resuming this conversation; try again when it has finished.")
         history = self._history(store)
         state = await history.read()
-        if not state.held_for_approval:
-            raise NothingToResumeError("Nothing waits for approval in this session.")
-        pending = await pending_approvals_async(store)
-        if pending:
-            raise ApprovalPendingConflict(f"{len(pending)} approval request(s) still wait for a decision.", pending)
         turn = await history.begin(state, kind="resume", actor=actor)
+        conversation = await self._with_lost_steps(store, list(turn.conversation))
         try:
             reply = await resume_async(
-                self.agent, turn.conversation, store, hook_context=self._context(store, actor), worker=self.worker
+                self.agent,
+                conversation,
+                store,
+                hook_context=self._context(store, actor),
+                worker=self.worker,
+                lease=self.resume_lease,
             )
         except ResumeInterruptedError as error:
             # The step ran (exactly once); keep its results in the conversation even though the model call failed.
             await self._fail(history, turn, error, messages=list(error.messages))
             raise RunFailedError("The approved calls ran, but the agent failed to continue.") from error
-        except (ApprovalClaimedError, ApprovalPendingError, ApprovalNotFoundError) as error:
-            # Nothing ran here. A claimed step cannot be resumed again (at-most-once), so the session moves on.
-            await self._fail(history, turn, error, messages=list(turn.conversation))
+        except ApprovalClaimedError as error:
+            # Nothing ran here: another worker claimed the step first (or finished it). The conversation is unchanged.
+            await self._fail(history, turn, error, messages=None)
+            raise SessionBusyError(f"The held step is being resumed elsewhere: {error}") from error
+        except (ApprovalPendingError, ApprovalNotFoundError) as error:
+            await self._fail(history, turn, error, messages=None)
             raise NothingToResumeError(f"The held step cannot be resumed: {error}") from error
         except Exception as error:
             await self._fail(history, turn, error, messages=None)
@@ -327,7 +347,10 @@ class ChatService:
         try:
             resumed = await self.resume(store, actor=actor)
         except (SessionBusyError, NothingToResumeError):
-            # A concurrent decider's request is resuming (or has resumed) the step: the decision stands either way.
+            # "Resumed elsewhere" only when another worker's claim on the step really exists (it is resuming, or has
+            # finished it); any other failure is the caller's to retry, and the decision stands either way.
+            if not await self._resumed_elsewhere(store):
+                raise
             return DecisionOutcome(decision=record, pending=[], resumed=None, resumed_elsewhere=True)
         return DecisionOutcome(decision=record, pending=resumed.pending, resumed=resumed)
 
@@ -422,12 +445,38 @@ class ChatService:
         return offload_context(store, approval_channel=DurableApprovals(ttl=self.approval_ttl, actor=actor))
 
     async def _refuse_while_held(self, store: FsspecToolResultStore, state: HistoryState) -> None:
-        if state.held_for_approval:
-            pending = await pending_approvals_async(store)
+        # Asked of the ledger: a step whose resuming turn died is still open, and a new message must not drop it.
+        step = await open_step_async(store)
+        if step is not None:
             raise ApprovalPendingConflict(
-                "This conversation waits for approval decisions: decide them (or resume, if they expired) first.",
-                pending,
+                "This conversation waits for approval decisions: decide them (or resume, if they are decided or "
+                "expired) first.",
+                step.waiting,
             )
+
+    async def _resumed_elsewhere(self, store: FsspecToolResultStore) -> bool:
+        step = await open_step_async(store)
+        if step is None:
+            return True  # the step was finished, by another worker's resume
+        return step.resuming_until is not None
+
+    async def _with_lost_steps(
+        self, store: FsspecToolResultStore, conversation: list[ChatMessage]
+    ) -> list[ChatMessage]:
+        """
+        Add what the newest resumed step recorded, if its turn was lost (abandoned, or its end never written).
+
+        The calls ran and their results are recorded in the step's done record, so the model learns that they ran.
+        """
+        done = await newest_done_async(store)
+        if done is None:
+            return conversation
+        answered = {m.tool_call_result.origin.id for m in conversation if m.tool_call_result is not None}
+        added = [ChatMessage.from_dict(message) for message in done.messages]
+        results = {m.tool_call_result.origin.id for m in added if m.tool_call_result is not None}
+        if not results or results & answered:
+            return conversation
+        return [*conversation, *added]
 
     async def _finish(
         self,

@@ -1,0 +1,113 @@
+"""
+The reference server's approval flow (message -> hold -> decide -> resume) under faults: a lost reply to a conditional
+create, and a worker that dies while it resumes. Run through `ChatService`, the framework-free core of the server.
+"""
+
+import asyncio
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from approval_scenario import ledger_lines, plan
+from test_approval_composition import STOP_ONCE, Stop, agent_with, approvals, flaky_invoice, ran
+
+from haystack_integrations.offload import FsspecToolResultStore, RetryPolicy
+from haystack_integrations.offload.local_s3 import LocalS3Server
+from haystack_integrations.offload.server.errors import ApprovalPendingConflict
+from haystack_integrations.offload.server.service import ChatService
+from haystack_integrations.offload.testing.faults import Fault, FaultProxy
+
+FAST_RETRY = RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05, attempt_timeout=2.0)
+
+
+@pytest.fixture(scope="module")
+def fault_proxy(s3_server: LocalS3Server) -> Iterator[FaultProxy]:
+    with FaultProxy(s3_server.endpoint_url, slow_seconds=0.3, hold_seconds=5.0) as proxy:
+        yield proxy
+
+
+@pytest.fixture
+def faulty_session(s3_server: LocalS3Server, fault_proxy: FaultProxy) -> FsspecToolResultStore:
+    options = {
+        **s3_server.storage_options(),
+        "endpoint_url": fault_proxy.endpoint_url,
+        "config_kwargs": {"read_timeout": 0.5, "connect_timeout": 1},
+    }
+    root = FsspecToolResultStore(
+        f"{s3_server.bucket_url}/{uuid.uuid4().hex}", storage_options=options, retry=FAST_RETRY
+    )
+    return root.for_session("acme", "chat-1")
+
+
+@pytest.mark.s3
+async def test_a_lost_reply_to_the_decision_does_not_lose_the_approved_call(
+    faulty_session: FsspecToolResultStore, fault_proxy: FaultProxy, ledger: Path
+) -> None:
+    invoice_hook, _ = approvals()
+    service = ChatService(agent_with([invoice_hook]))
+    held = await service.send_message(
+        faulty_session, plan(("send_invoice", {"customer": "a", "amount": 5}, "c1")).text or ""
+    )
+    [request] = held.pending
+    # S3 stores the decision, the connection drops before its answer, aiohttp resends the PUT and gets 412.
+    fault_proxy.inject(Fault.RESET_AFTER, method="PUT")
+    outcome = await service.decide(faulty_session, request.request_id, approved=True)
+    assert outcome.resumed is not None and not outcome.resumed_elsewhere
+    assert ran(ledger) == [("invoice", "a:5")]
+    assert [o.outcome for o in outcome.resumed.approval_outcomes] == ["executed"]
+
+
+@pytest.mark.s3
+async def test_a_lost_reply_to_the_resume_claim_still_runs_the_call_once(
+    faulty_session: FsspecToolResultStore, fault_proxy: FaultProxy, ledger: Path
+) -> None:
+    invoice_hook, _ = approvals()
+    service = ChatService(agent_with([invoice_hook]))
+    held = await service.send_message(
+        faulty_session, plan(("send_invoice", {"customer": "a", "amount": 5}, "c1")).text or ""
+    )
+    [request] = held.pending
+    # Lose the reply to every conditional create of the flow once: decision, turn start, resume claim, call claim.
+    for _ in range(4):
+        fault_proxy.inject(Fault.RESET_AFTER, method="PUT")
+    outcome = await service.decide(faulty_session, request.request_id, approved=True)
+    assert outcome.resumed is not None and not outcome.resumed_elsewhere
+    assert ran(ledger) == [("invoice", "a:5")]
+    transcript = await service.transcript(faulty_session)
+    results = [m.tool_call_result for m in transcript.messages if m.tool_call_result is not None]
+    assert [(r.origin.id, r.error) for r in results] == [("c1", False)]
+
+
+async def test_a_worker_killed_while_resuming_leaves_a_step_that_is_resumed_not_dropped(
+    store: FsspecToolResultStore, ledger: Path
+) -> None:
+    STOP_ONCE.clear()
+    session = store.for_session("acme", "chat-9")
+    invoice_hook, _ = approvals()
+    service = ChatService(agent_with([invoice_hook], invoice=flaky_invoice), turn_lease=0.3, resume_lease=0.3)
+    held = await service.send_message(session, plan(("send_invoice", {"customer": "b", "amount": 7}, "c1")).text or "")
+    [request] = held.pending
+    with pytest.raises(Stop):  # the worker dies mid-call: its turn has no end, the step no done record
+        await service.decide(session, request.request_id, approved=True)
+    assert len(ran(ledger)) == 1
+    await asyncio.sleep(0.4)
+
+    # A new message must not drop the approved call: the conversation waits until the step is resolved.
+    with pytest.raises(ApprovalPendingConflict):
+        await service.send_message(session, "anything new?")
+    # Resuming (any worker) does not run it again silently: it asks whether to retry the call that may have run.
+    again = await service.resume(session)
+    [uncertain] = again.pending
+    assert uncertain.guard == "may-have-run"
+    assert len(ran(ledger)) == 1
+    retried = await service.decide(session, uncertain.request_id, approved=True)
+    assert retried.resumed is not None and retried.resumed.status == "completed"
+    keys = [json.loads(line)["key"] for line in ledger_lines(ledger)]
+    assert len(keys) == 2 and keys[0] == keys[1]
+    # The conversation has the call exactly once, with its result; the chat goes on.
+    transcript = await service.transcript(session)
+    assert [m.tool_call_result.origin.id for m in transcript.messages if m.tool_call_result] == ["c1"]
+    reply = await service.send_message(session, "thanks")
+    assert reply.status == "completed"
