@@ -87,7 +87,7 @@ def flaky_invoice(customer: str, amount: int) -> str:
 
 def slow_invoice(customer: str, amount: int) -> str:
     """Send an invoice slowly (longer than the resume lease)."""
-    time.sleep(1.2)
+    time.sleep(3.0)
     return _record("invoice", f"{customer}:{amount}")
 
 
@@ -241,13 +241,13 @@ def test_a_call_whose_worker_stopped_mid_call_is_held_as_may_have_run(
     [request] = pending_approvals(session)
     decide(session, request.request_id, Decision.approve())
     with pytest.raises(Stop):
-        resume(agent, reply["messages"], session, lease=0.3)
+        resume(agent, reply["messages"], session, lease=2.0)
     assert len(ran(ledger)) == 1  # the provider was charged; the worker died before recording it
 
     # While the dead worker's lease lasts, nobody else resumes; after it, a takeover neither re-runs nor drops it.
     with pytest.raises(ApprovalClaimedError):
         resume(agent, reply["messages"], session)
-    time.sleep(0.4)
+    time.sleep(2.1)
     held = resume(agent, reply["messages"], session)
     assert held["exit_reason"] == APPROVAL_REQUIRED
     assert [o.outcome for o in held["approval_outcomes"]] == ["may-have-run"]
@@ -316,8 +316,8 @@ async def test_a_long_call_keeps_its_lease(session: FsspecToolResultStore, ledge
     reply = await agent.run_async([plan(INVOICE)], hook_context=durable(session))
     [request] = pending_approvals(session)
     decide(session, request.request_id, Decision.approve())
-    running = asyncio.create_task(resume_async(agent, reply["messages"], session, lease=0.45))
-    await asyncio.sleep(0.9)  # twice the lease: without renewal another worker could take over now
+    running = asyncio.create_task(resume_async(agent, reply["messages"], session, lease=1.0))
+    await asyncio.sleep(2.2)  # over twice the lease: without renewal another worker could take over now
     with pytest.raises(ApprovalClaimedError):
         await resume_async(agent, reply["messages"], session, worker="other")
     final = await running
