@@ -25,9 +25,13 @@ from haystack_integrations.offload import (
     QuotaExceededError,
     Retention,
     RetryPolicy,
+    end_session,
+    end_session_async,
     offload_context,
 )
 from haystack_integrations.offload.local_s3 import LocalS3Server, RequestLog
+from haystack_integrations.offload.operations import scan, usage
+from haystack_integrations.offload.server.history import SessionHistory
 
 
 def _root(backend: tuple[str, dict[str, Any]], quota: Quota, **kwargs: Any) -> FsspecToolResultStore:
@@ -310,3 +314,114 @@ async def test_cancelled_writers_do_not_disturb_the_others(backend: tuple[str, d
     # The ledger still works afterwards: it fills up to the limit and refuses beyond.
     await _write_all(session, 10)
     assert len(await session.list_async()) == 5
+
+
+# Session documents count too: history, approvals, audit
+
+
+async def _turn(history: SessionHistory, text: str, reply_chars: int) -> None:
+    turn = await history.begin(await history.read(), kind="message", text=text)
+    reply = ChatMessage.from_assistant(f"{text}: " + "x" * reply_chars)
+    await history.finish(turn, status="completed", messages=[*turn.conversation, ChatMessage.from_user(text), reply])
+
+
+async def test_history_counts_and_a_full_session_starts_no_new_turn(backend: tuple[str, dict[str, Any]]) -> None:
+    root = _root(backend, Quota(session_bytes=30_000))
+    session = root.for_session("acme", "chat-1")
+    history = SessionHistory(session, worker="w")
+    turns = 0
+    with pytest.raises(QuotaExceededError) as caught:
+        for number in range(1, 60):
+            await _turn(history, f"question {number}", reply_chars=2_000)
+            turns += 1
+    error = caught.value
+    assert (error.scope, error.limit, error.allowed) == ("session", "bytes", 30_000)
+    assert "this document needs" in str(error)
+    stored = usage(scan(root, tenant="acme", session="chat-1")).total
+    # Within the limit plus what the last admitted turn wrote after its start (its end: charged, never refused).
+    assert 3 <= turns < 15 and stored.results == 0 and 30_000 - 5_000 < stored.document_bytes <= 30_000 + 5_000
+    state = await history.read()
+    assert state.next_turn == turns + 1 and state.open_start is None  # the refused turn claimed nothing
+    # The conversation's bytes leave no room for results either; another session has its own quota.
+    with pytest.raises(QuotaExceededError):
+        await session.write_async(key="r.txt", content="x" * 10)
+    await _turn(SessionHistory(root.for_session("acme", "chat-2"), worker="w"), "hello", reply_chars=100)
+
+
+async def test_a_tenant_cannot_pass_its_quota_by_opening_sessions(backend: tuple[str, dict[str, Any]]) -> None:
+    root = _root(backend, Quota(tenant_bytes=20_000))
+    opened = 0
+    with pytest.raises(QuotaExceededError) as caught:
+        for number in range(40):
+            await _turn(SessionHistory(root.for_session("acme", f"chat-{number}"), worker="w"), "hi", 3_000)
+            opened += 1
+    assert (caught.value.scope, caught.value.session) == ("tenant", f"chat-{opened}")
+    assert 3 <= opened < 10
+    assert usage(scan(root, tenant="acme")).total.total_bytes <= 20_000 + 5_000
+    await _turn(SessionHistory(root.for_session("globex", "chat-0"), worker="w"), "hi", 3_000)
+    # Ending sessions frees the tenant's quota at once (this worker forgets its count).
+    for number in range(opened):
+        await end_session_async(root.for_session("acme", f"chat-{number}"), documents=True)
+    await _turn(SessionHistory(root.for_session("acme", "chat-new"), worker="w"), "hi", 3_000)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_coordination_documents_are_charged_but_never_refused(
+    backend: tuple[str, dict[str, Any]], mode: str
+) -> None:
+    root = _root(backend, Quota(session_bytes=1_000))
+    session = root.for_session("acme", "chat-1")
+    approvals, audit, history = (session.documents(name) for name in ("approvals", "audit", "history"))
+    # Past the limit, a decision, a claim and an audit event are still written: refusing them could lose an approved
+    # call, or the record that it ran.
+    if mode == "sync":
+        approvals.create("decision.x-0.json", b"d" * 800)
+        approvals.create("claim.x-0.json", b"c" * 800)
+        audit.put("event.json", b"e" * 800)
+    else:
+        await approvals.create_async("decision.x-0.json", b"d" * 800)
+        await approvals.create_async("claim.x-0.json", b"c" * 800)
+        await audit.put_async("event.json", b"e" * 800)
+    assert approvals.list() == ["claim.x-0.json", "decision.x-0.json"] and audit.list() == ["event.json"]
+    # They count: a write that may be refused is refused now, before anything is sent.
+    with pytest.raises(QuotaExceededError, match="this document needs 2 more bytes"):
+        if mode == "sync":
+            history.create("turn.00000001.start.json", b"{}", enforce_quota=True)
+        else:
+            await history.create_async("turn.00000001.start.json", b"{}", enforce_quota=True)
+    with pytest.raises(QuotaExceededError):
+        history.put("notes.json", b"{}", enforce_quota=True)
+    with pytest.raises(QuotaExceededError, match="this result needs"):
+        session.write(key="r.txt", content="x")
+    assert history.list() == []
+    # Deleting the session's documents frees the quota at once.
+    end_session(session, documents=True)
+    history.create("turn.00000001.start.json", b"{}", enforce_quota=True)
+
+
+def test_documents_count_in_another_workers_listing(backend: tuple[str, dict[str, Any]]) -> None:
+    quota = Quota(session_bytes=1_000, tenant_bytes=1_500)
+    _root(backend, quota).for_session("acme", "chat-1").documents("audit").put("event.json", b"e" * 900)
+    other = _root(backend, quota)  # a second worker: it learns of the document from its listing only
+    with pytest.raises(QuotaExceededError):
+        other.for_session("acme", "chat-1").write(key="r.txt", content="x" * 200)
+    other.for_session("acme", "chat-1").write(key="ok.txt", content="x" * 100)
+    with pytest.raises(QuotaExceededError) as caught:
+        other.for_session("acme", "chat-2").write(key="r.txt", content="x" * 600)
+    assert caught.value.scope == "tenant"
+
+
+@pytest.mark.s3
+async def test_a_refused_turn_start_sends_nothing(s3_server: LocalS3Server, s3_requests: RequestLog) -> None:
+    root = FsspecToolResultStore(
+        f"{s3_server.bucket_url}/{uuid.uuid4().hex}",
+        storage_options=s3_server.storage_options(),
+        quota=Quota(session_bytes=2_000),
+    )
+    history = SessionHistory(root.for_session("acme", "chat-1"), worker="w")
+    await _turn(history, "hello", reply_chars=2_000)
+    state = await history.read()
+    s3_requests.clear()
+    with pytest.raises(QuotaExceededError):
+        await history.begin(state, kind="message", text="one more")
+    assert s3_requests.count(method="PUT") == 0

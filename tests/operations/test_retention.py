@@ -4,10 +4,11 @@ removed by ``purge(expired=True)``; per-tenant overrides; ``purge(older_than=...
 """
 
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from haystack.dataclasses import ChatMessage
 from ops_helpers import put_aged, state_for
 
 from haystack_integrations.offload import (
@@ -20,6 +21,8 @@ from haystack_integrations.offload import (
     read_tool_result,
 )
 from haystack_integrations.offload.local_s3 import LocalS3Server, RequestLog
+from haystack_integrations.offload.server import history as history_module
+from haystack_integrations.offload.server.history import SessionHistory
 
 WEEK = Retention(ttl=timedelta(days=7), tenants={"trial": timedelta(hours=1), "archive": None})
 
@@ -153,3 +156,110 @@ def test_retention_validation() -> None:
     retention = Retention(ttl=timedelta(days=1), tenants={"acme": None})
     assert retention.ttl_for("acme") is None and retention.ttl_for("globex") == timedelta(days=1)
     assert Retention.model_validate_json(retention.model_dump_json()) == retention
+
+
+# Session documents go by whole sessions: those inactive past the cutoff, never a live conversation's old turns
+
+
+async def _talk(
+    store: FsspecToolResultStore, monkeypatch: pytest.MonkeyPatch, *, age: timedelta, turns: int
+) -> list[ChatMessage]:
+    """Run `turns` history turns in `store`'s session as if it were `age` ago; return the conversation."""
+    history = SessionHistory(store, worker="w")
+    with monkeypatch.context() as patch:
+        patch.setattr(history_module, "_now", lambda: datetime.now(UTC) - age)
+        for _ in range(turns):
+            turn = await history.begin(await history.read(), kind="message", text="question")
+            number = len(turn.conversation) // 2
+            added = [ChatMessage.from_user(f"question {number}"), ChatMessage.from_assistant(f"answer {number}")]
+            await history.finish(turn, status="completed", messages=[*turn.conversation, *added])
+    return (await history.read()).conversation
+
+
+def _stamp(age: timedelta) -> str:
+    return f"{(datetime.now(UTC) - age).strftime('%Y%m%dT%H%M%S%f')}Z"
+
+
+def _documents(store: FsspecToolResultStore) -> dict[str, list[str]]:
+    return {namespace: store.documents(namespace).list() for namespace in ("history", "approvals", "audit")}
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_purge_older_than_takes_inactive_sessions_whole_and_keeps_live_ones(
+    backend: tuple[str, dict[str, Any]], mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _root(backend, retention=None)
+    old, live, approvals_only, undated, audited = (
+        root.for_session("acme", name) for name in ("old", "live", "approvals-only", "undated", "audited")
+    )
+    forty_days = timedelta(days=40)
+    # An old session: history, a result, an audit event, a held step and a remembered approval, all 40 days old.
+    await _talk(old, monkeypatch, age=forty_days, turns=2)
+    put_aged(old, age=forty_days, content="old result")
+    old.documents("audit").put(f"{_stamp(forty_days)}-000000000001-0b7d2e11.json", b"{}")
+    old.documents("approvals").put("step.00000001.json", b"{}")
+    old.documents("approvals").put("memory.0123abcd.json", b"{}")
+    # A live session whose early turns are as old: its conversation must survive whole; only its old result goes.
+    await _talk(live, monkeypatch, age=forty_days, turns=3)
+    conversation = await _talk(live, monkeypatch, age=timedelta(minutes=5), turns=1)
+    put_aged(live, age=forty_days, content="old result of a live session")
+    # Approval records (numbered) and the audit event that dates them, 40 days old: they go too.
+    approvals_only.documents("approvals").put("step.00000001.json", b"{}")
+    approvals_only.documents("audit").put(f"{_stamp(forty_days)}-000000000001-0b7d2e11.json", b"{}")
+    # Nothing tells this session's age (numbered records only): it is kept.
+    undated.documents("approvals").put("step.00000001.json", b"{}")
+    undated.documents("approvals").put("memory.0123abcd.json", b"{}")
+    # Old history, but an audit event from today: active, so kept (its names tell, nothing needs reading).
+    await _talk(audited, monkeypatch, age=forty_days, turns=1)
+    audited.documents("audit").put(f"{_stamp(timedelta(hours=1))}-000000000001-0b7d2e11.json", b"{}")
+
+    tenant = root.for_tenant("acme")
+    if mode == "sync":
+        deleted = tenant.purge(older_than=timedelta(days=30))
+    else:
+        deleted = await tenant.purge_async(older_than=timedelta(days=30))
+
+    # old: 4 history documents, 1 result, 1 audit event, 2 approval records; live: 1 result; approvals-only: 2.
+    assert deleted == 8 + 1 + 2
+    assert _documents(old) == {"history": [], "approvals": [], "audit": []} and old.list() == []
+    assert _documents(approvals_only) == {"history": [], "approvals": [], "audit": []}
+    assert live.list() == [] and len(live.documents("history").list()) == 8
+    assert (await SessionHistory(live, worker="reader").read()).conversation == conversation
+    assert len(conversation) == 8
+    assert undated.documents("approvals").list() == ["memory.0123abcd.json", "step.00000001.json"]
+    assert len(audited.documents("history").list()) == 2 and len(audited.documents("audit").list()) == 1
+    assert tenant.purge(older_than=timedelta(days=30)) == 0
+
+
+async def test_purge_expired_takes_sessions_inactive_past_their_tenants_retention(
+    backend: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _root(backend)  # 7 days; trial: 1 hour; archive: kept
+    stale, recent = root.for_session("acme", "stale"), root.for_session("acme", "recent")
+    trial, archive = root.for_session("trial", "chat-1"), root.for_session("archive", "chat-1")
+    await _talk(stale, monkeypatch, age=timedelta(days=8), turns=2)
+    kept = await _talk(recent, monkeypatch, age=timedelta(days=2), turns=2)
+    await _talk(trial, monkeypatch, age=timedelta(hours=2), turns=1)
+    await _talk(archive, monkeypatch, age=timedelta(days=400), turns=1)
+
+    assert await root.purge_async(expired=True) == 4 + 2
+    assert stale.documents("history").list() == [] and trial.documents("history").list() == []
+    assert (await SessionHistory(recent, worker="reader").read()).conversation == kept
+    assert len(archive.documents("history").list()) == 2
+    assert root.purge(expired=True) == 0
+    # A session store purges its own documents the same way.
+    await _talk(stale, monkeypatch, age=timedelta(days=9), turns=1)
+    assert stale.purge(expired=True) == 2 and stale.documents("history").list() == []
+
+
+async def test_a_running_turn_keeps_an_old_session(
+    backend: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _root(backend, retention=None)
+    session = root.for_session("acme", "chat-1")
+    conversation = await _talk(session, monkeypatch, age=timedelta(days=40), turns=2)
+    history = SessionHistory(session, worker="w")
+    turn = await history.begin(await history.read(), kind="message", text="a question, just now")
+    assert root.purge(older_than=timedelta(days=30)) == 0  # the newest turn started minutes ago
+    await history.finish(turn, status="completed", messages=[*conversation, ChatMessage.from_user("now")])
+    assert (await history.read()).conversation == [*conversation, ChatMessage.from_user("now")]

@@ -3,8 +3,8 @@ The ``offload-haystack`` command line.
 
 - ``demo``: the scripted multi-tenant demo (the README's first command); ``serve``: the reference server and its page;
 - operator commands over any store URL: ``ls`` (the tenant/session tree with sizes), ``cat`` (one result), ``du``
-  (usage per tenant and session), ``purge`` (a session, a tenant, or results older than an age), ``audit`` (a
-  session's approval record). Each takes ``--json`` for scripts.
+  (usage per tenant and session), ``purge`` (a session, a tenant, or results and inactive sessions older than an age),
+  ``audit`` (a session's approval record). Each takes ``--json`` for scripts.
 
 The logic lives in `demo`, `server` and `operations`; this module only parses arguments and prints.
 """
@@ -373,8 +373,8 @@ def _purge(arguments: argparse.Namespace) -> int:
             age = parse_age(arguments.older_than)
         except ValueError as error:
             raise CommandError(str(error)) from error
-        plan = select_older_than(objects, age, now=datetime.now(UTC))
-        what = f"results older than {arguments.older_than}"
+        plan = select_older_than(objects, age, now=datetime.now(UTC), root=root)
+        what = f"results older than {arguments.older_than}, and documents of sessions inactive that long"
     else:
         plan = select_scope(objects)
         what = "results and documents"
@@ -513,7 +513,10 @@ def build_parser() -> argparse.ArgumentParser:
     _store_arguments(purge)
     purge.add_argument("--tenant", help="purge this tenant (every session, results and documents)")
     purge.add_argument("--session", help="purge only this session of --tenant")
-    purge.add_argument("--older-than", help="purge results older than this age (e.g. 90m, 12h, 30d, 2w)")
+    purge.add_argument(
+        "--older-than",
+        help="purge results older than this age (e.g. 90m, 12h, 30d, 2w), and documents of sessions inactive as long",
+    )
     purge.add_argument("--dry-run", action="store_true", help="show what would be deleted, delete nothing")
     purge.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     purge.set_defaults(handler=_purge)

@@ -5,9 +5,11 @@ Selection is separate from deletion, so ``purge --dry-run`` shows exactly what `
 library did not write (``other`` in the inventory) are never selected.
 
 Age filter: results carry their creation time in their names, so "older than 30 days" needs one LIST and no HEAD per
-object. Documents (history, approval and audit records) are kept by an age purge: they are the record of what
-happened in a conversation and go with their session (``purge --tenant T --session S``) or with the bucket's lifecycle
-rule.
+object. Documents (history, approval and audit records) go by whole sessions: every document of a session whose newest
+activity is older than the age goes, and a session active since keeps all of its documents (deleting a live
+conversation's old turns would corrupt it: its history is a checkpoint plus appended turns). A session's newest
+activity is read from its object names where they carry a time, and from its newest history turn otherwise (one GET
+per such session; see `stores.retention`).
 """
 
 import re
@@ -16,6 +18,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from haystack_integrations.offload.operations.inventory import StoredObject
+from haystack_integrations.offload.stores import FsspecToolResultStore
+from haystack_integrations.offload.stores.retention import IdleSessions, read_turn_times
 
 _AGE = re.compile(r"\s*(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>s|m|h|d|w)\s*")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -74,16 +78,33 @@ def select_scope(objects: Iterable[StoredObject]) -> PurgePlan:
     return PurgePlan([item for item in objects if item.kind in ("result", "document")])
 
 
-def select_older_than(objects: Iterable[StoredObject], age: timedelta, *, now: datetime) -> PurgePlan:
+def select_older_than(
+    objects: Iterable[StoredObject], age: timedelta, *, now: datetime, root: FsspecToolResultStore | None = None
+) -> PurgePlan:
     """
-    Select the results created before ``now - age``.
+    Select the results created before ``now - age``, and every document of each session inactive since then.
 
     :param objects: What `scan` found.
-    :param age: How old a result must be to go.
+    :param age: How old a result, or a session's newest activity, must be to go.
     :param now: The current time (timezone-aware).
+    :param root: The store `scan` walked, to read the newest history turn of sessions whose object names do not show
+        them active (one GET each, a few at once). Without it, the documents of such sessions are kept.
     :returns: The plan.
+    :raises StorageError: If reading a history turn fails.
     """
     cutoff = now - age
+    chosen = [item for item in objects if item.kind in ("result", "document")]
+    base = root._scope_path() if root is not None else "."
+    idle = IdleSessions(
+        {f"{base}/{item.path}": item.size for item in chosen}, base, scope=(), cutoff=lambda tenant: cutoff
+    )
+    if root is not None:
+        idle.dated(read_turn_times(root._handle.io(), idle.to_read()))
+    documents = {path[len(base) + 1 :] for path in idle.documents()}
     return PurgePlan(
-        [item for item in objects if item.kind == "result" and item.created is not None and item.created < cutoff]
+        [
+            item
+            for item in chosen
+            if (item.kind == "result" and item.created is not None and item.created < cutoff) or item.path in documents
+        ]
     )

@@ -6,9 +6,11 @@ so any worker (or replica) can serve any request of any session::
 
     <root>/<tenant>/<session>/.history/
     ├── turn.00000001.start.json     TurnStart: who claimed turn 1, for what (the user's text), until when
-    ├── turn.00000001.end.json       TurnEnd: the conversation after turn 1, the reply, the status
+    ├── turn.00000001.end.json       TurnEnd "checkpoint": the whole conversation after turn 1, the reply, the status
     ├── turn.00000002.start.json
-    └── turn.00000002.end.json
+    ├── turn.00000002.end.json       TurnEnd "append": only the messages turn 2 added
+    ├── turn.00000003.start.json
+    └── turn.00000003.end.json       TurnEnd "append" (or a failed/abandoned turn's end: no messages, unchanged)
 
 Both documents of a turn are created with the store's conditional create (S3 ``If-None-Match: *``, a hard link on
 local disk), which is the whole concurrency story:
@@ -20,22 +22,44 @@ local disk), which is the whole concurrency story:
   turn as ``abandoned`` (again a conditional create) and goes on. Should the dead worker come back, its own end loses
   the create and its late result is dropped (`TurnAbandonedError`), never merged into a conversation that moved on.
 
-The conversation the model sees next is the ``messages`` of the newest end that has them (a failed turn records the
-user's text in its start and leaves the conversation as it was).
+Every start and end carries its writer's `token`, so a create whose reply was lost (the store then finds the document
+already there) is told from a competitor's by its bytes: ours is ours, whatever the network did.
+
+Append, do not snapshot. A turn's end stores only the messages the turn added to the conversation it started from
+(``base: "append"``), so what a session stores grows with its conversation, not with its square. A full copy
+(``base: "checkpoint"``) is written instead when
+
+- the turn rewrote earlier messages (a compaction hook offloaded old tool results): the new conversation does not
+  extend the old one, so only a whole copy can say what it is;
+- the turn is the conversation's first; or
+- the appends since the newest checkpoint would outgrow that checkpoint. Checkpoints then at least double in size, so
+  all of them together stay under twice the conversation (Redis rewrites its append-only file by the same rule), and
+  a read fetches at most twice the conversation's bytes. A checkpoint every K turns would bound the number of GETs a
+  read makes, but at the price of storing the conversation again every K turns: storage would grow with the square of
+  the turns again (divided by K), which is the growth this format exists to remove.
+
+Every end also names the checkpoint its conversation builds on (``checkpoint``), so `SessionHistory.read` is one LIST,
+one round of GETs (the newest end, and the newest start if that turn is open), then one round of concurrent GETs of the
+ends from that checkpoint on. Ends written before appends (no token, whole conversation in ``messages``) read as
+checkpoints, so existing sessions carry on; reaching back past them reads a few ends at a time.
+
+Quota: a turn's start is refused (`QuotaExceededError`, nothing was run) when the session or tenant is at its quota;
+its end is charged but never refused, since it records what the turn did (tools ran; an approved call may have run).
 """
 
 import asyncio
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
 
 from haystack.dataclasses import ChatMessage
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import to_jsonable_python
 
 from haystack_integrations.offload.errors import DocumentExistsError, ResultNotFoundError
 from haystack_integrations.offload.stores import FsspecToolResultStore
-from haystack_integrations.offload.stores.documents import SessionDocuments
+from haystack_integrations.offload.stores.documents import SessionDocuments, writer_token
 
 NAMESPACE = "history"
 DEFAULT_TURN_LEASE = 300.0
@@ -43,10 +67,13 @@ DEFAULT_TURN_LEASE = 300.0
 
 TurnKind = Literal["message", "resume"]
 TurnStatus = Literal["completed", "approval_required", "failed", "abandoned"]
+TurnBase = Literal["checkpoint", "append"]
 
 _Record_T = TypeVar("_Record_T", bound=BaseModel)
 _START = re.compile(r"turn\.(?P<turn>\d{8})\.start\.json")
 _END = re.compile(r"turn\.(?P<turn>\d{8})\.end\.json")
+# The most ends read at once when walking back through ends written before appends (they name no checkpoint).
+_WALK_BACK_WINDOW = 16
 
 
 class SessionBusyError(RuntimeError):
@@ -75,6 +102,7 @@ class TurnStart(_Record):
     worker: str
     started_at: AwareDatetime
     lease_until: AwareDatetime
+    token: str = Field(default_factory=writer_token, description="Unique to this claim: tells our create from another.")
 
 
 class TurnEnd(_Record):
@@ -82,13 +110,37 @@ class TurnEnd(_Record):
 
     turn: int = Field(ge=1)
     status: TurnStatus
+    base: TurnBase = Field(
+        default="checkpoint",
+        description='What `messages` holds: "checkpoint", the whole conversation after the turn (every end written '
+        'before appends is one); "append", only the messages this turn added.',
+    )
     messages: list[dict[str, Any]] | None = Field(
-        default=None, description="The whole conversation after the turn (ChatMessage.to_dict); None: unchanged."
+        default=None, description="ChatMessage.to_dict of the messages, as `base` says; None: conversation unchanged."
+    )
+    checkpoint: int | None = Field(
+        default=None,
+        ge=0,
+        description="The turn whose checkpoint the conversation after this turn builds on (this turn's, for a "
+        "checkpoint; 0: none yet). None in ends written before appends.",
     )
     reply: str | None = None
     error: str | None = None
     worker: str
     ended_at: AwareDatetime
+    token: str = Field(default_factory=writer_token, description="Unique to this end: tells our create from another.")
+
+
+@dataclass(frozen=True)
+class HistoryLog:
+    """Where a conversation stands in the store: its newest checkpoint and what was appended since (for `finish`)."""
+
+    checkpoint: int = 0
+    """The turn of the newest checkpoint (0: none yet)."""
+    checkpoint_bytes: int = 0
+    """The size of that checkpoint's document."""
+    appended_bytes: int = 0
+    """The sizes of the append documents since it, together."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +152,8 @@ class HistoryState:
     last_end: TurnEnd | None
     open_start: TurnStart | None
     """The newest turn's start when that turn has no end yet (running, or abandoned once its lease passed)."""
+    log: HistoryLog = field(default_factory=HistoryLog)
+    """Where `conversation` stands in the store (which checkpoint, how much was appended since)."""
 
     def busy(self, at: datetime) -> bool:
         """Whether a turn is running (started, not ended, lease not passed) at `at`."""
@@ -117,6 +171,8 @@ class Turn:
 
     start: TurnStart
     conversation: list[ChatMessage]
+    log: HistoryLog = field(default_factory=HistoryLog)
+    """Where `conversation` stands in the store; `finish` appends to it."""
 
 
 def _now() -> datetime:
@@ -131,13 +187,18 @@ def _end_name(turn: int) -> str:
     return f"turn.{turn:08d}.end.json"
 
 
+def _stored_form(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    # The JSON form (tuples become lists), so a conversation read back compares equal to the one that was written.
+    return [to_jsonable_python(message.to_dict()) for message in messages]
+
+
 class SessionHistory:
     """
     The turns of one session's conversation, read and written through the session's store.
 
     ```python
     history = SessionHistory(results.for_session("acme", "chat-42"), worker="web-1")
-    turn = await history.begin(kind="message", text="Hello")        # SessionBusyError -> answer 409
+    turn = await history.begin(await history.read(), kind="message", text="Hello")  # SessionBusyError -> 409
     reply = await agent.run_async([*turn.conversation, ChatMessage.from_user("Hello")], ...)
     await history.finish(turn, status="completed", messages=reply["messages"], reply=reply["last_message"].text)
     ```
@@ -164,29 +225,39 @@ class SessionHistory:
 
     async def read(self) -> HistoryState:
         """
-        Read the history: one LIST, then the newest end (and the newest start if that turn is still open).
+        Read the history: one LIST; the newest end (and the newest start if that turn is still open); then, at once,
+        the ends from the checkpoint the newest end names.
 
         :returns: The conversation so far and the state of the newest turn.
         :raises HistoryRecordError: If a history document is not a valid record.
+        :raises SessionBusyError: If the history was purged while it was read.
         :raises StorageError: If the backend fails.
         """
         names = await self.documents.list_async()
-        starts = sorted(int(match["turn"]) for name in names if (match := _START.fullmatch(name)))
+        starts = [int(match["turn"]) for name in names if (match := _START.fullmatch(name))]
         ends = sorted(int(match["turn"]) for name in names if (match := _END.fullmatch(name)))
         newest = max([0, *starts, *ends])
-        open_start = None
-        if newest and newest not in ends:
-            open_start = await self._read(_start_name(newest), TurnStart)
-        last_end = None
-        conversation: list[ChatMessage] = []
-        for turn in reversed(ends):
-            end = await self._read(_end_name(turn), TurnEnd)
-            if last_end is None:
-                last_end = end
-            if end.messages is not None:
-                conversation = [ChatMessage.from_dict(message) for message in end.messages]
-                break
-        return HistoryState(next_turn=newest + 1, conversation=conversation, last_end=last_end, open_start=open_start)
+        open_turn = newest if newest and (not ends or ends[-1] != newest) else None
+        open_start, last = await asyncio.gather(
+            self._read(_start_name(open_turn), TurnStart) if open_turn else _nothing(),
+            self._read_end(ends[-1]) if ends else _nothing(),
+        )
+        if last is None:
+            return HistoryState(next_turn=newest + 1, conversation=[], last_end=None, open_start=open_start)
+        read: dict[int, tuple[TurnEnd, int]] = {ends[-1]: last}
+        base = await self._checkpoint_of(ends, read)
+        # Checkpoint 0: no turn has stored a conversation yet, so there is nothing before the newest end to read.
+        chain = [turn for turn in ends if turn >= base] if base else ends[-1:]
+        unread = [turn for turn in chain if turn not in read]
+        read.update(zip(unread, await asyncio.gather(*(self._read_end(turn) for turn in unread)), strict=True))
+        conversation, log = _fold([read[turn] for turn in chain])
+        return HistoryState(
+            next_turn=newest + 1,
+            conversation=[ChatMessage.from_dict(message) for message in conversation],
+            last_end=last[0],
+            open_start=open_start,
+            log=log,
+        )
 
     async def begin(
         self, state: HistoryState, *, kind: TurnKind, text: str | None = None, actor: str | None = None
@@ -200,12 +271,14 @@ class SessionHistory:
         :param actor: Who asked, for the record.
         :returns: The claimed turn, with the conversation to continue.
         :raises SessionBusyError: If a turn is running or another request claimed this one first.
+        :raises QuotaExceededError: If the session or its tenant is at its quota; nothing was claimed or run.
+        :raises CreateOutcomeUnknownError: If whether the claim landed could not be told (retryable: nothing ran).
         """
         at = _now()
         if state.open_start is not None:
             if state.busy(at):
                 raise SessionBusyError("This session is answering another message; try again when it has finished.")
-            await self._abandon(state.open_start)
+            await self._abandon(state.open_start, state.log)
         start = TurnStart(
             turn=state.next_turn,
             kind=kind,
@@ -216,10 +289,13 @@ class SessionHistory:
             lease_until=at + timedelta(seconds=self.lease),
         )
         try:
-            await self.documents.create_async(_start_name(start.turn), start.model_dump_json().encode())
+            # The one history write a quota may refuse: nothing has run yet, so refusing it loses nothing.
+            await self.documents.create_async(
+                _start_name(start.turn), start.model_dump_json().encode(), enforce_quota=True
+            )
         except DocumentExistsError as error:
             raise SessionBusyError("Another request to this session started a turn first; nothing was run.") from error
-        return Turn(start=start, conversation=state.conversation)
+        return Turn(start=start, conversation=state.conversation, log=state.log)
 
     async def finish(
         self,
@@ -231,7 +307,8 @@ class SessionHistory:
         error: str | None = None,
     ) -> TurnEnd:
         """
-        Record how a claimed turn ended.
+        Record how a claimed turn ended: the messages it added to `turn.conversation`, or the whole conversation when
+        the turn rewrote earlier messages (or a checkpoint is due; see the module documentation).
 
         :param turn: The turn from `begin`.
         :param status: How it ended.
@@ -241,16 +318,28 @@ class SessionHistory:
         :returns: The recorded end.
         :raises TurnAbandonedError: If the turn's lease passed and another request ended it first.
         """
-        end = TurnEnd(
-            turn=turn.start.turn,
-            status=status,
-            messages=[message.to_dict() for message in messages] if messages is not None else None,
-            reply=reply,
-            error=error,
-            worker=self.worker,
-            ended_at=_now(),
-        )
+        fields: dict[str, Any] = {
+            "turn": turn.start.turn,
+            "status": status,
+            "reply": reply,
+            "error": error,
+            "worker": self.worker,
+            "ended_at": _now(),
+        }
+        log = turn.log
+        end: TurnEnd | None = None
+        if messages is None:
+            end = TurnEnd(**fields, base="append", messages=None, checkpoint=log.checkpoint)
+        else:
+            before, after = _stored_form(turn.conversation), _stored_form(messages)
+            if log.checkpoint and after[: len(before)] == before:
+                append = TurnEnd(**fields, base="append", messages=after[len(before) :], checkpoint=log.checkpoint)
+                if log.appended_bytes + len(append.model_dump_json()) <= log.checkpoint_bytes:
+                    end = append
+            if end is None:
+                end = TurnEnd(**fields, base="checkpoint", messages=after, checkpoint=turn.start.turn)
         try:
+            # Charged to the quota but never refused: the turn has run, and this is the record of what it did.
             await self.documents.create_async(_end_name(end.turn), end.model_dump_json().encode())
         except DocumentExistsError as exc:
             raise TurnAbandonedError(
@@ -267,10 +356,12 @@ class SessionHistory:
         names = sorted(name for name in await self.documents.list_async() if _START.fullmatch(name))
         return list(await asyncio.gather(*(self._read(name, TurnStart) for name in names)))
 
-    async def _abandon(self, start: TurnStart) -> None:
+    async def _abandon(self, start: TurnStart, log: HistoryLog) -> None:
         end = TurnEnd(
             turn=start.turn,
             status="abandoned",
+            base="append",
+            checkpoint=log.checkpoint,
             error=f"The worker {start.worker!r} did not finish this turn within its lease.",
             worker=self.worker,
             ended_at=_now(),
@@ -281,13 +372,61 @@ class SessionHistory:
             # The turn ended (finished late, or abandoned by another request) since we read: read again and retry.
             raise SessionBusyError("This session's history changed while this request read it; try again.") from error
 
+    async def _checkpoint_of(self, ends: list[int], read: dict[int, tuple[TurnEnd, int]]) -> int:
+        """The turn of the newest checkpoint (0: none), reading back through ends that name none (old documents)."""
+        remaining = list(ends)
+        window_size = 1
+        while remaining:
+            window, remaining = remaining[-window_size:], remaining[:-window_size]
+            # Old ends may each hold a whole conversation: read a few, then more, rather than many at once.
+            window_size = min(2 * window_size, _WALK_BACK_WINDOW)
+            unread = [turn for turn in window if turn not in read]
+            found = await asyncio.gather(*(self._read_end(turn) for turn in unread))
+            read.update(zip(unread, found, strict=True))
+            for turn in reversed(window):
+                end, _ = read[turn]
+                if end.checkpoint is not None:  # every end written since appends names it (a checkpoint, itself)
+                    return end.checkpoint
+                if end.messages is not None and end.base == "checkpoint":
+                    return turn
+        return 0
+
+    async def _read_end(self, turn: int) -> tuple[TurnEnd, int]:
+        return await self._read_sized(_end_name(turn), TurnEnd)
+
     async def _read(self, name: str, model: type[_Record_T]) -> _Record_T:
+        record, _ = await self._read_sized(name, model)
+        return record
+
+    async def _read_sized(self, name: str, model: type[_Record_T]) -> tuple[_Record_T, int]:
         try:
             data = await self.documents.get_async(name)
         except ResultNotFoundError as error:
             # A listed document vanished: the session was purged while we read it.
             raise SessionBusyError("This session's history changed while this request read it; try again.") from error
         try:
-            return model.model_validate_json(data)
+            return model.model_validate_json(data), len(data)
         except ValidationError as error:
             raise HistoryRecordError(f"The history document {name!r} is not a valid {model.__name__}.") from error
+
+
+async def _nothing() -> None:
+    return None
+
+
+def _fold(chain: list[tuple[TurnEnd, int]]) -> tuple[list[dict[str, Any]], HistoryLog]:
+    """Rebuild the conversation from its newest checkpoint and the appends after it, oldest first."""
+    conversation: list[dict[str, Any]] = []
+    checkpoint = checkpoint_bytes = appended_bytes = 0
+    for end, size in chain:
+        if end.messages is None:
+            continue
+        if end.base == "checkpoint":
+            conversation = list(end.messages)
+            checkpoint, checkpoint_bytes, appended_bytes = end.turn, size, 0
+        else:
+            # With its checkpoint gone (purged under a running turn), appends still rebuild what they can; the next
+            # turn then writes a checkpoint (checkpoint 0), so the session heals.
+            conversation.extend(end.messages)
+            appended_bytes += size
+    return conversation, HistoryLog(checkpoint, checkpoint_bytes, appended_bytes)

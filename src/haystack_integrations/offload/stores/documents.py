@@ -18,6 +18,12 @@ resend a PUT on a dropped connection, and the resend finds our first transmissio
 back and compares it with what it wrote: the same bytes mean the create was ours. Every created document therefore
 carries its writer's unique token (`writer_token`), and an outcome that stays unknown (the read-back keeps failing, or
 the document vanished in between) raises `CreateOutcomeUnknownError`, which is retryable, never "someone else won".
+
+Quotas: with a `Quota` on the store, every document written through `put` or `create` counts against the session's and
+the tenant's bytes (see `quotas`). A write asks for refusal (``enforce_quota=True``) only where refusing it loses
+nothing, such as a history turn's start, before anything has run; by default a document is charged and never refused,
+because documents record or coordinate work that already happened (an approval decision, a claim, an audit event, a
+turn's end), and refusing one could lose an approved call or the record of what ran.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from haystack_integrations.offload.stores.translate import storage_errors
 
 if TYPE_CHECKING:
     from haystack_integrations.offload.stores.fsspec_store import FsspecToolResultStore
+    from haystack_integrations.offload.stores.quotas import Reservation
 
 _NAMESPACE = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _DOCUMENT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")
@@ -94,25 +101,36 @@ class SessionDocuments:
     def _label(self, name: object) -> str:
         return f"{self.namespace}/{name}"
 
-    def put(self, name: str, data: bytes) -> None:
+    def put(self, name: str, data: bytes, *, enforce_quota: bool = False) -> None:
         """
         Write a document, replacing any previous version (one PUT on S3).
 
         :param name: The document's name within the namespace.
         :param data: Its content.
+        :param enforce_quota: Refuse the write if it would pass the store's quota. By default it is charged to the
+            quota but never refused (see the module documentation).
         :raises StorageError: If the backend fails.
+        :raises QuotaExceededError: If `enforce_quota` is set and the write would pass a quota; nothing was sent.
         """
-        path = self._path(name)
-        with storage_errors(f"write document {self._label(name)!r}", reference=None):
-            self.store._handle.io().put(path, bytes(data))
+        path, data = self._path(name), bytes(data)
+        reservation = self._charge(len(data), enforce_quota)
+        try:
+            with storage_errors(f"write document {self._label(name)!r}", reference=None):
+                self.store._handle.io().put(path, data)
+        finally:
+            _settle(reservation)
 
-    async def put_async(self, name: str, data: bytes) -> None:
+    async def put_async(self, name: str, data: bytes, *, enforce_quota: bool = False) -> None:
         """Async `put`."""
-        path = self._path(name)
-        with storage_errors(f"write document {self._label(name)!r}", reference=None):
-            await self.store._handle.io().put_async(path, bytes(data))
+        path, data = self._path(name), bytes(data)
+        reservation = await self._charge_async(len(data), enforce_quota)
+        try:
+            with storage_errors(f"write document {self._label(name)!r}", reference=None):
+                await self.store._handle.io().put_async(path, data)
+        finally:
+            _settle(reservation)
 
-    def create(self, name: str, data: bytes) -> None:
+    def create(self, name: str, data: bytes, *, enforce_quota: bool = False) -> None:
         """
         Write a document only if it does not exist yet; atomic across processes and machines.
 
@@ -121,11 +139,15 @@ class SessionDocuments:
 
         :param name: The document's name within the namespace.
         :param data: Its content, unique to this create.
+        :param enforce_quota: Refuse the create if it would pass the store's quota. By default it is charged to the
+            quota but never refused (see the module documentation).
         :raises DocumentExistsError: If another writer's document is there.
         :raises CreateOutcomeUnknownError: If whether the create landed could not be told (retryable).
         :raises StorageError: If the backend fails.
+        :raises QuotaExceededError: If `enforce_quota` is set and the create would pass a quota; nothing was sent.
         """
         path, data = self._path(name), bytes(data)
+        reservation = self._charge(len(data), enforce_quota)
         try:
             with storage_errors(f"create document {self._label(name)!r}", reference=None):
                 self.store._handle.io().put_exclusive(path, data)
@@ -136,10 +158,13 @@ class SessionDocuments:
                 raise _unknown(self._label(name)) from error
             if found != data:
                 raise exists
+        finally:
+            _settle(reservation)
 
-    async def create_async(self, name: str, data: bytes) -> None:
+    async def create_async(self, name: str, data: bytes, *, enforce_quota: bool = False) -> None:
         """Async `create`."""
         path, data = self._path(name), bytes(data)
+        reservation = await self._charge_async(len(data), enforce_quota)
         try:
             with storage_errors(f"create document {self._label(name)!r}", reference=None):
                 await self.store._handle.io().put_exclusive_async(path, data)
@@ -150,6 +175,29 @@ class SessionDocuments:
                 raise _unknown(self._label(name)) from error
             if found != data:
                 raise exists
+        finally:
+            _settle(reservation)
+
+    def _charge(self, size: int, enforce: bool) -> Reservation | None:
+        # The store's own quota ledger, as for results: documents add bytes, not results.
+        store = self.store
+        if store.quota is None or store.tenant is None or store.session is None:
+            return None
+        ledger = store._handle.ledger()
+        if not enforce:
+            return ledger.charge(store.quota, store.tenant, store.session, size)
+        return ledger.admit(store.quota, store.tenant, store.session, size, store._list_usage, results=0)
+
+    async def _charge_async(self, size: int, enforce: bool) -> Reservation | None:
+        store = self.store
+        if store.quota is None or store.tenant is None or store.session is None:
+            return None
+        ledger = store._handle.ledger()
+        if not enforce:
+            return ledger.charge(store.quota, store.tenant, store.session, size)
+        return await ledger.admit_async(
+            store.quota, store.tenant, store.session, size, store._list_usage_async, results=0
+        )
 
     def get(self, name: str) -> bytes:
         """
@@ -205,6 +253,12 @@ class SessionDocuments:
         path = self._path(name)
         with storage_errors(f"delete document {self._label(name)!r}", reference=None):
             await self.store._handle.io().delete_async([path])
+
+
+def _settle(reservation: Reservation | None) -> None:
+    # Landed or not, the write keeps counting until the next listing (a failed write may have landed).
+    if reservation is not None:
+        reservation.settle()
 
 
 def _unknown(label: str) -> CreateOutcomeUnknownError:

@@ -27,7 +27,13 @@ from haystack_integrations.offload.stores.pending import InFlightWrites, Pending
 from haystack_integrations.offload.stores.quotas import Quota, QuotaLedger, Reservation, SessionUsage, usage_by_session
 from haystack_integrations.offload.stores.records import StoredResult
 from haystack_integrations.offload.stores.references import parse_reference
-from haystack_integrations.offload.stores.retention import Retention, document_paths
+from haystack_integrations.offload.stores.retention import (
+    IdleSessions,
+    Retention,
+    document_paths,
+    read_turn_times,
+    read_turn_times_async,
+)
 from haystack_integrations.offload.stores.retry import RetryingIO, RetryPolicy, RetryStats, s3_client_options
 from haystack_integrations.offload.stores.scope import validate_scope_id
 from haystack_integrations.offload.stores.translate import storage_errors
@@ -637,20 +643,24 @@ class FsspecToolResultStore(ToolResultStore):
 
     def purge(self, *, older_than: timedelta | None = None, expired: bool = False) -> int:
         """
-        Delete results in this store's scope (a session's, a tenant's, or, on the root store, everyone's).
+        Delete results in this store's scope (a session's, a tenant's, or, on the root store, everyone's), and the
+        documents of sessions inactive for the given age.
 
-        By default every result goes. With `older_than`, only results stored more than that long ago; with `expired`,
-        only results past the store's retention (each tenant's own time to live). One LIST, then batched deletes;
-        objects that are not results (documents, an operator's README) are kept.
+        By default every result goes, and documents stay (`end_session` removes a session's). With `older_than`,
+        results stored more than that long ago, and every document (history, approvals, audit) of each session whose
+        newest activity is older than that; with `expired`, the same by each tenant's own time to live. A session's
+        documents go whole or not at all: deleting a live conversation's old turns would corrupt it (see `retention`).
+        One LIST, a GET of the newest history turn of each session whose object names do not show it active, then
+        batched deletes; objects this library did not write (an operator's README) are kept.
 
         ```python
         root.purge(expired=True)                          # retention, e.g. from a nightly job
         root.for_tenant("acme").purge(older_than=timedelta(days=90))
         ```
 
-        :param older_than: Delete only results created before ``now - older_than``.
-        :param expired: Delete only results past their retention.
-        :returns: How many results were deleted.
+        :param older_than: Delete only results created before ``now - older_than``, and inactive sessions' documents.
+        :param expired: Delete only results past their retention, and the documents of sessions inactive that long.
+        :returns: How many objects (results and documents) were deleted.
         :raises ValueError: If both filters are given, `older_than` is not positive, or `expired` is asked of a store
             without retention.
         :raises StorageError: If the backend fails; results not yet deleted stay (and stay readable, unless expired).
@@ -660,6 +670,10 @@ class FsspecToolResultStore(ToolResultStore):
         with storage_errors("list results", reference=None):
             found = self._handle.io().find(self._scope_path())
         paths = self._purge_paths(found, older_than, expired)
+        idle = self._idle_sessions(found, older_than, expired)
+        if idle is not None:
+            idle.dated(read_turn_times(self._handle.io(), idle.to_read()))
+            paths += idle.documents()
         try:
             with storage_errors("purge results", reference=None):
                 self._handle.io().delete(paths)
@@ -671,9 +685,9 @@ class FsspecToolResultStore(ToolResultStore):
         """
         Async `purge`.
 
-        :param older_than: Delete only results created before ``now - older_than``.
-        :param expired: Delete only results past their retention.
-        :returns: How many results were deleted.
+        :param older_than: Delete only results created before ``now - older_than``, and inactive sessions' documents.
+        :param expired: Delete only results past their retention, and the documents of sessions inactive that long.
+        :returns: How many objects (results and documents) were deleted.
         :raises ValueError: If the filters are invalid (see `purge`).
         :raises StorageError: If the backend fails.
         """
@@ -682,6 +696,10 @@ class FsspecToolResultStore(ToolResultStore):
         with storage_errors("list results", reference=None):
             found = await self._handle.io().find_async(self._scope_path())
         paths = self._purge_paths(found, older_than, expired)
+        idle = self._idle_sessions(found, older_than, expired)
+        if idle is not None:
+            idle.dated(await read_turn_times_async(self._handle.io(), idle.to_read()))
+            paths += idle.documents()
         try:
             with storage_errors("purge results", reference=None):
                 await self._handle.io().delete_async(paths)
@@ -711,19 +729,41 @@ class FsspecToolResultStore(ToolResultStore):
         prefix = self._scope_path() + "/"
         return [prefix + record.reference for record in records]
 
+    def _idle_sessions(self, found: dict[str, int], older_than: timedelta | None, expired: bool) -> IdleSessions | None:
+        """The sessions of a listing whose documents an age or retention purge may take (None: no such purge)."""
+        now = datetime.now(UTC)
+        retention = self.retention
+        if older_than is not None:
+            cutoff = now - older_than
+            return IdleSessions(found, self._scope_path(), scope=self._scope, cutoff=lambda tenant: cutoff)
+        if expired and retention is not None:
+
+            def by_tenant(tenant: str) -> datetime | None:
+                ttl = retention.ttl_for(tenant)
+                return None if ttl is None else now - ttl
+
+            return IdleSessions(found, self._scope_path(), scope=self._scope, cutoff=by_tenant)
+        return None
+
     def _delete_documents(self) -> int:
         """Delete the documents of this scope (``.<namespace>/<name>``); see `end_session`."""
         scope_path = self._scope_path()
-        with storage_errors("delete documents", reference=None):
-            paths = document_paths(self._handle.io().find(scope_path), scope_path)
-            self._handle.io().delete(paths)
+        try:
+            with storage_errors("delete documents", reference=None):
+                paths = document_paths(self._handle.io().find(scope_path), scope_path)
+                self._handle.io().delete(paths)
+        finally:
+            self._handle.invalidate(self._scope)  # documents count against quotas: their bytes are free again
         return len(paths)
 
     async def _delete_documents_async(self) -> int:
         scope_path = self._scope_path()
-        with storage_errors("delete documents", reference=None):
-            paths = document_paths(await self._handle.io().find_async(scope_path), scope_path)
-            await self._handle.io().delete_async(paths)
+        try:
+            with storage_errors("delete documents", reference=None):
+                paths = document_paths(await self._handle.io().find_async(scope_path), scope_path)
+                await self._handle.io().delete_async(paths)
+        finally:
+            self._handle.invalidate(self._scope)
         return len(paths)
 
     # Lifecycle and serialization

@@ -1,6 +1,23 @@
 """
 Quotas: per-session and per-tenant limits on stored results and bytes, checked before a write sends anything.
 
+What counts. Results count against the results limits and the bytes limits. Session documents (history turns,
+approval requests, decisions and claims, audit events: anything written through `SessionDocuments.put` or
+`SessionDocuments.create`) count against the bytes limits, through this same ledger; they are not results, so they
+leave the results limits alone. So a tenant with a bytes limit cannot pass it through long conversations or by
+opening many sessions: every session's history counts, in the session and in the tenant.
+
+What is refused. A result that would pass a limit is refused before it is sent (`OffloadHook` then keeps it in the
+conversation). A document is refused only where its writer asks for it, which is where refusing loses nothing:
+
+- a history turn's start (the reference server's `SessionHistory.begin`) is refused once the session or the tenant is
+  at its limit: the turn has not run, the user is told, and no new turn of that session (or, at a tenant limit, of any
+  of its sessions) runs until usage falls again (purge, retention, `end_session`);
+- everything else is charged and never refused: a turn's end (the turn has run; its tools' side effects happened),
+  approval steps, decisions and claims (refusing a decision or a claim could lose an approved call, or run it without
+  its record), and audit events (the record of what ran). These can take usage past a limit, by at most what the turns
+  already admitted write; the next turn start is then refused.
+
 How usage is known without a LIST per write. Each worker process keeps, per scope (a tenant, a session), the usage
 its last listing of that scope found, plus every write it admitted since that listing began (writes still in flight
 included, and failed ones too: they may have landed). A write is admitted when that total plus the write stays within
@@ -21,11 +38,13 @@ tightest bound, one write per other worker, at a LIST per write). A worker that 
 in flight waits for them to finish before listing again, which also bounds the writes in flight per scope.
 
 Cost: with a quota, a write costs its PUT plus, amortised, one LIST of the session per allowance admitted (and of the
-tenant, for tenant limits; a tenant listing also tells the usage of every session of the tenant). Without a quota,
-nothing is checked and a write is one PUT.
+tenant, for tenant limits; a tenant listing also tells the usage of every session of the tenant). Charged documents
+use up the allowance too, so a session whose turns write more than ``slack x limit`` lists again at each turn start
+(one LIST per turn at most; a charge itself never lists or waits). Without a quota, nothing is checked and a write is
+one PUT.
 
-Usage counts results only (documents such as approvals and history are not results), and not results past their
-retention: they are unreadable and go with the next purge.
+Usage counts results (not those past their retention: they are unreadable and go with the next purge) and documents
+(until they are deleted: by purge, retention or `end_session`).
 """
 
 from __future__ import annotations
@@ -199,6 +218,8 @@ class _Admission:
     tenant: str
     session: str
     size: int
+    results: int
+    """Results the write adds: 1 for a result, 0 for a document."""
     began: int
     """When the admission began, on the ledger's event clock: a listing begun later was made for this write."""
 
@@ -225,7 +246,9 @@ class QuotaLedger:
 
     # Admission
 
-    def admit(self, quota: Quota, tenant: str, session: str, size: int, lister: Lister) -> Reservation:
+    def admit(
+        self, quota: Quota, tenant: str, session: str, size: int, lister: Lister, *, results: int = 1
+    ) -> Reservation:
         """
         Admit a write of `size` bytes to `tenant`/`session`, listing scopes with `lister` when needed.
 
@@ -234,11 +257,12 @@ class QuotaLedger:
         :param session: The writing store's session.
         :param size: The bytes the write will store.
         :param lister: Lists a scope's usage (one LIST of its prefix).
+        :param results: The results the write adds: 1 for a result, 0 for a document (bytes only).
         :returns: The reservation to settle when the write is done.
         :raises QuotaExceededError: If the write would pass a limit; nothing was reserved.
         :raises StorageError: If a listing needed for the decision failed.
         """
-        admission = self._begin(quota, tenant, session, size)
+        admission = self._begin(quota, tenant, session, size, results)
         while True:
             step = self._decide(admission)
             if isinstance(step, Reservation):
@@ -253,7 +277,9 @@ class QuotaLedger:
                 raise
             self._refreshed(step, usage)
 
-    async def admit_async(self, quota: Quota, tenant: str, session: str, size: int, lister: AsyncLister) -> Reservation:
+    async def admit_async(
+        self, quota: Quota, tenant: str, session: str, size: int, lister: AsyncLister, *, results: int = 1
+    ) -> Reservation:
         """
         Async `admit`: waits and lists without blocking the event loop.
 
@@ -262,11 +288,12 @@ class QuotaLedger:
         :param session: The writing store's session.
         :param size: The bytes the write will store.
         :param lister: Lists a scope's usage.
+        :param results: The results the write adds: 1 for a result, 0 for a document.
         :returns: The reservation to settle when the write is done.
         :raises QuotaExceededError: If the write would pass a limit.
         :raises StorageError: If a listing needed for the decision failed.
         """
-        admission = self._begin(quota, tenant, session, size)
+        admission = self._begin(quota, tenant, session, size, results)
         while True:
             step = self._decide(admission)
             if isinstance(step, Reservation):
@@ -281,6 +308,25 @@ class QuotaLedger:
                 self._refresh_failed(step)
                 raise
             self._refreshed(step, usage)
+
+    def charge(self, quota: Quota, tenant: str, session: str, size: int) -> Reservation:
+        """
+        Count a write of `size` bytes (a document that must not be refused) without deciding anything: no listing, no
+        wait, no refusal. It counts like an admitted write until a listing that includes it, so the writes that follow
+        see it.
+
+        :param quota: The limits (only the levels that have limits are tracked).
+        :param tenant: The writing store's tenant.
+        :param session: The writing store's session.
+        :param size: The bytes the write will store.
+        :returns: The reservation to settle when the write is done.
+        """
+        scopes = tuple(scope for _, scope in _levels(quota, tenant, session))
+        with self._lock:
+            entry = _Entry(sequence=next(self._events), results=0, size=size)
+            for scope in scopes:
+                self._state(scope).in_flight[entry.sequence] = entry
+            return Reservation(self, scopes, entry)
 
     def invalidate(self, scope: ScopeKey) -> None:
         """
@@ -312,17 +358,13 @@ class QuotaLedger:
 
     # Decisions, under the lock
 
-    def _begin(self, quota: Quota, tenant: str, session: str, size: int) -> _Admission:
+    def _begin(self, quota: Quota, tenant: str, session: str, size: int, results: int) -> _Admission:
         with self._lock:
-            return _Admission(quota, tenant, session, size, began=next(self._events))
+            return _Admission(quota, tenant, session, size, results, began=next(self._events))
 
     def _decide(self, admission: _Admission) -> Reservation | _Refresh | _Wait:
-        quota, size = admission.quota, admission.size
-        levels: list[tuple[Literal["session", "tenant"], ScopeKey]] = []
-        if any(limit is not None for limit in quota.limits("tenant")):
-            levels.append(("tenant", (admission.tenant,)))
-        if any(limit is not None for limit in quota.limits("session")):
-            levels.append(("session", (admission.tenant, admission.session)))
+        quota, size, adding = admission.quota, admission.size, admission.results
+        levels = _levels(quota, admission.tenant, admission.session)
         now = time.monotonic()
         with self._lock:
             states = []
@@ -334,7 +376,10 @@ class QuotaLedger:
                     return self._start_refresh(scope, state, now)
                 results_limit, bytes_limit = quota.limits(level)
                 used_results, used_bytes = state.usage()
-                over = _over(results_limit, used_results, 1, "results") or _over(bytes_limit, used_bytes, size, "bytes")
+                # A document adds no result, so only the bytes limit can refuse it.
+                over = (_over(results_limit, used_results, adding, "results") if adding else None) or _over(
+                    bytes_limit, used_bytes, size, "bytes"
+                )
                 if over is not None:
                     # A refusal rests on a recent listing, or one begun after this write asked (by it or a concurrent
                     # write: that one always counts, or a slow listing would refresh forever).
@@ -343,7 +388,11 @@ class QuotaLedger:
                         return self._start_refresh(scope, state, now)
                     raise _refusal(admission, level, over, used_results if over[0] == "results" else used_bytes)
                 unverified_results, unverified_bytes = state.unverified()
-                beyond = (results_limit is not None and unverified_results + 1 > quota.allowance(results_limit)) or (
+                beyond = (
+                    results_limit is not None
+                    and adding > 0
+                    and unverified_results + adding > quota.allowance(results_limit)
+                ) or (
                     bytes_limit is not None
                     and unverified_bytes > 0
                     and unverified_bytes + size > quota.allowance(bytes_limit)
@@ -355,7 +404,7 @@ class QuotaLedger:
                     return self._start_refresh(scope, state, now)
                 states.append(state)
             sequence = next(self._events)
-            entry = _Entry(sequence=sequence, results=1, size=size)
+            entry = _Entry(sequence=sequence, results=adding, size=size)
             for state in states:
                 state.in_flight[sequence] = entry
             return Reservation(self, tuple(scope for _, scope in levels), entry)
@@ -446,6 +495,15 @@ class QuotaLedger:
                 state.notify()
 
 
+def _levels(quota: Quota, tenant: str, session: str) -> list[tuple[Literal["session", "tenant"], ScopeKey]]:
+    levels: list[tuple[Literal["session", "tenant"], ScopeKey]] = []
+    if any(limit is not None for limit in quota.limits("tenant")):
+        levels.append(("tenant", (tenant,)))
+    if any(limit is not None for limit in quota.limits("session")):
+        levels.append(("session", (tenant, session)))
+    return levels
+
+
 def _resolve(future: Future[None]) -> None:
     if not future.done():
         future.set_result(None)
@@ -469,9 +527,10 @@ def _over(limit: int | None, used: int, adding: int, what: str) -> tuple[str, in
 def _refusal(admission: _Admission, level: str, over: tuple[str, int, int], used: int) -> QuotaExceededError:
     what, limit, adding = over
     needs = "one more result" if what == "results" else f"{adding} more bytes"
+    written = "result" if admission.results else "document"
     return QuotaExceededError(
         f"Quota exceeded for tenant {admission.tenant!r}, session {admission.session!r}: the {level} may hold "
-        f"{limit} {what} and holds {used}; this result needs {needs}. It was not stored.",
+        f"{limit} {what} and holds {used}; this {written} needs {needs}. It was not stored.",
         tenant=admission.tenant,
         session=admission.session,
         scope=level,
@@ -486,11 +545,13 @@ def usage_by_session(
     """
     Sum a listing of a tenant's or a session's directory into results and bytes per session.
 
+    Results count once each, with their bytes; session documents (``<session>/.<namespace>/<name>``) with their bytes.
+
     :param found: Paths and sizes from a listing of `scope_path`.
     :param scope: The listed scope: ``(tenant,)`` or ``(tenant, session)``.
     :param scope_path: The listed directory.
     :param live: Whether an object name counts, given the tenant: a result name, not past its retention.
-    :returns: Results and bytes per session.
+    :returns: Results and bytes (of results and documents) per session.
     """
     prefix = scope_path.rstrip("/") + "/"
     depth = 3 - len(scope)  # results sit at <session>/<name> below a tenant, at <name> below a session
@@ -499,9 +560,23 @@ def usage_by_session(
         if not path.startswith(prefix):
             continue  # a sibling prefix: 't/ab' when 't/a' was listed
         parts = path[len(prefix) :].split("/")
-        if len(parts) != depth or not live(scope[0], parts[-1]):
+        if len(parts) == depth and live(scope[0], parts[-1]):
+            counted = 1
+        elif len(parts) == depth + 1 and is_document(parts[-2], parts[-1]):
+            counted = 0
+        else:
             continue
         session = parts[0] if len(scope) == 1 else scope[1]
         results, total = usage.get(session, (0, 0))
-        usage[session] = (results + 1, total + size)
+        usage[session] = (results + counted, total + size)
     return usage
+
+
+def is_document(directory: str, name: str) -> bool:
+    """
+    :param directory: The directory an object sits in, within a session's directory.
+    :param name: The object's name.
+    :returns: Whether it is a session document, as `SessionDocuments` lays them out (``.<namespace>/<name>``; a name
+        that starts with a dot is a temporary file, not a document).
+    """
+    return directory.startswith(".") and len(directory) > 1 and not name.startswith(".")

@@ -5,6 +5,24 @@ Every result's object name carries its creation time (`names.py`), so expiry cos
 expired result before sending anything, `list` leaves it out, and ``purge(expired=True)`` deletes every expired
 result in the store's scope with one LIST and batched deletes. Expired results also stop counting against quotas.
 
+Session documents (history, approvals, audit) go by whole sessions, never one by one: a conversation's history is a
+checkpoint plus the turns appended after it, so deleting its old turns would corrupt it. ``purge(expired=True)`` and
+``purge(older_than=...)`` delete every document of a session whose newest activity is older than the cutoff (the
+tenant's time to live, or the age given), and keep every document of a session active since::
+
+    <root>/<tenant>/<session>/
+    ├── 20261129T213400123456Z-5f3a9c1e.t.web_search.3_web_search_call_abc.txt   a result: its name says when
+    ├── .audit/20261129T213512000871Z-000000000001-0b7d2e11.json                 an audit event: its name says when
+    ├── .approvals/step.00000003.json                                            numbered: its audit events date it
+    └── .history/turn.00000007.end.json                                          the newest turn: read to learn when
+
+A session's newest activity is the newest time its object names carry (results, audit events: every approval request,
+decision and execution is one). Documents ordered by sequence (history turns, approval steps and claims) cannot carry a
+time in their names, so when the names alone do not show the session active after the cutoff, the newest history turn
+is read (one GET per such session, concurrently): its ``ended_at`` (or ``started_at``, for a turn still running) counts
+too. A session whose age cannot be told (no result, no audit event, no history) is kept. Times come from the writers'
+clocks, as results' names do; a cutoff of hours or days tolerates their skew.
+
 Retention in the store is a promise to readers ("after 7 days a result is gone"); pair it with the bucket's
 lifecycle rule (``infra/``), which deletes old objects even if no purge runs.
 
@@ -14,17 +32,34 @@ deletes that session's results at once, without waiting for their time to live.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
-from collections.abc import Mapping
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from haystack_integrations.offload.errors import ResultNotFoundError
+from haystack_integrations.offload.stores.names import parse_object_name
+from haystack_integrations.offload.stores.quotas import is_document
 from haystack_integrations.offload.stores.scope import validate_scope_id
+from haystack_integrations.offload.stores.translate import storage_errors
 
 if TYPE_CHECKING:
     from haystack_integrations.offload.stores.fsspec_store import FsspecToolResultStore
+    from haystack_integrations.offload.stores.io import StorageIO
+
+HISTORY_NAMESPACE = "history"
+"""The namespace of the reference server's conversation history (`server.history`), dated by reading its newest turn."""
+_TURN_NAME = re.compile(r"turn\.(?P<turn>\d{8})\.(?P<part>start|end)\.json")
+_NAME_STAMP = re.compile(r"(?<![0-9])(?P<stamp>\d{8}T\d{12})Z")
+# Newest-turn documents read at once when dating sessions for a purge.
+_CONCURRENT_READS = 16
 
 
 class Retention(BaseModel):
@@ -102,7 +137,8 @@ def end_session(store: FsspecToolResultStore, *, documents: bool = False) -> int
 
     :param store: A session store (from `for_session`).
     :param documents: Also delete the session's documents (approval requests and decisions, claims, audit, history).
-        By default they are kept: they record what happened, and the bucket's lifecycle rule removes them in time.
+        By default they are kept: they record what happened, and they go with the session once it has been inactive
+        for its retention (``purge(expired=True)``), or with the bucket's lifecycle rule.
     :returns: How many objects were deleted.
     :raises ValueError: If `store` is not scoped to a session.
     :raises StorageError: If the backend fails; what was not deleted yet stays.
@@ -148,6 +184,209 @@ def document_paths(found: Mapping[str, int], scope_path: str) -> builtins.list[s
     paths = []
     for path in found:
         parts = path[len(prefix) :].split("/") if path.startswith(prefix) else []
-        if len(parts) == 2 and parts[0].startswith(".") and len(parts[0]) > 1 and not parts[1].startswith("."):
+        if len(parts) == 2 and is_document(*parts):
             paths.append(path)
     return paths
+
+
+def name_time(name: str) -> datetime | None:
+    """
+    The time an object's name carries: a result's creation, an audit event's.
+
+    :param name: An object name (a result's, or a document's within its namespace).
+    :returns: The time, or None if the name carries none (numbered documents: history turns, approval records).
+    """
+    parsed = parse_object_name(name)
+    if parsed is not None:
+        return parsed.created
+    match = _NAME_STAMP.search(name)
+    if match is None:
+        return None
+    try:
+        return datetime.strptime(match["stamp"], "%Y%m%dT%H%M%S%f").replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
+def turn_time(data: bytes) -> datetime | None:
+    """
+    When a history turn document says its turn ended (or, for a start, began).
+
+    :param data: The document: a turn's end (``ended_at``) or start (``started_at``).
+    :returns: The time, or None if the document says neither.
+    """
+    try:
+        record = json.loads(data)
+        stamp = record.get("ended_at") or record.get("started_at")
+        found = datetime.fromisoformat(stamp) if isinstance(stamp, str) else None
+    except (ValueError, AttributeError):
+        return None
+    return found if found is not None and found.tzinfo is not None else None
+
+
+@dataclass
+class _Session:
+    documents: builtins.list[str] = field(default_factory=builtins.list)
+    newest: datetime | None = None
+    turns: dict[str, tuple[int, str]] = field(default_factory=dict)
+    """History turn documents: path -> (turn, part)."""
+
+    def saw(self, moment: datetime | None) -> None:
+        if moment is not None and (self.newest is None or moment > self.newest):
+            self.newest = moment
+
+    def newest_turn(self) -> str | None:
+        # The newest turn's end if it has one (it ended after it started), else its start (a turn still running).
+        if not self.turns:
+            return None
+        return max(self.turns, key=lambda path: (self.turns[path][0], self.turns[path][1] == "end"))
+
+
+class IdleSessions:
+    """
+    Which sessions of one listing have been inactive since a cutoff, so that their documents go whole.
+
+    Build it from a listing, read the documents `to_read` names (`read_turn_times`), then take `documents()`.
+
+    ```python
+    idle = IdleSessions(found, scope_path, scope=("acme",), cutoff=lambda tenant: now - timedelta(days=30))
+    idle.dated(read_turn_times(io, idle.to_read()))
+    paths = idle.documents()
+    ```
+    """
+
+    def __init__(
+        self,
+        found: Mapping[str, int],
+        scope_path: str,
+        *,
+        scope: tuple[str, ...],
+        cutoff: Callable[[str], datetime | None],
+    ) -> None:
+        """
+        :param found: Paths and sizes from one listing of `scope_path`.
+        :param scope_path: The listed directory: the root's, a tenant's or a session's.
+        :param scope: What `scope_path` is below the root: ``()``, ``(tenant,)`` or ``(tenant, session)``.
+        :param cutoff: Given a tenant, the time before which its sessions count as inactive (None: keep them).
+        """
+        self._cutoff = cutoff
+        self._sessions: dict[tuple[str, str], _Session] = {}
+        self._times: dict[str, datetime | None] = {}
+        prefix = scope_path.rstrip("/") + "/"
+        above = 2 - len(scope)  # how many of (tenant, session) the relative path still names
+        for path in found:
+            if not path.startswith(prefix):
+                continue  # a sibling prefix: 't/ab' when 't/a' was listed
+            parts = path[len(prefix) :].split("/")
+            if len(parts) not in (above + 1, above + 2):
+                continue
+            key = (*scope, *parts[:above])
+            if len(key) != 2 or not _valid_session(*key):
+                continue  # not a session's directory: an operator's own files are never touched
+            inside = parts[above:]
+            if len(inside) == 1:
+                parsed = parse_object_name(inside[0])
+                if parsed is not None:
+                    self._sessions.setdefault((key[0], key[1]), _Session()).saw(parsed.created)
+                continue
+            directory, name = inside
+            if not is_document(directory, name):
+                continue
+            session = self._sessions.setdefault((key[0], key[1]), _Session())
+            session.documents.append(path)
+            turn = _TURN_NAME.fullmatch(name) if directory == f".{HISTORY_NAMESPACE}" else None
+            if turn is not None:
+                session.turns[path] = (int(turn["turn"]), turn["part"])
+            else:
+                session.saw(name_time(name))
+
+    def to_read(self) -> builtins.list[str]:
+        """
+        :returns: The history documents to read: the newest turn of each session with documents whose names do not
+            already show it active after its cutoff.
+        """
+        paths = []
+        for (tenant, _), session in self._sessions.items():
+            cutoff = self._cutoff(tenant)
+            if not session.documents or cutoff is None or (session.newest is not None and session.newest >= cutoff):
+                continue
+            newest_turn = session.newest_turn()
+            if newest_turn is not None and newest_turn not in self._times:
+                paths.append(newest_turn)
+        return paths
+
+    def dated(self, times: Mapping[str, datetime | None]) -> None:
+        """
+        :param times: What `read_turn_times` found for (some of) the paths `to_read` named.
+        """
+        self._times.update(times)
+
+    def documents(self) -> builtins.list[str]:
+        """
+        :returns: Every document of every session whose newest activity is older than its cutoff. A session whose
+            newest turn was not read, or whose age cannot be told, is kept.
+        """
+        paths = []
+        for (tenant, _), session in self._sessions.items():
+            cutoff = self._cutoff(tenant)
+            if not session.documents or cutoff is None:
+                continue
+            newest = session.newest
+            newest_turn = session.newest_turn()
+            if newest_turn is not None:
+                if newest_turn not in self._times:
+                    continue
+                turn = self._times[newest_turn]
+                newest = turn if newest is None or (turn is not None and turn > newest) else newest
+            if newest is not None and newest < cutoff:
+                paths.extend(session.documents)
+        return paths
+
+
+def _valid_session(tenant: str, session: str) -> bool:
+    try:
+        validate_scope_id(tenant, field="tenant")
+        validate_scope_id(session, field="session")
+    except ValueError:
+        return False
+    return True
+
+
+def read_turn_times(io: StorageIO, paths: Iterable[str]) -> dict[str, datetime | None]:
+    """
+    Read history turn documents and the time each says (a few at once).
+
+    :param io: The store's I/O.
+    :param paths: The documents' full paths.
+    :returns: Each path's time; None for a document gone meanwhile or saying no time.
+    :raises StorageError: If the backend fails.
+    """
+
+    def one(path: str) -> datetime | None:
+        try:
+            with storage_errors("read a history document", reference=path):
+                return turn_time(io.get(path))
+        except ResultNotFoundError:
+            return None
+
+    chosen = builtins.list(paths)
+    if not chosen:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(_CONCURRENT_READS, len(chosen))) as pool:
+        return dict(zip(chosen, pool.map(one, chosen), strict=True))
+
+
+async def read_turn_times_async(io: StorageIO, paths: Iterable[str]) -> dict[str, datetime | None]:
+    """Async `read_turn_times`."""
+    limit = asyncio.Semaphore(_CONCURRENT_READS)
+
+    async def one(path: str) -> datetime | None:
+        async with limit:
+            try:
+                with storage_errors("read a history document", reference=path):
+                    return turn_time(await io.get_async(path))
+            except ResultNotFoundError:
+                return None
+
+    chosen = builtins.list(paths)
+    return dict(zip(chosen, await asyncio.gather(*(one(path) for path in chosen)), strict=True))

@@ -1,0 +1,47 @@
+"""
+The reference server's history under injected S3 faults: a turn claimed or ended through a connection reset is still
+its sender's, and a competitor's claim is still refused, because every turn document carries its writer's token.
+
+Everything runs against moto's server over HTTP behind `FaultProxy`; ``roots.direct`` reads what really got stored.
+"""
+
+from datetime import UTC, datetime
+
+import pytest
+from haystack.dataclasses import ChatMessage
+from ops_helpers import Roots
+
+from haystack_integrations.offload.local_s3 import RequestLog
+from haystack_integrations.offload.server.history import SessionBusyError, SessionHistory
+from haystack_integrations.offload.testing.faults import Fault, FaultProxy
+
+pytestmark = pytest.mark.s3
+
+
+async def test_one_reset_on_a_turn_start_leaves_the_turn_to_its_sender(
+    roots: Roots, fault_proxy: FaultProxy, s3_requests: RequestLog
+) -> None:
+    history = SessionHistory(roots.faulty.for_session("acme", "chat-1"), worker="web-1")
+    state = await history.read()
+    # The start lands, its answer is lost, aiohttp resends it and the resend's 412 is the first answer the store sees.
+    fault_proxy.inject(Fault.RESET_AFTER, method="PUT")
+    s3_requests.clear()
+    turn = await history.begin(state, kind="message", text="hello")
+    assert [request.status for request in s3_requests.filter(method="PUT")] == [200, 412]
+    # The same for its end: the sender is not told its turn was abandoned, and the session is free at once (not 409
+    # for the whole lease).
+    fault_proxy.inject(Fault.RESET_AFTER, method="PUT")
+    conversation = [ChatMessage.from_user("hello"), ChatMessage.from_assistant("hi")]
+    await history.finish(turn, status="completed", messages=conversation, reply="hi")
+    state = await SessionHistory(roots.direct.for_session("acme", "chat-1"), worker="reader").read()
+    assert state.next_turn == 2 and state.conversation == conversation and not state.busy(datetime.now(UTC))
+    assert state.last_end is not None and state.last_end.status == "completed"
+
+    # A competitor whose claim of the same turn goes through a reset still loses: the bytes found are not its own.
+    rival = SessionHistory(roots.faulty.for_session("acme", "chat-1"), worker="web-2")
+    late = await rival.read()
+    await history.begin(late, kind="message", text="second")
+    fault_proxy.inject(Fault.RESET_AFTER, method="PUT")
+    with pytest.raises(SessionBusyError):
+        await rival.begin(late, kind="message", text="rival")
+    assert [start.text for start in await history.starts()] == ["hello", "second"]
