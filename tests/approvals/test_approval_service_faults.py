@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 from approval_scenario import ledger_lines, plan
-from test_approval_composition import STOP_ONCE, Stop, agent_with, approvals, flaky_invoice, ran
+from test_approval_composition import STOP_ONCE, Stop, agent_with, approvals, flaky_invoice, ran, slow_invoice
 
 from haystack_integrations.offload import FsspecToolResultStore, RetryPolicy
 from haystack_integrations.offload.local_s3 import LocalS3Server
 from haystack_integrations.offload.server.errors import ApprovalPendingConflict
+from haystack_integrations.offload.server.history import SessionBusyError
 from haystack_integrations.offload.server.service import ChatService
 from haystack_integrations.offload.testing.faults import Fault, FaultProxy
 
@@ -111,3 +112,38 @@ async def test_a_worker_killed_while_resuming_leaves_a_step_that_is_resumed_not_
     assert [m.tool_call_result.origin.id for m in transcript.messages if m.tool_call_result] == ["c1"]
     reply = await service.send_message(session, "thanks")
     assert reply.status == "completed"
+
+
+async def test_an_approved_call_that_outlives_the_turn_lease_still_reaches_the_conversation(
+    store: FsspecToolResultStore, ledger: Path
+) -> None:
+    session = store.for_session("acme", "chat-slow")
+    invoice_hook, _ = approvals()
+    # The call takes 3 s; both leases are 1 s: only renewal keeps the turn and the step from being taken over.
+    service = ChatService(agent_with([invoice_hook], invoice=slow_invoice), turn_lease=1.0, resume_lease=1.0)
+    held = await service.send_message(session, plan(("send_invoice", {"customer": "c", "amount": 9}, "c1")).text or "")
+    [request] = held.pending
+    deciding = asyncio.create_task(service.decide(session, request.request_id, approved=True))
+    await asyncio.sleep(2.2)
+    with pytest.raises((SessionBusyError, ApprovalPendingConflict)):
+        await service.send_message(session, "are you done?")
+    outcome = await deciding
+    assert outcome.resumed is not None and outcome.resumed.status == "completed"
+    transcript = await service.transcript(session)
+    assert [m.tool_call_result.origin.id for m in transcript.messages if m.tool_call_result] == ["c1"]
+    assert len(ran(ledger)) == 1
+
+
+async def test_a_long_turn_keeps_its_lease_and_its_result(store: FsspecToolResultStore, ledger: Path) -> None:
+    session = store.for_session("acme", "chat-long")
+    service = ChatService(agent_with([], invoice=slow_invoice), turn_lease=1.0)
+    running = asyncio.create_task(
+        service.send_message(session, plan(("send_invoice", {"customer": "d", "amount": 3}, "c1")).text or "")
+    )
+    await asyncio.sleep(2.2)  # over twice the lease: without renewal this message would end the running turn
+    with pytest.raises(SessionBusyError):
+        await service.send_message(session, "still there?")
+    outcome = await running
+    assert outcome.status == "completed"
+    transcript = await service.transcript(session)
+    assert [m.tool_call_result.origin.id for m in transcript.messages if m.tool_call_result] == ["c1"]

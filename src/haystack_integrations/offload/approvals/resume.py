@@ -28,12 +28,11 @@ expiry: see `binding`), and approved arguments are re-validated against the live
 """
 
 import asyncio
-import contextlib
 import contextvars
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -85,6 +84,7 @@ from haystack_integrations.offload.approvals.records import (
     StepDone,
 )
 from haystack_integrations.offload.approvals.resuming import RESUMING_KEY, ResumedDecisions, Verdict, verdict_of
+from haystack_integrations.offload.leases import renewing
 
 logger = logging.getLogger(__name__)
 
@@ -225,7 +225,11 @@ async def resume_async(
         hook_context={**context, RESUMING_KEY: decisions},
         values=values,
     )
-    async with _renewing(ledger, claim, lease):
+
+    async def renew() -> None:
+        await ledger.renew_step_async(claim.model_copy(update={"lease_until": now() + timedelta(seconds=lease)}))
+
+    async with renewing(lease, renew, what=f"the claim on held step {step.sequence}"):
         resumed = _Resumed(ledger, listing, step, decisions, worker, len(messages))
         await before_tool_async(agent, state)
         pending = resumed.pending(state)
@@ -628,28 +632,6 @@ def _restored_state(serialized: dict[str, Any] | None) -> dict[str, Any]:
     if not serialized:
         return {}
     return dict(State.from_dict(serialized).data)
-
-
-@contextlib.asynccontextmanager
-async def _renewing(ledger: ApprovalLedger, claim: StepClaim, lease: float) -> AsyncIterator[None]:
-    """Renew this worker's claim every third of its lease while the block runs, so a long call keeps it."""
-
-    async def renew() -> None:
-        while True:
-            await asyncio.sleep(lease / 3)
-            renewed = claim.model_copy(update={"lease_until": now() + timedelta(seconds=lease)})
-            try:
-                await ledger.renew_step_async(renewed)
-            except Exception as error:  # a missed renewal shortens the lease; the next one may land
-                logger.warning("Could not renew the claim on held step %s: %s", claim.step_id, error)
-
-    task = asyncio.create_task(renew())
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def _event(step: HeldStep, event: str, actor: str, detail: dict[str, Any], **ids: Any) -> AuditEvent:

@@ -48,6 +48,7 @@ its end is charged but never refused, since it records what the turn did (tools 
 """
 
 import asyncio
+import contextlib
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -58,6 +59,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 from pydantic_core import to_jsonable_python
 
 from haystack_integrations.offload.errors import DocumentExistsError, ResultNotFoundError
+from haystack_integrations.offload.leases import renewing
 from haystack_integrations.offload.stores import FsspecToolResultStore
 from haystack_integrations.offload.stores.documents import SessionDocuments, writer_token
 
@@ -296,6 +298,21 @@ class SessionHistory:
         except DocumentExistsError as error:
             raise SessionBusyError("Another request to this session started a turn first; nothing was run.") from error
         return Turn(start=start, conversation=state.conversation, log=state.log)
+
+    def renewing(self, turn: Turn) -> contextlib.AbstractAsyncContextManager[None]:
+        """
+        Keep `turn`'s lease alive while the block runs (every third of the lease), so a long turn is never abandoned.
+
+        :param turn: The turn from `begin`.
+        :returns: An async context manager.
+        """
+
+        async def renew() -> None:
+            start = turn.start.model_copy(update={"lease_until": _now() + timedelta(seconds=self.lease)})
+            # The holder's own document: a plain write keeps its token, so a reader still knows whose it is.
+            await self.documents.put_async(_start_name(start.turn), start.model_dump_json().encode())
+
+        return renewing(self.lease, renew, what=f"the lease on turn {turn.start.turn}")
 
     async def finish(
         self,

@@ -212,7 +212,8 @@ class ChatService:
             conversation.append(ChatMessage.from_system(self.system_prompt))
         messages = [*conversation, ChatMessage.from_user(text)]
         try:
-            reply = await self.agent.run_async(messages, hook_context=self._context(store, actor))
+            async with history.renewing(turn):
+                reply = await self.agent.run_async(messages, hook_context=self._context(store, actor))
         except Exception as error:
             await self._fail(history, turn, error, messages=None)
             raise RunFailedError(f"The agent failed to answer: {type(error).__name__}.") from error
@@ -248,14 +249,15 @@ class ChatService:
         turn = await history.begin(state, kind="resume", actor=actor)
         conversation = await self._with_lost_steps(store, list(turn.conversation))
         try:
-            reply = await resume_async(
-                self.agent,
-                conversation,
-                store,
-                hook_context=self._context(store, actor),
-                worker=self.worker,
-                lease=self.resume_lease,
-            )
+            async with history.renewing(turn):
+                reply = await resume_async(
+                    self.agent,
+                    conversation,
+                    store,
+                    hook_context=self._context(store, actor),
+                    worker=self.worker,
+                    lease=self.resume_lease,
+                )
         except ResumeInterruptedError as error:
             # The step ran (exactly once); keep its results in the conversation even though the model call failed.
             await self._fail(history, turn, error, messages=list(error.messages))
