@@ -352,3 +352,50 @@ def test_the_runs_state_survives_the_stop(session: FsspecToolResultStore, ledger
     final = resume(agent, reply["messages"], session)  # the caller no longer has the budget: the step kept it
     assert seen == [500]
     assert final["budget"] == 500
+
+
+# memory:// lives in one process: a killed worker's storage must be one another process sees.
+@pytest.mark.parametrize("backend", ["local", pytest.param("s3", marks=pytest.mark.s3)], indirect=True)
+def test_a_worker_process_killed_mid_call_leaves_a_may_have_run_request(
+    backend: Any, ledger: Path, tmp_path: Path
+) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    url, options = backend
+    session = FsspecToolResultStore(url, storage_options=options).for_session("acme", "chat-kill")
+    invoice_hook, _ = approvals()
+    agent = agent_with([invoice_hook])
+    reply = agent.run([plan(INVOICE)], hook_context=durable(session))
+    [request] = pending_approvals(session)
+    decide(session, request.request_id, Decision.approve())
+
+    here = Path(__file__).parent
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent.parent / "src"), str(here)])}
+    messages = json.dumps([message.to_dict() for message in reply["messages"]])
+    worker = subprocess.Popen(
+        [sys.executable, str(here / "resume_worker.py"), url, json.dumps(options), "acme", "chat-kill", messages, "2"],
+        env=environment,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not ran(ledger) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ran(ledger) == [("invoice", "acme:120")]
+        worker.send_signal(signal.SIGKILL)  # after the charge, before the result was recorded
+    finally:
+        worker.wait(timeout=30)
+
+    time.sleep(2.1)  # the dead worker's lease lapses
+    held = resume(agent, reply["messages"], session)
+    assert held["exit_reason"] == APPROVAL_REQUIRED
+    [uncertain] = pending_approvals(session)
+    assert uncertain.guard == "may-have-run"
+    assert len(ran(ledger)) == 1  # never re-run silently
+    decide(session, uncertain.request_id, Decision.deny("The charge went through."))
+    final = resume(agent, held["messages"], session)
+    assert len(ran(ledger)) == 1  # and never dropped: the model is told
+    [result] = [m.tool_call_result for m in final["messages"] if m.tool_call_result is not None]
+    assert result.error and "The charge went through." in str(result.result)
