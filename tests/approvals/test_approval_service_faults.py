@@ -147,3 +147,22 @@ async def test_a_long_turn_keeps_its_lease_and_its_result(store: FsspecToolResul
     assert outcome.status == "completed"
     transcript = await service.transcript(session)
     assert [m.tool_call_result.origin.id for m in transcript.messages if m.tool_call_result] == ["c1"]
+
+
+async def test_what_a_lost_resume_turn_ran_reaches_the_next_turn(store: FsspecToolResultStore, ledger: Path) -> None:
+    session = store.for_session("acme", "chat-lost")
+    invoice_hook, _ = approvals()
+    service = ChatService(agent_with([invoice_hook]), turn_lease=0.3)
+    held = await service.send_message(session, plan(("send_invoice", {"customer": "e", "amount": 4}, "c1")).text or "")
+    [request] = held.pending
+    decided = await service.decide(session, request.request_id, approved=True)
+    assert decided.resumed is not None
+    # The resuming worker died after the step was done but before its turn's end was written.
+    history = session.documents("history")
+    [end] = [name for name in history.list() if name.startswith(f"turn.{decided.resumed.turn:08d}.end")]
+    history.delete(end)
+    await asyncio.sleep(0.4)
+    await service.send_message(session, "and now?")
+    transcript = await service.transcript(session)
+    assert [m.tool_call_result.origin.id for m in transcript.messages if m.tool_call_result] == ["c1"]
+    assert len(ran(ledger)) == 1

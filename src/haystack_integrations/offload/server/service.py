@@ -207,7 +207,7 @@ class ChatService:
         state = await history.read()
         await self._refuse_while_held(store, state)
         turn = await history.begin(state, kind="message", text=text, actor=actor)
-        conversation = list(turn.conversation)
+        conversation = await self._with_lost_steps(store, state, list(turn.conversation))
         if not conversation and self.system_prompt:
             conversation.append(ChatMessage.from_system(self.system_prompt))
         messages = [*conversation, ChatMessage.from_user(text)]
@@ -247,7 +247,7 @@ class ChatService:
         history = self._history(store)
         state = await history.read()
         turn = await history.begin(state, kind="resume", actor=actor)
-        conversation = await self._with_lost_steps(store, list(turn.conversation))
+        conversation = await self._with_lost_steps(store, state, list(turn.conversation))
         try:
             async with history.renewing(turn):
                 reply = await resume_async(
@@ -447,7 +447,11 @@ class ChatService:
         return offload_context(store, approval_channel=DurableApprovals(ttl=self.approval_ttl, actor=actor))
 
     async def _refuse_while_held(self, store: FsspecToolResultStore, state: HistoryState) -> None:
-        # Asked of the ledger: a step whose resuming turn died is still open, and a new message must not drop it.
+        # Asked of the ledger: a step whose resuming turn died is still open, and a new message must not drop it. Only
+        # a turn that ran to completion closes every step, so after one the ledger need not be read (no extra requests
+        # on the usual path).
+        if _settled(state):
+            return
         step = await open_step_async(store)
         if step is not None:
             raise ApprovalPendingConflict(
@@ -463,13 +467,15 @@ class ChatService:
         return step.resuming_until is not None
 
     async def _with_lost_steps(
-        self, store: FsspecToolResultStore, conversation: list[ChatMessage]
+        self, store: FsspecToolResultStore, state: HistoryState, conversation: list[ChatMessage]
     ) -> list[ChatMessage]:
         """
         Add what the newest resumed step recorded, if its turn was lost (abandoned, or its end never written).
 
         The calls ran and their results are recorded in the step's done record, so the model learns that they ran.
         """
+        if _settled(state):
+            return conversation
         done = await newest_done_async(store)
         if done is None:
             return conversation
@@ -528,6 +534,11 @@ class ChatService:
             )
         except Exception:  # the original failure is what the caller needs to hear about
             logger.exception("Could not record the failure of turn %s.", turn.start.turn)
+
+
+def _settled(state: HistoryState) -> bool:
+    """Whether the newest turn ran to completion: then no held step is open and no resumed step's turn was lost."""
+    return state.open_start is None and (state.last_end is None or state.last_end.status == "completed")
 
 
 def _references(messages: list[ChatMessage]) -> set[str]:
