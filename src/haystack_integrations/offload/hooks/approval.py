@@ -211,7 +211,7 @@ class ApprovalHook:
             ledger = _durable_ledger(step)
             held = ledger.hold(self._builder(step, state), after=_resumed_sequence(step))
             step.events.extend(_requested(held, step.channel.actor))
-            _stop(state, step, held)
+            _stop(state)
             append_audit(ledger.store, *step.events)
             return
         self._make_requests(step, step.step_id)
@@ -245,7 +245,7 @@ class ApprovalHook:
             ledger = _durable_ledger(step)
             held = await ledger.hold_async(self._builder(step, state), after=_resumed_sequence(step))
             step.events.extend(_requested(held, step.channel.actor))
-            _stop(state, step, held)
+            _stop(state)
             await append_audit_async(ledger.store, *step.events)
             return
         self._make_requests(step, step.step_id)
@@ -540,7 +540,7 @@ def _deny_unbound(step: _Step) -> None:
             )
 
 
-def _stop(state: State, step: _Step, held: HeldStep) -> None:
+def _stop(state: State) -> None:
     """Take the held message out of the run and stop it."""
     # The held message leaves this run's conversation (resume puts it back with its results), so the history the
     # run returns stays valid for any provider: no tool call without a result.
