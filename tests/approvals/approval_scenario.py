@@ -85,12 +85,18 @@ def make_tools() -> list[Tool]:
     ]
 
 
+def structured_error(text: str) -> dict[str, Any]:
+    """The error a tool result carries in the hook's ``"structured"`` format, flattened to kind, tool and message."""
+    payload = json.loads(text)["error"]
+    return {"error": payload["kind"], "tool": payload["tool"], "message": payload["message"]}
+
+
 def make_agent(rules: dict[Any, ConfirmationPolicy], **agent_kwargs: Any) -> Agent:
-    """A real Agent with the scripted model, both tools and an `ApprovalHook` with `rules`."""
+    """A real Agent with the scripted model, both tools and an `ApprovalHook` with `rules` (machine-readable errors)."""
     agent = Agent(
         chat_generator=MockChatGenerator(response_fn=script),
         tools=make_tools(),
-        hooks={"before_tool": [ApprovalHook(rules)]},
+        hooks={"before_tool": [ApprovalHook(rules, result_format="structured")]},
         **agent_kwargs,
     )
     agent.warm_up()

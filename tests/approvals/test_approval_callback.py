@@ -6,13 +6,12 @@ tool-call counts and what the model sees.
 """
 
 import asyncio
-import json
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
-from approval_scenario import ledger_lines, make_agent, plan
+from approval_scenario import ledger_lines, make_agent, plan, structured_error
 from haystack.dataclasses import ChatMessage
 from haystack.hooks.human_in_the_loop import AlwaysAskPolicy, ConfirmationUIResult, ToolExecutionDecision
 
@@ -40,7 +39,7 @@ def tool_results(reply: dict[str, Any]) -> list[tuple[str, bool]]:
 
 
 def error_kind(reply: dict[str, Any]) -> str | None:
-    errors = [json.loads(text)["error"] for text, error in tool_results(reply) if error]
+    errors = [structured_error(text)["error"] for text, error in tool_results(reply) if error]
     return errors[0] if errors else None
 
 
@@ -200,8 +199,8 @@ def test_an_invalid_answer_denies_the_call_with_the_reason(ledger: Path, answer:
     reply = agent.run([plan(INVOICE)], hook_context=callback_context(lambda request: answer))
     assert ledger_lines(ledger) == []
     [(text, error)] = tool_results(reply)
-    assert error and json.loads(text)["error"] == "approval-invalid"
-    assert message in json.loads(text)["message"]
+    assert error and structured_error(text)["error"] == "approval-invalid"
+    assert message in structured_error(text)["message"]
 
 
 def test_a_failing_callback_fails_the_run(ledger: Path) -> None:

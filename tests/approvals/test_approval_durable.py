@@ -5,14 +5,13 @@ Each test drives a real Agent (scripted `MockChatGenerator`) and checks what the
 `send_invoice` ledger) and what the session's records say.
 """
 
-import json
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-from approval_scenario import INVOICE_SCHEMA, ledger_lines, make_agent, make_tools, plan, script
+from approval_scenario import INVOICE_SCHEMA, ledger_lines, make_agent, make_tools, plan, script, structured_error
 from haystack.components.agents import Agent
 from haystack.components.generators.chat import MockChatGenerator
 from haystack.dataclasses import ChatMessage
@@ -75,7 +74,7 @@ def error_of(message: ChatMessage) -> dict[str, Any] | None:
     result = message.tool_call_result
     if result is None or not result.error:
         return None
-    return json.loads(str(result.result))
+    return structured_error(str(result.result))
 
 
 def results_seen(reply: dict[str, Any]) -> list[tuple[str | None, str, bool]]:
@@ -98,10 +97,13 @@ def test_run_stops_with_its_request_recorded_and_nothing_run(
 ) -> None:
     reply = stop(agent, session, INVOICE, actor="user-7")
 
-    # The held assistant message is out of the returned conversation: no tool call is left without a result.
-    assert [m.role.value for m in reply["messages"]] == ["user"]
+    # The held assistant message is out of the returned conversation (no tool call is left without a result); a
+    # notice naming the pending request takes its place as the run's last message.
+    assert [m.role.value for m in reply["messages"]] == ["user", "assistant"]
     assert ledger_lines(ledger) == []
     [request] = pending_approvals(session)
+    assert reply["last_message"].text == f"Approval required: {request.request_id}"
+    assert not reply["last_message"].tool_calls
     assert (request.tenant, request.session, request.tool_call_id, request.tool_name) == (
         "acme",
         "chat-1",
@@ -515,7 +517,10 @@ def test_resumed_results_go_through_the_agents_after_tool_hooks(ledger: Path, se
     agent = Agent(
         chat_generator=MockChatGenerator(response_fn=script),
         tools=make_tools(),
-        hooks={"before_tool": [ApprovalHook({"send_invoice": AlwaysAskPolicy()})], "after_tool": [offload]},
+        hooks={
+            "before_tool": [ApprovalHook({"send_invoice": AlwaysAskPolicy()}, result_format="structured")],
+            "after_tool": [offload],
+        },
     )
     reply = stop(agent, session, INVOICE)
     [request] = pending_approvals(session)
@@ -540,7 +545,7 @@ async def test_a_resumed_result_written_behind_is_stored_when_resume_returns(
         chat_generator=MockChatGenerator(response_fn=script),
         tools=make_tools(),
         hooks={
-            "before_tool": [ApprovalHook({"send_invoice": AlwaysAskPolicy()})],
+            "before_tool": [ApprovalHook({"send_invoice": AlwaysAskPolicy()}, result_format="structured")],
             "after_tool": [offload],
             "after_run": [offload],
         },
@@ -580,7 +585,7 @@ def test_resumed_calls_write_state_like_any_step(ledger: Path, session: FsspecTo
         chat_generator=MockChatGenerator(response_fn=script),
         tools=[tool],
         state_schema={"customers": {"type": list[str]}},
-        hooks={"before_tool": [ApprovalHook({"send_invoice": AlwaysAskPolicy()})]},
+        hooks={"before_tool": [ApprovalHook({"send_invoice": AlwaysAskPolicy()}, result_format="structured")]},
     )
     reply = stop(agent, session, INVOICE)
     [request] = pending_approvals(session)
@@ -598,7 +603,7 @@ def test_an_agents_prompts_are_not_rendered_twice(ledger: Path, session: FsspecT
         tools=make_tools(),
         system_prompt="You send invoices carefully.",
         user_prompt="{{ request }}",
-        hooks={"before_tool": [ApprovalHook({"send_invoice": AlwaysAskPolicy()})]},
+        hooks={"before_tool": [ApprovalHook({"send_invoice": AlwaysAskPolicy()}, result_format="structured")]},
     )
     reply = agent.run([], request=plan(INVOICE).text, hook_context=durable(session))
     assert reply["exit_reason"] == APPROVAL_REQUIRED
@@ -622,7 +627,7 @@ def test_a_failure_after_the_step_ran_hands_back_the_conversation(ledger: Path, 
     failing = Agent(
         chat_generator=MockChatGenerator(response_fn=unavailable_after_tools),
         tools=make_tools(),
-        hooks={"before_tool": [ApprovalHook({"send_invoice": AlwaysAskPolicy()})]},
+        hooks={"before_tool": [ApprovalHook({"send_invoice": AlwaysAskPolicy()}, result_format="structured")]},
     )
     reply = stop(failing, session, INVOICE)
     [request] = pending_approvals(session)

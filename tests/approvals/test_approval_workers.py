@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from approval_scenario import LEDGER_ENV, ledger_lines, make_agent, plan
+from approval_scenario import LEDGER_ENV, ledger_lines, make_agent, plan, structured_error
 from haystack.hooks.human_in_the_loop import AlwaysAskPolicy
 
 from haystack_integrations.offload import (
@@ -190,7 +190,7 @@ def test_full_flow_request_stop_decide_elsewhere_resume_answer(
     results = [m.tool_call_result for m in final["messages"] if m.tool_call_result is not None]
     # Haystack's ConfirmationHook shape: the denied call is answered before the message with the calls that run.
     assert [(r.origin.id, r.error) for r in results] == [("call_b", True), ("call_a", False)]
-    denial = json.loads(str(results[0].result))
+    denial = structured_error(str(results[0].result))
     assert denial["error"] == "approval-denied" and "Too large for this account." in denial["message"]
     assert final["exit_reason"] == "text"
     assert final["last_message"].text == "final: invoice sent to acme for 45"

@@ -176,7 +176,56 @@ class DurableApprovals:
         self.actor = actor
 
 
-ApprovalChannel = CallbackApprovals | DurableApprovals
+class StrategyApprovals:
+    """
+    Ask through the hook's Haystack `ConfirmationStrategy` rules, as `ConfirmationHook` does: the channel an
+    `ApprovalHook` built from strategies uses when the run brings none (a console, a single-user script).
+
+    The run's `hook_context` is passed to each strategy as its ``confirmation_strategy_context``.
+    """
+
+    actor: str | None = None
+    timeout = 0.0
+
+    def __init__(self, strategies: Callable[[str], Any], context: dict[str, Any] | None) -> None:
+        """
+        :param strategies: Finds the strategy for a tool name.
+        :param context: The run's `hook_context`.
+        """
+        self.strategies = strategies
+        self.context = context
+
+    def _arguments(self, request: ApprovalRequest) -> dict[str, Any]:
+        return {
+            "tool_name": request.tool_name,
+            "tool_description": request.tool_description,
+            "tool_params": dict(request.arguments),
+            "tool_call_id": request.tool_call_id,
+            "confirmation_strategy_context": self.context,
+        }
+
+    def ask(self, request: ApprovalRequest) -> Decision:
+        """
+        Run the strategy for the request's tool and wait for its decision.
+
+        :param request: The call to decide.
+        :returns: The decision.
+        """
+        strategy = self.strategies(request.tool_name)
+        return to_decision(strategy.run(**self._arguments(request)), request)
+
+    async def ask_async(self, request: ApprovalRequest) -> Decision:
+        """Async `ask`: the strategy's ``run_async`` if it has one, else its ``run`` in a worker thread."""
+        strategy = self.strategies(request.tool_name)
+        run_async = getattr(strategy, "run_async", None)
+        if callable(run_async):
+            answer = await run_async(**self._arguments(request))
+        else:
+            answer = await asyncio.to_thread(strategy.run, **self._arguments(request))
+        return to_decision(answer, request)
+
+
+ApprovalChannel = CallbackApprovals | DurableApprovals | StrategyApprovals
 
 
 def channel_from(hook_context: object) -> ApprovalChannel | None:

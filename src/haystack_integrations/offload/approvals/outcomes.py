@@ -2,55 +2,90 @@
 What the model sees: error results for calls that did not run, notes for edited arguments, and the message shapes.
 
 A call that does not run still gets a tool result, so the conversation stays valid for every provider (each tool call
-answered) and the model learns why. The result is an error whose text is a small JSON object with a machine-readable
-``error`` kind, which the message meta repeats for programs::
+answered) and the model learns why. Its text comes in one of two formats, chosen on the hook (``result_format``):
 
-    {"error": "approval-denied", "tool": "send_invoice", "message": "The user denied this call: over budget."}
+- ``"haystack"`` (the default): the wording of Haystack's `ConfirmationHook`, so a team switching to `ApprovalHook`
+  changes nothing the model reads: ``Tool execution for 'send_invoice' was rejected by the user. With user feedback:
+  over budget.``;
+- ``"structured"``: a JSON object for programs and models prompted to read it, in the agent-adapter shape::
 
-Two shapes, one per channel:
+    {"error": {"kind": "approval-denied", "tool": "send_invoice", "message": "...", "request_id": "..."}}
 
-- in-process (the Agent runs the approved calls itself, as with Haystack's `ConfirmationHook`): each denied call
-  becomes an ``[assistant(call), tool(error)]`` pair, followed by a user note per edited call and the assistant
-  message with the calls that run. Keeping Haystack's shape lets the Agent run them natively (exit conditions, tool
-  counts, ``after_tool`` hooks);
-- resumed (durable): the held message comes back whole, edited arguments in place, followed by one result per call
-  in the model's original order, whether it ran or was denied.
+Either way the message meta carries ``{"approval": {"kind": ..., "request_id": ...}}`` for programs.
+
+One shape on every channel, Haystack's `ConfirmationHook` shape: each denied call becomes an ``[assistant(call),
+tool(error)]`` pair, followed by a user note per edited call and the assistant message with the calls that run, which
+the Agent (or a resume, which re-enters the Agent's step) runs natively: exit conditions, tool counts, hooks.
 """
 
 import json
 from dataclasses import replace
+from typing import Literal
 
 from haystack.dataclasses import ChatMessage, ToolCall
-from haystack.hooks.human_in_the_loop.strategies import MODIFICATION_FEEDBACK_TEMPLATE
+from haystack.hooks.human_in_the_loop.strategies import (
+    MODIFICATION_FEEDBACK_TEMPLATE,
+    REJECTION_FEEDBACK_TEMPLATE,
+    USER_FEEDBACK_TEMPLATE,
+)
 
 from haystack_integrations.offload.approvals.records import APPROVAL_DENIED, APPROVAL_EXPIRED, Denial
 
 META_KEY = "approval"
 """The tool-result meta key carrying ``{"kind": ..., "request_id": ...}`` for calls that did not run."""
 
+APPROVAL_REQUIRED_META_KEY = "approval_required"
+"""The meta key of the notice a durable stop leaves as the run's last message: the ids of the pending requests."""
 
-def denial_result(call: ToolCall, denial: Denial, *, request_id: str | None = None) -> ChatMessage:
+ResultFormat = Literal["haystack", "structured"]
+"""How a call that did not run is worded for the model: Haystack's sentences, or a JSON object."""
+
+RESULT_FORMATS: tuple[ResultFormat, ...] = ("haystack", "structured")
+
+
+def denial_result(
+    call: ToolCall, denial: Denial, *, request_id: str | None = None, result_format: ResultFormat = "haystack"
+) -> ChatMessage:
     """
     The error result a model receives for a call that did not run.
 
     :param call: The tool call.
     :param denial: Its kind and reason.
     :param request_id: The approval request, if there was one.
+    :param result_format: ``"haystack"`` (Haystack's wording) or ``"structured"`` (a JSON object).
     :returns: A tool message with ``error=True``.
     """
-    payload = {"error": denial.kind, "tool": call.tool_name, "message": denial.reason}
+    if result_format == "structured":
+        payload = {"kind": denial.kind, "tool": call.tool_name, "message": denial.reason, "request_id": request_id}
+        text = json.dumps({"error": payload}, ensure_ascii=False)
+    else:
+        text = _haystack_wording(call.tool_name, denial)
     return ChatMessage.from_tool(
-        tool_result=json.dumps(payload, ensure_ascii=False),
+        tool_result=text,
         origin=call,
         error=True,
         meta={META_KEY: {"kind": denial.kind, "request_id": request_id}},
     )
 
 
+def _haystack_wording(tool_name: str, denial: Denial) -> str:
+    # A person's "no" reads exactly as ConfirmationHook words it; every other reason is said as it is.
+    if denial.kind == APPROVAL_DENIED and denial.reason.startswith(_DENIED):
+        text = REJECTION_FEEDBACK_TEMPLATE.format(tool_name=tool_name)
+        if denial.feedback and denial.feedback.startswith(text):
+            return denial.feedback  # already Haystack's words: a ConfirmationStrategy's rejection, kept as it is
+        return f"{text} {USER_FEEDBACK_TEMPLATE.format(feedback=denial.feedback)}" if denial.feedback else text
+    return f"Tool execution for '{tool_name}' did not happen. {denial.reason}"
+
+
+_DENIED = "The user denied this tool call."
+
+
 def denied_by_person(reason: str | None) -> Denial:
     """The denial for a person's "no"."""
-    text = "The user denied this tool call."
-    return Denial(kind=APPROVAL_DENIED, reason=f"{text} Reason: {reason}" if reason else text)
+    return Denial(
+        kind=APPROVAL_DENIED, reason=f"{_DENIED} Reason: {reason}" if reason else _DENIED, feedback=reason or None
+    )
 
 
 def expired(detail: str) -> Denial:
@@ -66,7 +101,10 @@ def edit_note(call: ToolCall, arguments: dict[str, object]) -> ChatMessage:
 
 
 def in_process_shape(
-    message: ChatMessage, denials: dict[int, tuple[Denial, str | None]], edits: dict[int, dict[str, object]]
+    message: ChatMessage,
+    denials: dict[int, tuple[Denial, str | None]],
+    edits: dict[int, dict[str, object]],
+    result_format: ResultFormat = "haystack",
 ) -> list[ChatMessage]:
     """
     Rewrite the pending assistant message for the in-process channel (Haystack's `ConfirmationHook` shape).
@@ -77,6 +115,7 @@ def in_process_shape(
     :param message: The assistant message with the pending calls.
     :param denials: Position -> (denial, request id) for calls that do not run.
     :param edits: Position -> edited arguments for approved calls.
+    :param result_format: How denials are worded (see the module documentation).
     :returns: The messages that replace `message`; the last one holds the calls the Agent runs, if any.
     """
     calls = message.tool_calls
@@ -89,28 +128,11 @@ def in_process_shape(
         denial, request = denials[index]
         carries_text = not running and not shaped
         shaped.append(_assistant_like(message, [call], whole=carries_text))
-        shaped.append(denial_result(call, denial, request_id=request))
+        shaped.append(denial_result(call, denial, request_id=request, result_format=result_format))
     shaped.extend(edit_note(calls[index], arguments) for index, arguments in sorted(edits.items()))
     if running:
         shaped.append(_assistant_like(message, running, whole=True))
     return shaped
-
-
-def resumed_shape(
-    message: ChatMessage, calls: list[ToolCall], results: list[ChatMessage], edits: dict[int, dict[str, object]]
-) -> tuple[list[ChatMessage], ChatMessage]:
-    """
-    The held message with its results in the model's order, for the resumed conversation.
-
-    :param message: The held assistant message.
-    :param calls: Its tool calls with their final arguments (edited ones replaced), in order.
-    :param results: One tool message per call, in the same order.
-    :param edits: Position -> edited arguments, for the notes that tell the model.
-    :returns: ``(messages, assistant)``: the notes, the assistant message and the results; and the assistant message.
-    """
-    assistant = _assistant_like(message, calls, whole=True)
-    notes = [edit_note(message.tool_calls[index], arguments) for index, arguments in sorted(edits.items())]
-    return [*notes, assistant, *results], assistant
 
 
 def _assistant_like(message: ChatMessage, calls: list[ToolCall], *, whole: bool) -> ChatMessage:

@@ -53,6 +53,7 @@ class Denial(_Record):
 
     kind: ErrorKind
     reason: str
+    feedback: str | None = Field(default=None, description="A person's own words with a denial, if any.")
 
 
 class RememberApproval(_Record):

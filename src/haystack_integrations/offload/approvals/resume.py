@@ -70,7 +70,13 @@ from haystack_integrations.offload.approvals.ledger import (
     sequence_of,
     step_id_for,
 )
-from haystack_integrations.offload.approvals.outcomes import META_KEY, denial_result
+from haystack_integrations.offload.approvals.outcomes import (
+    APPROVAL_REQUIRED_META_KEY,
+    META_KEY,
+    RESULT_FORMATS,
+    ResultFormat,
+    denial_result,
+)
 from haystack_integrations.offload.approvals.records import (
     MAY_HAVE_RUN_GUARD,
     ApprovalRequest,
@@ -195,6 +201,7 @@ async def resume_async(
     ledger = ApprovalLedger(store)
     worker = worker or default_worker()
     context = _resume_context(store, hook_context)
+    messages = _without_notice(messages)
     at = now()
     listing = await ledger.listing_async()
     step = await ledger.step_async(_open_sequence(listing))
@@ -317,7 +324,9 @@ class _Resumed:
                 return ChatMessage.from_dict(record.result)
         if item.denial is not None and item.denial.denial is not None:
             request = item.denial.request
-            return denial_result(call, item.denial.denial, request_id=request.request_id)
+            return denial_result(
+                call, item.denial.denial, request_id=request.request_id, result_format=_result_format(agent)
+            )
         await self.ledger.claim_call_async(
             ExecutionClaim(
                 call_key=item.key,
@@ -441,8 +450,12 @@ class _Resumed:
     async def held_again(self, state: State) -> dict[str, Any]:
         """Stop as a held run does: the pending message out of the conversation, its step recorded."""
         messages = list(state.data["messages"])
-        if self.held is not None and messages and messages[-1].tool_calls:
-            messages = messages[:-1]
+        if self.held is not None and messages and messages[-1].tool_calls:  # held here: a call may have run
+            ids = [request.request_id for request in self.held.requests()]
+            notice = ChatMessage.from_assistant(
+                "Approval required: " + ", ".join(ids), meta={APPROVAL_REQUIRED_META_KEY: ids}
+            )
+            messages = [*messages[:-1], notice]
         await self.finish(messages, held_again=self.held.step_id if self.held is not None else None)
         return {
             "messages": messages,
@@ -604,6 +617,23 @@ async def _decisions(
 
 async def _none() -> None:
     return None
+
+
+def _without_notice(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
+    """The conversation without the "approval required" notices a stop left at its end (resume answers them)."""
+    kept = list(messages)
+    while kept and APPROVAL_REQUIRED_META_KEY in kept[-1].meta:
+        kept.pop()
+    return kept
+
+
+def _result_format(agent: Agent) -> ResultFormat:
+    """How the Agent's approval hooks word a call that did not run (the first one's choice), for resume's own."""
+    for hook in agent.hooks.get("before_tool", []):
+        found = getattr(hook, "result_format", None)
+        if found in RESULT_FORMATS:
+            return found  # type: ignore[no-any-return]
+    return "haystack"
 
 
 def _check_conversation(messages: Sequence[ChatMessage], step: HeldStep) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 from haystack.core.serialization import component_to_dict, default_from_dict, default_to_dict
 from haystack.hooks.human_in_the_loop.policies import AskOncePolicy
-from haystack.hooks.human_in_the_loop.types import ConfirmationPolicy
+from haystack.hooks.human_in_the_loop.types import ConfirmationPolicy, ConfirmationStrategy
 from haystack.utils.callable_serialization import deserialize_callable, serialize_callable
 from haystack.utils.deserialization import deserialize_component_inplace
 
@@ -138,31 +138,56 @@ class AskWhen:
         return default_from_dict(cls, data)
 
 
-def checked_rules(rules: Mapping[RuleKey, ConfirmationPolicy]) -> dict[RuleKey, ConfirmationPolicy]:
+Rule = ConfirmationPolicy | ConfirmationStrategy
+"""A rule: a `ConfirmationPolicy` (whether to ask), or a Haystack `ConfirmationStrategy` (whether and how to ask)."""
+
+
+def is_strategy(rule: object) -> bool:
+    """Whether a rule is a Haystack `ConfirmationStrategy` (it decides with `run`) rather than a bare policy."""
+    return not callable(getattr(rule, "should_ask", None)) and callable(getattr(rule, "run", None))
+
+
+def policy_of(rule: Rule) -> ConfirmationPolicy | None:
+    """
+    The policy that tells whether a rule asks: the rule itself, or a strategy's ``confirmation_policy``.
+
+    :param rule: The rule.
+    :returns: The policy, or None for a strategy without one (it is asked about every call).
+    """
+    if not is_strategy(rule):
+        return rule  # type: ignore[return-value]
+    policy = getattr(rule, "confirmation_policy", None)
+    return policy if callable(getattr(policy, "should_ask", None)) else None
+
+
+def checked_rules(rules: Mapping[RuleKey, Rule]) -> dict[RuleKey, Rule]:
     """
     Validate a rules mapping.
 
-    :param rules: Tool name, tuple of names or ``"*"`` -> rule.
+    :param rules: Tool name, tuple of names or ``"*"`` -> rule (a policy or a Haystack confirmation strategy).
     :returns: A copy of the mapping.
     :raises TypeError: If a key or rule has the wrong type, or a rule is Haystack's process-wide `AskOncePolicy`.
     """
-    checked: dict[RuleKey, ConfirmationPolicy] = {}
+    checked: dict[RuleKey, Rule] = {}
     for key, rule in rules.items():
         names = key if isinstance(key, tuple) else (key,)
         if not names or not all(isinstance(name, str) and name for name in names):
             raise TypeError(f"Rule keys are tool names, tuples of tool names or '*', got {key!r}.")
-        if isinstance(rule, AskOncePolicy):
+        if isinstance(rule, AskOncePolicy) or isinstance(getattr(rule, "confirmation_policy", None), AskOncePolicy):
             raise TypeError(
                 f"Rule for {key!r}: Haystack's AskOncePolicy remembers approvals in the hook, shared by every user of "
                 "the Agent. Use AskOncePerSession, which remembers them in each session's store."
             )
-        if not callable(getattr(rule, "should_ask", None)):
-            raise TypeError(f"Rule for {key!r} must implement should_ask (a ConfirmationPolicy), got {rule!r}.")
+        if not callable(getattr(rule, "should_ask", None)) and not is_strategy(rule):
+            raise TypeError(
+                f"Rule for {key!r} must be a ConfirmationPolicy (should_ask) or a ConfirmationStrategy (run), "
+                f"got {rule!r}."
+            )
         checked[key] = rule
     return checked
 
 
-def rule_for(tool_name: str, rules: Mapping[RuleKey, ConfirmationPolicy]) -> ConfirmationPolicy | None:
+def rule_for(tool_name: str, rules: Mapping[RuleKey, Rule]) -> Rule | None:
     """
     Find the rule for a tool: its own key, then a tuple containing it, then ``"*"``.
 
@@ -214,7 +239,7 @@ def remembered_approval(
     return memory_key(request.tool_name, digest), record
 
 
-def serialize_rules(rules: Mapping[RuleKey, ConfirmationPolicy]) -> dict[str, Any]:
+def serialize_rules(rules: Mapping[RuleKey, Rule]) -> dict[str, Any]:
     """
     Serialize rules; tuple keys become JSON-array strings, as in Haystack's `ConfirmationHook`.
 
@@ -227,7 +252,7 @@ def serialize_rules(rules: Mapping[RuleKey, ConfirmationPolicy]) -> dict[str, An
     }
 
 
-def deserialize_rules(data: dict[str, Any]) -> dict[RuleKey, ConfirmationPolicy]:
+def deserialize_rules(data: dict[str, Any]) -> dict[RuleKey, Rule]:
     """
     Rebuild rules serialized by `serialize_rules`.
 

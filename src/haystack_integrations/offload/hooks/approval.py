@@ -19,7 +19,7 @@ from haystack.components.agents.state.state import State
 from haystack.components.agents.state.state_utils import replace_values
 from haystack.core.serialization import default_from_dict, default_to_dict
 from haystack.dataclasses import ChatMessage, ToolCall
-from haystack.hooks.human_in_the_loop.types import ConfirmationPolicy
+from haystack.hooks.human_in_the_loop.types import ConfirmationStrategy
 from haystack.hooks.tool_result_offloading import RESULT_STORE_CONTEXT_KEY
 from haystack.tools.tool import Tool
 
@@ -30,11 +30,19 @@ from haystack_integrations.offload.approvals.channels import (
     ApprovalChannel,
     CallbackApprovals,
     DurableApprovals,
+    StrategyApprovals,
     channel_from,
 )
 from haystack_integrations.offload.approvals.errors import InvalidApprovalEditError
 from haystack_integrations.offload.approvals.ledger import ApprovalLedger, StepBuilder, now, request_id, step_id_for
-from haystack_integrations.offload.approvals.outcomes import denied_by_person, expired, in_process_shape
+from haystack_integrations.offload.approvals.outcomes import (
+    APPROVAL_REQUIRED_META_KEY,
+    RESULT_FORMATS,
+    ResultFormat,
+    denied_by_person,
+    expired,
+    in_process_shape,
+)
 from haystack_integrations.offload.approvals.records import (
     APPROVAL_DENIED,
     APPROVAL_INVALID,
@@ -51,10 +59,13 @@ from haystack_integrations.offload.approvals.records import (
 from haystack_integrations.offload.approvals.resuming import RESUMING_KEY, ResumedDecisions, Verdict
 from haystack_integrations.offload.approvals.rules import (
     AskOncePerSession,
+    Rule,
     RuleKey,
     checked_rules,
     deserialize_rules,
+    is_strategy,
     memory_key,
+    policy_of,
     remembered_approval,
     rule_for,
     serialize_rules,
@@ -88,7 +99,7 @@ class _Screened:
     position: int
     call: ToolCall
     tool: Tool | None
-    rule: ConfirmationPolicy | None
+    rule: Rule | None
     ask: bool
     digest: str
     memory: str | None = None
@@ -106,6 +117,7 @@ class _Step:
     created: datetime
     step_id: str
     resuming: ResumedDecisions | None = None
+    result_format: ResultFormat = "haystack"
     requests: dict[int, ApprovalRequest] = field(default_factory=dict)
     denials: dict[int, tuple[Denial, str | None]] = field(default_factory=dict)
     edits: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -175,17 +187,39 @@ class ApprovalHook:
 
     allowed_hook_points = ("before_tool",)
 
-    def __init__(self, rules: Mapping[RuleKey, ConfirmationPolicy], *, name: str | None = None) -> None:
+    def __init__(
+        self,
+        rules: Mapping[RuleKey, Rule] | None = None,
+        *,
+        confirmation_strategies: Mapping[RuleKey, ConfirmationStrategy] | None = None,
+        name: str | None = None,
+        result_format: ResultFormat = "haystack",
+    ) -> None:
         """
         :param rules: Tool name, tuple of tool names, or ``"*"`` -> a `ConfirmationPolicy` (Haystack's
-            `AlwaysAskPolicy` / `NeverAskPolicy`, `AskOncePerSession`, `AskWhen`, or your own).
+            `AlwaysAskPolicy` / `NeverAskPolicy`, `AskOncePerSession`, `AskWhen`, or your own) or a Haystack
+            `ConfirmationStrategy` (e.g. `BlockingConfirmationStrategy` with one of Haystack's UIs).
+        :param confirmation_strategies: `ConfirmationHook`'s own argument, accepted as it is: strategies keyed the
+            same way. Rules and strategies may be given together, for different keys.
         :param name: The hook's guard name, which binds its decisions to it when several approval hooks guard one
             Agent; by default a digest of its rules (two hooks with the same rules then share their decisions).
-        :raises TypeError: If a key or rule is invalid, or a rule is Haystack's process-wide `AskOncePolicy`.
+        :param result_format: How a call that did not run is worded for the model: ``"haystack"`` (the default,
+            `ConfirmationHook`'s sentences) or ``"structured"`` (``{"error": {"kind": ..., ...}}``).
+        :raises TypeError: If a key or rule is invalid, a key is given twice, or a rule is Haystack's process-wide
+            `AskOncePolicy`.
+        :raises ValueError: If `result_format` is unknown.
         """
-        self.rules = checked_rules(rules)
+        merged: dict[RuleKey, Rule] = dict(rules or {})
+        for key, strategy in (confirmation_strategies or {}).items():
+            if key in merged:
+                raise TypeError(f"{key!r} has both a rule and a confirmation strategy: give one.")
+            merged[key] = strategy
+        if result_format not in RESULT_FORMATS:
+            raise ValueError(f"result_format must be one of {RESULT_FORMATS}, got {result_format!r}.")
+        self.rules = checked_rules(merged)
         self._name = name
         self.guard = name if name is not None else _default_guard(self.rules)
+        self.result_format: ResultFormat = result_format
 
     # Hook protocol
 
@@ -211,7 +245,7 @@ class ApprovalHook:
             ledger = _durable_ledger(step)
             held = ledger.hold(self._builder(step, state), after=_resumed_sequence(step))
             step.events.extend(_requested(held, step.channel.actor))
-            _stop(state)
+            _stop(state, held)
             append_audit(ledger.store, *step.events)
             return
         self._make_requests(step, step.step_id)
@@ -245,7 +279,7 @@ class ApprovalHook:
             ledger = _durable_ledger(step)
             held = await ledger.hold_async(self._builder(step, state), after=_resumed_sequence(step))
             step.events.extend(_requested(held, step.channel.actor))
-            _stop(state)
+            _stop(state, held)
             await append_audit_async(ledger.store, *step.events)
             return
         self._make_requests(step, step.step_id)
@@ -268,7 +302,9 @@ class ApprovalHook:
 
     def to_dict(self) -> dict[str, Any]:
         """Serialize the hook and its rules (tuple keys become JSON-array strings, as in Haystack)."""
-        return default_to_dict(self, rules=serialize_rules(self.rules), name=self._name)
+        return default_to_dict(
+            self, rules=serialize_rules(self.rules), name=self._name, result_format=self.result_format
+        )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ApprovalHook":
@@ -296,8 +332,7 @@ class ApprovalHook:
             step.events[:0] = answered
             if step.resuming is not None:
                 self._apply_verdicts(step)
-            if isinstance(step.channel, DurableApprovals):
-                _deny_unbound(step)
+            _deny_unbound(step)
             if not step.denials and not step.edits:
                 return step
             _rewrite(state, step)
@@ -327,6 +362,9 @@ class ApprovalHook:
         hook_context = state.data.get("hook_context") or {}
         resuming = hook_context.get(RESUMING_KEY)
         channel = channel_from(hook_context)
+        if channel is None and all(is_strategy(item.rule) for item in screened if item.ask):
+            # No channel in the run: a hook built from Haystack strategies asks through them, like ConfirmationHook.
+            channel = StrategyApprovals(self._strategy_for, hook_context)
         if channel is None:
             asked = sorted({item.call.tool_name for item in screened if item.ask})
             raise ValueError(
@@ -346,7 +384,12 @@ class ApprovalHook:
         created = now()
         # In-process requests are never stored as a step: sequence 0 marks them, the random part keeps them apart.
         step_id = f"{0:08d}-{secrets.token_hex(6)}"
-        return _Step(message, screened, channel, ledger, created, step_id, resuming=resuming)
+        return _Step(
+            message, screened, channel, ledger, created, step_id, resuming=resuming, result_format=self.result_format
+        )
+
+    def _strategy_for(self, tool_name: str) -> Any:
+        return rule_for(tool_name, self.rules)
 
     def _screen(self, position: int, call: ToolCall, tools: dict[str, Tool]) -> _Screened:
         tool = tools.get(call.tool_name)
@@ -355,11 +398,12 @@ class ApprovalHook:
         # An unknown tool passes through unasked, as in Haystack: the Agent reports it to the model.
         if tool is None or rule is None:
             return _Screened(position, call, tool, rule, ask=False, digest=digest)
-        ask = bool(rule.should_ask(call.tool_name, tool.description, dict(call.arguments)))
+        policy = policy_of(rule)  # a strategy without a policy decides every call itself
+        ask = policy is None or bool(policy.should_ask(call.tool_name, tool.description, dict(call.arguments)))
         screened = _Screened(position, call, tool, rule, ask=ask, digest=digest)
-        if ask and isinstance(rule, AskOncePerSession):
-            screened.remember = rule.remember()
-            screened.memory = memory_key(call.tool_name, digest if rule.per_arguments else None)
+        if ask and isinstance(policy, AskOncePerSession):
+            screened.remember = policy.remember()
+            screened.memory = memory_key(call.tool_name, digest if policy.per_arguments else None)
         return screened
 
     def _apply_verdicts(self, step: _Step) -> None:
@@ -399,8 +443,8 @@ class ApprovalHook:
         for item in step.screened:
             if not item.ask or item.tool is None or item.rule is None:
                 continue
-            if isinstance(channel, DurableApprovals) and item.call.id is None:
-                continue  # nothing to bind a decision to: held as a denial instead
+            if item.call.id is None:
+                continue  # nothing to bind a decision to: denied in place (_deny_unbound)
             step.requests[item.position] = ApprovalRequest(
                 request_id=request_id(step_id, item.position),
                 step_id=step_id,
@@ -496,7 +540,7 @@ class ApprovalHook:
             step.memories.append(remembered_approval(request, decision.decided_by, now()))
 
 
-def _default_guard(rules: Mapping[RuleKey, ConfirmationPolicy]) -> str:
+def _default_guard(rules: Mapping[RuleKey, Rule]) -> str:
     canonical = json.dumps(serialize_rules(rules), sort_keys=True, default=str)
     return "approval-" + hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
@@ -520,7 +564,7 @@ def _run_state(state: State) -> dict[str, Any] | None:
 
 
 def _deny_unbound(step: _Step) -> None:
-    """A durable call with no id has nothing to bind a decision to: it is answered as denied, never held."""
+    """A call with no id has nothing to bind a decision to: it is denied, on every channel, never asked or held."""
     for item in step.screened:
         if item.ask and item.call.id is None:
             item.ask = False
@@ -540,12 +584,15 @@ def _deny_unbound(step: _Step) -> None:
             )
 
 
-def _stop(state: State) -> None:
-    """Take the held message out of the run and stop it."""
+def _stop(state: State, held: HeldStep) -> None:
+    """Take the held message out of the run, leave a notice naming the pending requests, and stop the run."""
     # The held message leaves this run's conversation (resume puts it back with its results), so the history the
-    # run returns stays valid for any provider: no tool call without a result.
+    # run returns stays valid for any provider: no tool call without a result. The notice is what the run's caller
+    # and a chat page show; resume takes it out again.
+    ids = [request.request_id for request in held.requests()]
+    notice = ChatMessage.from_assistant("Approval required: " + ", ".join(ids), meta={APPROVAL_REQUIRED_META_KEY: ids})
     messages = state.data["messages"]
-    state.set("messages", messages[:-1], handler_override=replace_values)
+    state.set("messages", [*messages[:-1], notice], handler_override=replace_values)
     state.set("stop_run", APPROVAL_REQUIRED)
 
 
@@ -557,7 +604,7 @@ def _rewrite(state: State, step: _Step) -> None:
     if not step.denials and not step.edits:
         return
     messages = state.data["messages"]
-    shaped = in_process_shape(step.message, step.denials, step.edits)
+    shaped = in_process_shape(step.message, step.denials, step.edits, step.result_format)
     state.set("messages", messages[:-1] + shaped, handler_override=replace_values)
 
 
