@@ -175,3 +175,61 @@ def test_strategies_round_trip_with_the_agent() -> None:
     assert isinstance(again.rules["web_search"], AlwaysAskPolicy)
     with pytest.raises(TypeError, match="both"):
         ApprovalHook({"x": AlwaysAskPolicy()}, confirmation_strategies={"x": console()})
+
+
+class TrustAfterApproval:
+    """A custom learning policy: asks until a person has approved the tool once, then trusts it."""
+
+    def __init__(self, trusted: list[str] | None = None) -> None:
+        self.trusted = list(trusted or [])
+
+    def should_ask(self, tool_name: str, tool_description: str, tool_params: dict[str, Any]) -> bool:
+        return tool_name not in self.trusted
+
+    def update_after_confirmation(
+        self, tool_name: str, tool_description: str, tool_params: dict[str, Any], confirmation_result: Any
+    ) -> None:
+        if confirmation_result.action == "confirm" and tool_name not in self.trusted:
+            self.trusted.append(tool_name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": f"{__name__}.TrustAfterApproval", "init_parameters": {"trusted": self.trusted}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrustAfterApproval":
+        return cls(**data["init_parameters"])
+
+
+@pytest.mark.parametrize("channel", ["callback", "durable"])
+def test_a_learning_policy_learns_per_session_never_across_users(
+    channel: str, store: FsspecToolResultStore, ledger: Path
+) -> None:
+    from haystack_integrations.offload import decide, resume
+
+    policy = TrustAfterApproval()
+    agent = agent_with(ApprovalHook({"send_invoice": policy}))
+    asked: list[str] = []
+
+    def approve(request: Any) -> Decision:
+        asked.append(request.session)
+        return Decision.approve()
+
+    def run(session: FsspecToolResultStore, call_id: str) -> None:
+        call = ("send_invoice", {"customer": "acme", "amount": 1}, call_id)
+        if channel == "callback":
+            agent.run([plan(call)], hook_context=offload_context(session, approval_channel=CallbackApprovals(approve)))
+            return
+        reply = agent.run([plan(call)], hook_context=offload_context(session, approval_channel=DurableApprovals()))
+        for request in pending_approvals(session):
+            asked.append(request.session or "")
+            decide(session, request.request_id, Decision.approve())
+        if reply["exit_reason"] == "approval_required":
+            resume(agent, reply["messages"], session)
+
+    alice, bob = store.for_session("acme", "alice-chat"), store.for_session("acme", "bob-chat")
+    run(alice, "c1")  # asked, approved: alice's session now trusts the tool
+    run(alice, "c2")  # not asked again in alice's session
+    run(bob, "c3")  # bob is still asked: what alice's session learned stays there
+    assert asked == ["alice-chat", "bob-chat"]
+    assert policy.trusted == []  # the shared hook's policy learned nothing
+    assert len(ledger_lines(ledger)) == 3

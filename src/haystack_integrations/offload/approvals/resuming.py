@@ -16,7 +16,13 @@ from haystack.dataclasses import ToolCall
 
 from haystack_integrations.offload.approvals.binding import arguments_digest, binding_problem
 from haystack_integrations.offload.approvals.outcomes import denied_by_person, expired
-from haystack_integrations.offload.approvals.records import ApprovalDecision, ApprovalRequest, Denial, HeldStep
+from haystack_integrations.offload.approvals.records import (
+    ApprovalDecision,
+    ApprovalRequest,
+    Decision,
+    Denial,
+    HeldStep,
+)
 
 RESUMING_KEY = "offload.resuming"
 """The `hook_context` key under which `resume` puts the `ResumedDecisions` of the step it resumes."""
@@ -30,6 +36,16 @@ class Verdict:
     arguments: dict[str, Any] | None = None
     denial: Denial | None = None
     decided_by: str | None = None
+    by_person: bool = False
+    """Whether a person's decision is behind the verdict (not an expiry or a refused binding)."""
+
+    def decision(self) -> Decision | None:
+        """The person's answer this verdict carries, for policies that learn (None when no person answered)."""
+        if not self.by_person:
+            return None
+        if self.denial is None:
+            return Decision.approve(self.arguments, by=self.decided_by)
+        return Decision.deny(self.denial.feedback, by=self.decided_by)
 
 
 @dataclass(frozen=True)
@@ -94,5 +110,7 @@ def verdict_of(
     if problem is not None:
         return Verdict(request, denial=problem, decided_by=decision.decided_by)
     if not decision.approved:
-        return Verdict(request, denial=denied_by_person(decision.reason), decided_by=decision.decided_by)
-    return Verdict(request, arguments=dict(decision.arguments or {}), decided_by=decision.decided_by)
+        return Verdict(
+            request, denial=denied_by_person(decision.reason), decided_by=decision.decided_by, by_person=True
+        )
+    return Verdict(request, arguments=dict(decision.arguments or {}), decided_by=decision.decided_by, by_person=True)

@@ -187,20 +187,32 @@ def checked_rules(rules: Mapping[RuleKey, Rule]) -> dict[RuleKey, Rule]:
     return checked
 
 
+def rule_key_for(tool_name: str, rules: Mapping[RuleKey, Rule]) -> RuleKey | None:
+    """
+    The key of the rule that applies to a tool: its own name, then a tuple containing it, then ``"*"``.
+
+    :param tool_name: The tool.
+    :param rules: The hook's rules.
+    :returns: The key, or None if no rule applies.
+    """
+    if tool_name in rules:
+        return tool_name
+    for key in rules:
+        if isinstance(key, tuple) and tool_name in key:
+            return key
+    return WILDCARD if WILDCARD in rules else None
+
+
 def rule_for(tool_name: str, rules: Mapping[RuleKey, Rule]) -> Rule | None:
     """
-    Find the rule for a tool: its own key, then a tuple containing it, then ``"*"``.
+    Find the rule for a tool (see `rule_key_for` for the order).
 
     :param tool_name: The tool.
     :param rules: The hook's rules.
     :returns: The rule, or None if the tool runs without asking.
     """
-    if tool_name in rules:
-        return rules[tool_name]
-    for key, rule in rules.items():
-        if isinstance(key, tuple) and tool_name in key:
-            return rule
-    return rules.get(WILDCARD)
+    key = rule_key_for(tool_name, rules)
+    return rules[key] if key is not None else None
 
 
 def memory_key(tool_name: str, digest: str | None) -> str:

@@ -23,6 +23,7 @@ from haystack.hooks.human_in_the_loop.types import ConfirmationStrategy
 from haystack.hooks.tool_result_offloading import RESULT_STORE_CONTEXT_KEY
 from haystack.tools.tool import Tool
 
+from haystack_integrations.offload.approvals import learning
 from haystack_integrations.offload.approvals.audit import append_audit, append_audit_async, new_event
 from haystack_integrations.offload.approvals.binding import arguments_digest
 from haystack_integrations.offload.approvals.channels import (
@@ -34,6 +35,7 @@ from haystack_integrations.offload.approvals.channels import (
     channel_from,
 )
 from haystack_integrations.offload.approvals.errors import InvalidApprovalEditError
+from haystack_integrations.offload.approvals.learning import SessionPolicies
 from haystack_integrations.offload.approvals.ledger import ApprovalLedger, StepBuilder, now, request_id, step_id_for
 from haystack_integrations.offload.approvals.outcomes import (
     APPROVAL_REQUIRED_META_KEY,
@@ -65,9 +67,9 @@ from haystack_integrations.offload.approvals.rules import (
     deserialize_rules,
     is_strategy,
     memory_key,
-    policy_of,
     remembered_approval,
     rule_for,
+    rule_key_for,
     serialize_rules,
 )
 from haystack_integrations.offload.approvals.validation import approved_arguments, validated_arguments
@@ -118,6 +120,7 @@ class _Step:
     step_id: str
     resuming: ResumedDecisions | None = None
     result_format: ResultFormat = "haystack"
+    policies: SessionPolicies = field(default_factory=SessionPolicies)
     requests: dict[int, ApprovalRequest] = field(default_factory=dict)
     denials: dict[int, tuple[Denial, str | None]] = field(default_factory=dict)
     edits: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -233,7 +236,13 @@ class ApprovalHook:
             session-scoped store.
         :raises Exception: Whatever an in-process callback raised.
         """
-        step = self._decided_step(state)
+        ledger = _context_ledger(state)
+        policies = learning.load(self.rules, self.guard, ledger)
+        self._run(state, policies)
+        learning.save(policies, self.guard, ledger)
+
+    def _run(self, state: State, policies: SessionPolicies) -> None:
+        step = self._decided_step(state, policies)
         if step is None:
             return
         if step.ledger is not None and step.memory_keys():
@@ -266,7 +275,13 @@ class ApprovalHook:
 
     async def run_async(self, state: State) -> None:
         """Async `run`: store I/O and callbacks never block the event loop."""
-        step = self._decided_step(state)
+        ledger = _context_ledger(state)
+        policies = await learning.load_async(self.rules, self.guard, ledger)
+        await self._run_async(state, policies)
+        await learning.save_async(policies, self.guard, ledger)
+
+    async def _run_async(self, state: State, policies: SessionPolicies) -> None:
+        step = self._decided_step(state, policies)
         if step is None:
             return
         if step.ledger is not None and step.memory_keys():
@@ -316,7 +331,7 @@ class ApprovalHook:
 
     # The steps shared by run and run_async; none of them does I/O.
 
-    def _decided_step(self, state: State) -> _Step | None:
+    def _decided_step(self, state: State, policies: SessionPolicies) -> _Step | None:
         """
         Begin the step, answering in place what needs no asking: decisions this guard already made (when resuming)
         and, on the durable channel, calls with no id (nothing to bind a decision to).
@@ -324,7 +339,7 @@ class ApprovalHook:
         Those answers rewrite the conversation (Haystack's shape) and the calls still running are screened again on the
         rewritten message, so what is held is exactly what still waits for this guard.
         """
-        step = self._begin(state)
+        step = self._begin(state, policies)
         answered: list[AuditEvent] = []
         for _ in range(3):  # a later pass sees only approvals whose arguments are already the approved ones
             if step is None:
@@ -337,7 +352,7 @@ class ApprovalHook:
                 return step
             _rewrite(state, step)
             answered = list(step.events)
-            step = self._begin(state)
+            step = self._begin(state, policies)
         return step
 
     def _finish_decided(self, state: State, step: _Step) -> None:
@@ -350,13 +365,13 @@ class ApprovalHook:
             await append_audit_async(step.ledger.store, *step.events)
         _rewrite(state, step)
 
-    def _begin(self, state: State) -> _Step | None:
+    def _begin(self, state: State, policies: SessionPolicies) -> _Step | None:
         messages = state.data.get("messages") or []
         if not messages or not messages[-1].tool_calls:
             return None
         message: ChatMessage = messages[-1]
         tools = {tool.name: tool for tool in state.data.get("tools") or []}
-        screened = [self._screen(position, call, tools) for position, call in enumerate(message.tool_calls)]
+        screened = [self._screen(position, call, tools, policies) for position, call in enumerate(message.tool_calls)]
         if not any(item.ask for item in screened):
             return None
         hook_context = state.data.get("hook_context") or {}
@@ -385,20 +400,29 @@ class ApprovalHook:
         # In-process requests are never stored as a step: sequence 0 marks them, the random part keeps them apart.
         step_id = f"{0:08d}-{secrets.token_hex(6)}"
         return _Step(
-            message, screened, channel, ledger, created, step_id, resuming=resuming, result_format=self.result_format
+            message,
+            screened,
+            channel,
+            ledger,
+            created,
+            step_id,
+            resuming=resuming,
+            result_format=self.result_format,
+            policies=policies,
         )
 
     def _strategy_for(self, tool_name: str) -> Any:
         return rule_for(tool_name, self.rules)
 
-    def _screen(self, position: int, call: ToolCall, tools: dict[str, Tool]) -> _Screened:
+    def _screen(self, position: int, call: ToolCall, tools: dict[str, Tool], policies: SessionPolicies) -> _Screened:
         tool = tools.get(call.tool_name)
-        rule = rule_for(call.tool_name, self.rules) if tool is not None else None
+        key = rule_key_for(call.tool_name, self.rules) if tool is not None else None
+        rule = self.rules[key] if key is not None else None
         digest = arguments_digest(call.arguments)
         # An unknown tool passes through unasked, as in Haystack: the Agent reports it to the model.
-        if tool is None or rule is None:
+        if tool is None or rule is None or key is None:
             return _Screened(position, call, tool, rule, ask=False, digest=digest)
-        policy = policy_of(rule)  # a strategy without a policy decides every call itself
+        policy = policies.policy(key, rule)  # a strategy without a policy decides every call itself
         ask = policy is None or bool(policy.should_ask(call.tool_name, tool.description, dict(call.arguments)))
         screened = _Screened(position, call, tool, rule, ask=ask, digest=digest)
         if ask and isinstance(policy, AskOncePerSession):
@@ -419,9 +443,9 @@ class ApprovalHook:
             item.ask = False
             self._apply_verdict(step, item, verdict)
 
-    @staticmethod
-    def _apply_verdict(step: _Step, item: _Screened, verdict: Verdict) -> None:
+    def _apply_verdict(self, step: _Step, item: _Screened, verdict: Verdict) -> None:
         request = verdict.request
+        self._learn(step, request, verdict.decision())
         if verdict.denial is not None:
             step.denials[item.position] = (verdict.denial, request.request_id)
             return
@@ -509,7 +533,13 @@ class ApprovalHook:
         step.denials[request.position] = (Denial(kind=APPROVAL_INVALID, reason=reason), request.request_id)
         step.events.append(_event("approval.invalid", request, actor=actor, reason=reason))
 
+    def _learn(self, step: _Step, request: ApprovalRequest, decision: Decision | None) -> None:
+        key = rule_key_for(request.tool_name, self.rules)
+        if key is not None:
+            step.policies.learn(key, request, decision)
+
     def _apply(self, step: _Step, request: ApprovalRequest, decision: Decision | None) -> None:
+        self._learn(step, request, decision)
         position = request.position
         if decision is None:
             timeout = step.channel.timeout if isinstance(step.channel, CallbackApprovals) else 0.0
@@ -621,6 +651,11 @@ def _event(event: str, request: ApprovalRequest, *, actor: str | None, **detail:
         arguments_digest=request.arguments_digest,
         detail=detail,
     )
+
+
+def _context_ledger(state: State) -> ApprovalLedger | None:
+    hook_context = state.data.get("hook_context") or {}
+    return _optional_ledger(hook_context.get(RESULT_STORE_CONTEXT_KEY) if isinstance(hook_context, dict) else None)
 
 
 def _optional_ledger(store: object) -> ApprovalLedger | None:
