@@ -1,12 +1,14 @@
 """
-What is in a store, object by object: results, documents (history, approvals, audit) and anything else.
+What is in a store, object by object: results, documents (history, approvals, audit), unfinished writes, and the rest.
 
 One LIST over the scope (paginated by the backend) gives every object's path and size; the names say the rest::
 
     <root>/<tenant>/<session>/<result name>             result    (created time, tool, kind from the name)
     <root>/<tenant>/<session>/.<namespace>/<document>   document  (history, approvals, audit, ...)
-    anything else                                       other     (an operator's README, temporary files): never
-                                                                  deleted by the operator commands
+    <root>/<tenant>/<session>/[.<namespace>/].tmp-...   temporary (a local write in progress, or one whose writer
+                                                                  died: it takes disk space, and purges remove it)
+    anything else                                       other     (an operator's README): never deleted by the
+                                                                  operator commands
 
 The store's public API lists results (`list`) and documents per namespace; an operator needs the whole tree at once,
 including sessions that only hold documents, so this module walks the scope through the store's own I/O handle (the
@@ -21,11 +23,11 @@ from typing import Literal
 
 from haystack_integrations.offload.errors import InvalidScopeIdError
 from haystack_integrations.offload.stores import FsspecToolResultStore
-from haystack_integrations.offload.stores.names import parse_object_name
+from haystack_integrations.offload.stores.names import is_temporary_name, parse_object_name
 from haystack_integrations.offload.stores.scope import validate_scope_id
 from haystack_integrations.offload.stores.translate import storage_errors
 
-ObjectKind = Literal["result", "document", "other"]
+ObjectKind = Literal["result", "document", "temporary", "other"]
 DELETE_BATCH = 1000
 
 
@@ -52,12 +54,15 @@ def classify(relative: str, size: int) -> StoredObject:
 
     :param relative: The path below the root.
     :param size: The object's size in bytes.
-    :returns: The classified object (``other`` when it is neither a result nor a document of a valid session).
+    :returns: The classified object (``other`` when it is neither a result, a document nor a temporary file of a
+        valid session).
     """
     parts = relative.split("/")
     if len(parts) not in (3, 4) or not _valid_scope(parts[0], parts[1]):
         return StoredObject(path=relative, size=size, kind="other")
     tenant, session = parts[0], parts[1]
+    if is_temporary_name(parts[-1]) and (len(parts) == 3 or parts[2].startswith(".")):
+        return StoredObject(path=relative, size=size, kind="temporary", tenant=tenant, session=session)
     if len(parts) == 3:
         parsed = parse_object_name(parts[2])
         if parsed is None:
@@ -117,6 +122,9 @@ def delete(
     """
     Delete objects found by `scan`, in the backend's batches. Objects classified ``other`` are refused.
 
+    Deleting a ``temporary`` file whose write is still running makes that write fail; select them by age
+    (`names.is_stale_temporary`) unless the session is over.
+
     :param root: The store `scan` walked.
     :param objects: What to delete.
     :param on_batch: Called with the number of objects after each batch (for progress bars).
@@ -127,7 +135,9 @@ def delete(
     base = _root_path(root)
     chosen = list(objects)
     if any(item.kind == "other" for item in chosen):
-        raise ValueError("Only results and documents are deleted; objects this library did not write are kept.")
+        raise ValueError(
+            "Only results, documents and temporary files are deleted; objects this library did not write are kept."
+        )
     done = 0
     for start in range(0, len(chosen), DELETE_BATCH):
         batch = chosen[start : start + DELETE_BATCH]

@@ -1,4 +1,9 @@
-"""Usage per tenant and session, from one scan: how many results and documents, how many bytes, how old."""
+"""
+Usage per tenant and session, from one scan: how many results and documents, how many bytes, how old.
+
+Temporary files of local writes count too: a writer killed mid-write leaves one (it can be hundreds of megabytes)
+until a purge removes it, and the disk it takes is the tenant's.
+"""
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -16,19 +21,21 @@ class Usage:
     result_bytes: int = 0
     documents: int = 0
     document_bytes: int = 0
+    temporary_files: int = 0
+    temporary_bytes: int = 0
     oldest: datetime | None = None
     newest: datetime | None = None
 
     @property
     def total_bytes(self) -> int:
-        """Bytes of results and documents together."""
-        return self.result_bytes + self.document_bytes
+        """Bytes of results, documents and temporary files together: what the scope takes on disk."""
+        return self.result_bytes + self.document_bytes + self.temporary_bytes
 
     def add(self, item: StoredObject) -> None:
         """
         Count one object.
 
-        :param item: A result or a document (others are not counted).
+        :param item: A result, a document or a temporary file (others are not counted).
         """
         if item.kind == "result":
             self.results += 1
@@ -39,6 +46,9 @@ class Usage:
         elif item.kind == "document":
             self.documents += 1
             self.document_bytes += item.size
+        elif item.kind == "temporary":
+            self.temporary_files += 1
+            self.temporary_bytes += item.size
 
     def to_dict(self) -> dict[str, Any]:
         """The figures as JSON-ready values."""
@@ -47,6 +57,8 @@ class Usage:
             "result_bytes": self.result_bytes,
             "documents": self.documents,
             "document_bytes": self.document_bytes,
+            "temporary_files": self.temporary_files,
+            "temporary_bytes": self.temporary_bytes,
             "total_bytes": self.total_bytes,
             "oldest_result": self.oldest.isoformat() if self.oldest else None,
             "newest_result": self.newest.isoformat() if self.newest else None,

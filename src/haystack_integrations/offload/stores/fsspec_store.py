@@ -21,7 +21,13 @@ from haystack.hooks.tool_result_offloading.types import ToolResultStore
 from haystack_integrations.offload.errors import InvalidReferenceError, ResultExpiredError
 from haystack_integrations.offload.stores.documents import SessionDocuments
 from haystack_integrations.offload.stores.io import StorageIO, s3_io_with_loop_twins, storage_io_for
-from haystack_integrations.offload.stores.names import ContentKind, new_object_name, parse_object_name
+from haystack_integrations.offload.stores.names import (
+    TEMPORARY_GRACE,
+    ContentKind,
+    is_stale_temporary,
+    new_object_name,
+    parse_object_name,
+)
 from haystack_integrations.offload.stores.options import deserialize_options, resolve_secrets, serialize_options
 from haystack_integrations.offload.stores.pending import InFlightWrites, PendingWrite
 from haystack_integrations.offload.stores.quotas import Quota, QuotaLedger, Reservation, SessionUsage, usage_by_session
@@ -30,12 +36,13 @@ from haystack_integrations.offload.stores.references import parse_reference
 from haystack_integrations.offload.stores.retention import (
     IdleSessions,
     Retention,
+    check_age,
     document_paths,
     read_turn_times,
     read_turn_times_async,
 )
 from haystack_integrations.offload.stores.retry import RetryingIO, RetryPolicy, RetryStats, s3_client_options
-from haystack_integrations.offload.stores.scope import validate_scope_id
+from haystack_integrations.offload.stores.scope import check_local_path, validate_scope_id
 from haystack_integrations.offload.stores.translate import storage_errors
 
 # botocore's default pool of 10 connections would cap a busy server at 10 S3 requests in flight.
@@ -121,11 +128,15 @@ class FsspecToolResultStore(ToolResultStore):
         :param retry: How transient storage failures are retried (see `RetryPolicy`). On S3 it replaces botocore's and
             s3fs's own retries for the client this store creates (unless `storage_options` sets botocore's
             ``retries``); None leaves retrying entirely to the backend's defaults.
-        :raises ValueError: If the URL has no path (e.g. ``s3://``) or `session` is given without `tenant`.
+        :raises ValueError: If the URL has no path (e.g. ``s3://``), is a local path that can only be a mistyped URL
+            (``s3:/bucket``, ``s3//bucket``, ``s3:bucket``: the message names the URL meant), or `session` is given
+            without `tenant`.
         :raises InvalidScopeIdError: If `tenant` or `session` is not a safe single path segment.
         :raises ImportError: If the backend for the URL's protocol is not installed.
         """
         protocol, _ = split_protocol(url)
+        if protocol is None and filesystem is None:
+            check_local_path(url)  # "s3:/bucket" would otherwise be a local folder named "s3:"
         protocol = protocol or "file"
         if filesystem is not None:
             protocol = filesystem.protocol if isinstance(filesystem.protocol, str) else filesystem.protocol[0]
@@ -244,12 +255,9 @@ class FsspecToolResultStore(ToolResultStore):
         if self.retention is not None:
             parsed = parse_object_name(segments[-1])
             tenant = self._tenant_of(segments)
-            if parsed is not None and self.retention.expired(parsed.created, tenant):
-                ttl = self.retention.ttl_for(tenant)
-                raise ResultExpiredError(
-                    f"The stored result {reference!r} has expired: results are kept for {_duration(ttl)}, and this "
-                    f"one was stored on {parsed.created:%Y-%m-%d %H:%M} UTC. It can no longer be read."
-                )
+            now = datetime.now(UTC)
+            if parsed is not None and self.retention.expired(parsed.created, tenant, now=now):
+                raise ResultExpiredError(self.retention.expiry_message(reference, parsed.created, tenant, now=now))
         return path, segments
 
     def _counts(self, tenant: str, name: str) -> bool:
@@ -658,13 +666,20 @@ class FsspecToolResultStore(ToolResultStore):
         root.for_tenant("acme").purge(older_than=timedelta(days=90))
         ```
 
+        Every purge also removes the temporary files of local writes whose writer died mid-write (older than
+        `TEMPORARY_GRACE`; not counted in the returned number).
+
         :param older_than: Delete only results created before ``now - older_than``, and inactive sessions' documents.
         :param expired: Delete only results past their retention, and the documents of sessions inactive that long.
         :returns: How many objects (results and documents) were deleted.
-        :raises ValueError: If both filters are given, `older_than` is not positive, or `expired` is asked of a store
-            without retention.
+        :raises ValueError: If both filters are given, `older_than` is not positive or longer than dates can hold
+            (`MAX_AGE`), or `expired` is asked of a store without retention.
         :raises StorageError: If the backend fails; results not yet deleted stay (and stay readable, unless expired).
         """
+        return self._purge(older_than, expired, temporary_grace=TEMPORARY_GRACE)
+
+    def _purge(self, older_than: timedelta | None, expired: bool, *, temporary_grace: timedelta) -> int:
+        """`purge`, removing result writes' temporary files older than `temporary_grace` (`end_session`: all)."""
         self._check_purge(older_than, expired)
         self._handle.in_flight.wait_under_sync(self._scope_path() + "/")
         with storage_errors("list results", reference=None):
@@ -676,7 +691,7 @@ class FsspecToolResultStore(ToolResultStore):
             paths += idle.documents()
         try:
             with storage_errors("purge results", reference=None):
-                self._handle.io().delete(paths)
+                self._handle.io().delete(paths + _stale_temporaries(found, temporary_grace))
         finally:
             self._handle.invalidate(self._scope)
         return len(paths)
@@ -691,6 +706,9 @@ class FsspecToolResultStore(ToolResultStore):
         :raises ValueError: If the filters are invalid (see `purge`).
         :raises StorageError: If the backend fails.
         """
+        return await self._purge_async(older_than, expired, temporary_grace=TEMPORARY_GRACE)
+
+    async def _purge_async(self, older_than: timedelta | None, expired: bool, *, temporary_grace: timedelta) -> int:
         self._check_purge(older_than, expired)
         await self._handle.in_flight.wait_under(self._scope_path() + "/")
         with storage_errors("list results", reference=None):
@@ -702,7 +720,7 @@ class FsspecToolResultStore(ToolResultStore):
             paths += idle.documents()
         try:
             with storage_errors("purge results", reference=None):
-                await self._handle.io().delete_async(paths)
+                await self._handle.io().delete_async(paths + _stale_temporaries(found, temporary_grace))
         finally:
             self._handle.invalidate(self._scope)
         return len(paths)
@@ -712,6 +730,8 @@ class FsspecToolResultStore(ToolResultStore):
             raise ValueError("Give older_than or expired=True, not both.")
         if older_than is not None and older_than <= timedelta(0):
             raise ValueError(f"older_than must be positive, got {older_than}.")
+        if older_than is not None:
+            check_age(older_than, name="older_than")
         if expired and self.retention is None:
             raise ValueError("This store has no retention, so no result expires: pass retention=Retention(...).")
 
@@ -739,8 +759,7 @@ class FsspecToolResultStore(ToolResultStore):
         if expired and retention is not None:
 
             def by_tenant(tenant: str) -> datetime | None:
-                ttl = retention.ttl_for(tenant)
-                return None if ttl is None else now - ttl
+                return retention.cutoff(tenant, now=now)
 
             return IdleSessions(found, self._scope_path(), scope=self._scope, cutoff=by_tenant)
         return None
@@ -914,16 +933,23 @@ class _FilesystemHandle:
         return self._resolved_root
 
 
-def _duration(ttl: timedelta | None) -> str:
-    if ttl is None:
-        return "ever"
-    if ttl % timedelta(days=1) == timedelta(0):
-        days = ttl // timedelta(days=1)
-        return f"{days} day{'s' if days != 1 else ''}"
-    if ttl % timedelta(hours=1) == timedelta(0):
-        hours = ttl // timedelta(hours=1)
-        return f"{hours} hour{'s' if hours != 1 else ''}"
-    return f"{ttl.total_seconds():g} seconds"
+def _stale_temporaries(found: Mapping[str, int], grace: timedelta) -> builtins.list[str]:
+    """
+    The temporary files of a listing whose writers died (local disk only: other backends write objects whole).
+
+    :param found: Paths and sizes from a listing.
+    :param grace: How old a result write's temporary file must be to go. A document write's always gets
+        `TEMPORARY_GRACE`: ending a session keeps its documents, and their writes may still be running.
+    :returns: Their paths.
+    """
+    now = datetime.now(UTC)
+    stale = []
+    for path in found:
+        directory, _, name = path.rpartition("/")
+        in_documents = directory.rpartition("/")[2].startswith(".")
+        if is_stale_temporary(name, now=now, grace=TEMPORARY_GRACE if in_documents else grace):
+            stale.append(path)
+    return stale
 
 
 def _check_range(start: int, end: int) -> None:

@@ -6,8 +6,9 @@ fsspec does the I/O; this module only picks, per backend family, the call that m
 - `S3IO` (s3fs): one PUT per write, one GET per whole read (``_cat_file`` with ``max_concurrency=1``: the default
   adds a HEAD first), one ranged GET per page, batched DeleteObjects whose per-key errors are not ignored.
 - `AsyncFilesystemIO`: any other async fsspec backend (gcsfs, adlfs, ...) through its coroutine methods.
-- `LocalIO`: atomic writes (temporary file and rename, so a reader never sees half a result) and a symlink check on
-  every path: the real path must be the path we built, or the access is refused.
+- `LocalIO`: atomic writes (temporary file and rename, so a reader never sees half a result); every path reached
+  through directory descriptors with ``O_NOFOLLOW``, so no symlink or planted hard link carries a read, write, delete
+  or listing out of the store's root, however it races (`PathCheckedLocalIO` where the OS lacks those calls).
 - `SyncFilesystemIO`: memory and any other synchronous backend.
 
 Async fsspec filesystems created the usual way live on fsspec's own I/O thread and event loop. Their coroutines are
@@ -21,17 +22,19 @@ async paths.
 
 import asyncio
 import contextlib
+import errno
 import os
-import secrets
+import stat
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Iterator
-from typing import Any, Concatenate, ParamSpec, Self, TypeVar
+from typing import Any, BinaryIO, Concatenate, ParamSpec, Self, TypeVar
 
 from fsspec import AbstractFileSystem
 from fsspec.asyn import AsyncFileSystem, sync
 
 from haystack_integrations.offload.errors import InvalidReferenceError, StorageError, StoragePermissionError
 from haystack_integrations.offload.stores.loop_local import LoopLocal
+from haystack_integrations.offload.stores.names import is_temporary_name, new_temporary_name
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -159,7 +162,129 @@ class SyncFilesystemIO(StorageIO):
 
 
 class LocalIO(StorageIO):
-    """Local disk: atomic writes and refusal of any path that a symlink redirects."""
+    """
+    Local disk, safe against whoever else can write in the store's directory (another process, a tenant's sandbox).
+
+    Every path is reached one component at a time from ``/``: each directory is opened with ``O_NOFOLLOW`` relative to
+    its parent's descriptor, and the file with ``O_NOFOLLOW`` relative to its directory's. A symlink anywhere along the
+    path is refused (`InvalidReferenceError`) by the very call that would have followed it, so there is no window
+    between a check and an open for a swap to use (the store's root is a real path already). Writes, deletes and
+    listings go through the same descriptors: a write or delete lands in the directory that was checked, whatever is
+    renamed meanwhile, and a listing never descends into a symlink.
+
+    What a read opens must be a regular file with a single link. A hard link planted in a session can name another
+    tenant's file and cannot be told apart from it, so any file with more links is refused, results and documents
+    alike, with one exception: a conditional create publishes a document by linking its temporary file into place and
+    then unlinking the temporary file, so a document whose only other link is a ``.tmp-*`` file beside it is being
+    published, not planted (`_check_links`). Listings still show hard-linked files, so purges remove them.
+
+    Writes go through a temporary file beside the target (renamed into place, or linked for a conditional create), so a
+    reader sees a whole result or none. A writer killed mid-write leaves its temporary file; its name carries its time
+    (`names.new_temporary_name`) so purges remove it once it is older than `names.TEMPORARY_GRACE`.
+    """
+
+    def put(self, path: str, data: bytes) -> None:
+        """Write `data` to a temporary file beside `path`, then rename it into place (atomic)."""
+        directory, name = os.path.split(path)
+        parent = _open_directory(directory, create=True)
+        try:
+            temporary = _write_temporary(parent, data)
+            try:
+                os.replace(temporary, name, src_dir_fd=parent, dst_dir_fd=parent)
+            except BaseException:
+                _unlink_quietly(parent, temporary)
+                raise
+        finally:
+            os.close(parent)
+
+    def put_exclusive(self, path: str, data: bytes) -> None:
+        """Write a temporary file, then hard-link it into place: the link fails if the name exists (any process)."""
+        directory, name = os.path.split(path)
+        parent = _open_directory(directory, create=True)
+        try:
+            temporary = _write_temporary(parent, data)
+            try:
+                # link() is atomic and never replaces: readers see the whole document or nothing.
+                os.link(temporary, name, src_dir_fd=parent, dst_dir_fd=parent, follow_symlinks=False)
+            finally:
+                _unlink_quietly(parent, temporary)
+        finally:
+            os.close(parent)
+
+    def get(self, path: str) -> bytes:
+        """Return the file's content, opened without following any symlink."""
+        with _open_file(path) as file:
+            return file.read()
+
+    def get_range(self, path: str, start: int, end: int) -> bytes:
+        """Return part of the file, opened without following any symlink."""
+        with _open_file(path) as file:
+            file.seek(start)
+            return file.read(max(0, end - start))
+
+    def get_range_and_size(self, path: str, start: int, end: int) -> tuple[bytes, int]:
+        """Return part of the file and its size, from one open file (no window for a swap between the two)."""
+        with _open_file(path) as file:
+            size = os.fstat(file.fileno()).st_size
+            file.seek(start)
+            return file.read(max(0, end - start)), size
+
+    def size(self, path: str) -> int:
+        """Return the file's size, opened (and checked) as for a read."""
+        with _open_file(path) as file:
+            return os.fstat(file.fileno()).st_size
+
+    def find(self, path: str) -> dict[str, int]:
+        """Walk the directory through descriptors, never into a symlink; only regular files are listed."""
+        try:
+            top = _open_directory(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+        found: dict[str, int] = {}
+        try:
+            # fwalk opens each subdirectory relative to its parent's descriptor and checks it is the one it listed.
+            for directory, _subdirectories, files, directory_fd in os.fwalk(".", dir_fd=top, follow_symlinks=False):
+                base = path if directory == "." else f"{path}/{directory[2:]}"
+                for name in files:
+                    try:
+                        status = os.stat(name, dir_fd=directory_fd, follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue  # a concurrent write's temporary file, renamed away between listing and stat
+                    if stat.S_ISREG(status.st_mode):
+                        found[f"{base}/{name}"] = status.st_size
+        finally:
+            os.close(top)
+        return found
+
+    def delete(self, paths: Iterable[str]) -> None:
+        """Delete the files, then the directories they leave empty (never the store's root)."""
+        directories: set[str] = set()
+        for path in paths:
+            directory, name = os.path.split(path)
+            try:
+                parent = _open_directory(directory)
+            except FileNotFoundError:
+                continue
+            try:
+                # unlinkat never follows: a planted symlink goes, not its target.
+                os.unlink(name, dir_fd=parent)
+            except FileNotFoundError:
+                continue
+            finally:
+                os.close(parent)
+            directories.add(directory)
+        # Deepest first, so a session directory goes before its tenant directory.
+        for directory in sorted(directories, key=len, reverse=True):
+            _remove_empty_directory(directory)
+
+
+class PathCheckedLocalIO(StorageIO):
+    """
+    Local disk where the OS lacks the descriptor-relative calls `LocalIO` needs (Windows): a check, then the call.
+
+    The real path must be the path built, or the access is refused; a swap between the check and the open can still
+    redirect it, so give a store on such a system a directory nobody else writes to.
+    """
 
     def put(self, path: str, data: bytes) -> None:
         """Write `data` to a temporary file beside `path`, then rename it into place (atomic on POSIX and Windows)."""
@@ -169,7 +294,6 @@ class LocalIO(StorageIO):
     def put_exclusive(self, path: str, data: bytes) -> None:
         """Write a temporary file, then hard-link it into place: the link fails if the name exists (any process)."""
         with _temporary_beside(path, data) as temporary:
-            # link() is atomic and never replaces: readers see the whole document or nothing.
             os.link(temporary, path)
 
     def get(self, path: str) -> bytes:
@@ -186,7 +310,7 @@ class LocalIO(StorageIO):
             return file.read(max(0, end - start))
 
     def get_range_and_size(self, path: str, start: int, end: int) -> tuple[bytes, int]:
-        """Return part of the file and its size, from one open file (no window for a swap between the two)."""
+        """Return part of the file and its size, from one open file."""
         _refuse_redirected(path)
         with open(path, "rb") as file:
             size = os.fstat(file.fileno()).st_size
@@ -211,19 +335,19 @@ class LocalIO(StorageIO):
                     try:
                         found[full] = os.stat(full).st_size
                     except FileNotFoundError:
-                        continue  # a concurrent write's temporary file, renamed away between listing and stat
+                        continue
         return found
 
     def delete(self, paths: Iterable[str]) -> None:
-        """Delete the files, then the directories they leave empty (never the store's root)."""
+        """Delete the files (after the same check as reads), then the directories they leave empty."""
         directories: set[str] = set()
         for path in paths:
+            _refuse_redirected(os.path.dirname(path))
             try:
                 os.unlink(path)
             except FileNotFoundError:
                 continue
             directories.add(os.path.dirname(path))
-        # Deepest first, so a session directory goes before its tenant directory.
         for directory in sorted(directories, key=len, reverse=True):
             try:
                 os.rmdir(directory)
@@ -473,20 +597,202 @@ def _is_unsatisfiable_range(error: OSError) -> bool:
     return bool(status == 416 or response.get("Error", {}).get("Code") == "InvalidRange")
 
 
+# Descriptor-relative calls LocalIO needs (os.replace takes the same dir_fd arguments as os.rename).
+_AT_CALLS = (
+    all(hasattr(os, flag) for flag in ("O_DIRECTORY", "O_NOFOLLOW", "O_CLOEXEC"))
+    and {os.open, os.stat, os.mkdir, os.rmdir, os.unlink, os.rename, os.link} <= os.supports_dir_fd
+    and os.link in os.supports_follow_symlinks  # a temporary file swapped for a symlink is linked as the symlink
+    and hasattr(os, "fwalk")
+)
+# O_PATH (Linux): walking a directory needs only search permission on it, as path resolution does, and a symlink
+# opens as itself, so fstat tells a symlink from a file without a second look that a swap could race. Elsewhere
+# O_DIRECTORY | O_NOFOLLOW fails on a symlink (ELOOP).
+_O_PATH = getattr(os, "O_PATH", 0)
+_DIRECTORY_FLAGS = getattr(os, "O_NOFOLLOW", 0) | (_O_PATH or os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+# O_NONBLOCK: opening a FIFO planted under a result's name must not hang the reader (it is then refused).
+_FILE_FLAGS = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+_SYMLINK_REFUSED = "The path of this result passes through a symlink; refusing to follow it."
+
+
+def _open_directory(path: str, *, create: bool = False) -> int:
+    """
+    Open the directory `path` (absolute) from ``/``, one component at a time, never following a symlink.
+
+    :param path: The directory.
+    :param create: Create missing directories on the way.
+    :returns: A descriptor of the directory; the caller closes it.
+    :raises InvalidReferenceError: If a component is a symlink (or ``.``/``..``).
+    :raises FileNotFoundError: If a component is missing (and `create` is false).
+    """
+    descriptor = os.open("/", _DIRECTORY_FLAGS | os.O_CLOEXEC)
+    try:
+        for name in path.split("/"):
+            if not name:
+                continue
+            if name in {".", ".."}:
+                raise InvalidReferenceError("A local path must not contain '.' or '..' components.")
+            child = _open_child_directory(descriptor, name, create=create)
+            os.close(descriptor)
+            descriptor = child
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return descriptor
+
+
+def _open_child_directory(parent: int, name: str, *, create: bool) -> int:
+    try:
+        return _open_directory_at(parent, name)
+    except FileNotFoundError:
+        if not create:
+            raise
+    with contextlib.suppress(FileExistsError):  # another writer made it first
+        os.mkdir(name, dir_fd=parent)
+    return _open_directory_at(parent, name)  # checked again: it may have been swapped since the mkdir
+
+
+def _open_directory_at(parent: int, name: str) -> int:
+    try:
+        descriptor = os.open(name, _DIRECTORY_FLAGS | os.O_CLOEXEC, dir_fd=parent)
+    except OSError as error:
+        _refuse_symlink(parent, name, error)
+        raise
+    if _O_PATH:
+        # O_PATH opened whatever the name is: a symlink itself, a file, a directory. Only a directory goes on.
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISDIR(mode):
+            os.close(descriptor)
+            if stat.S_ISLNK(mode):
+                raise InvalidReferenceError(_SYMLINK_REFUSED)
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), name)
+    return descriptor
+
+
+def _refuse_symlink(directory: int, name: str, error: OSError) -> None:
+    """Raise `InvalidReferenceError` from `error` when `name` is a symlink: what ``O_NOFOLLOW`` just refused."""
+    if error.errno == errno.ELOOP:
+        raise InvalidReferenceError(_SYMLINK_REFUSED) from error
+    try:
+        status = os.stat(name, dir_fd=directory, follow_symlinks=False)
+    except OSError:
+        return
+    if stat.S_ISLNK(status.st_mode):
+        raise InvalidReferenceError(_SYMLINK_REFUSED) from error
+
+
+def _open_file(path: str) -> BinaryIO:
+    """
+    Open a file for reading without following a symlink anywhere along `path`, and check what was opened.
+
+    :param path: The file's absolute path.
+    :returns: The open file.
+    :raises InvalidReferenceError: If the path passes through a symlink, or the file is not a regular file with one
+        link (see `LocalIO`).
+    :raises FileNotFoundError: If there is no such file.
+    """
+    directory, name = os.path.split(path)
+    parent = _open_directory(directory)
+    try:
+
+        def opener(file: str, flags: int) -> int:
+            try:
+                return os.open(file, flags | _FILE_FLAGS, dir_fd=parent)
+            except OSError as error:
+                _refuse_symlink(parent, file, error)
+                raise
+
+        file = open(name, "rb", opener=opener)  # noqa: SIM115 - returned to the caller, who closes it
+        try:
+            status = os.fstat(file.fileno())
+            if not stat.S_ISREG(status.st_mode):
+                raise InvalidReferenceError("This result is not a regular file; refusing to read it.")
+            _check_links(file.fileno(), parent, status)
+        except BaseException:
+            file.close()
+            raise
+    finally:
+        os.close(parent)
+    return file
+
+
+def _check_links(descriptor: int, directory: int, status: os.stat_result) -> None:
+    """Refuse a hard-linked file, unless its only other link is a conditional create's temporary file beside it."""
+    if status.st_nlink == 1:
+        return
+    # Publishing: put_exclusive links its temporary file into place, then unlinks it. Look for that temporary file,
+    # and if it is gone, ask again: its unlink may have happened since the first look.
+    if status.st_nlink == 2 and (_has_temporary_twin(directory, status) or os.fstat(descriptor).st_nlink == 1):
+        return
+    raise InvalidReferenceError("This result is a hard link to another file; refusing to read it.")
+
+
+def _has_temporary_twin(directory: int, status: os.stat_result) -> bool:
+    listing = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=directory)
+    try:
+        names = os.listdir(listing)
+    finally:
+        os.close(listing)
+    for name in names:
+        if not is_temporary_name(name):
+            continue
+        try:
+            other = os.stat(name, dir_fd=directory, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if (other.st_dev, other.st_ino) == (status.st_dev, status.st_ino):
+            return True
+    return False
+
+
+def _write_temporary(directory: int, data: bytes) -> str:
+    """Write `data` to a fresh temporary file in `directory` and return its name."""
+    # A leading dot keeps the temporary file out of listings: it is not a valid result name.
+    name = new_temporary_name()
+
+    def opener(file: str, flags: int) -> int:
+        return os.open(file, flags | _FILE_FLAGS, 0o666, dir_fd=directory)
+
+    try:
+        with open(name, "xb", opener=opener) as file:
+            file.write(data)
+    except BaseException:
+        _unlink_quietly(directory, name)
+        raise
+    return name
+
+
+def _unlink_quietly(directory: int, name: str) -> None:
+    # After a rename there is nothing left to remove; after a link or a failure there is.
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(name, dir_fd=directory)
+
+
+def _remove_empty_directory(path: str) -> None:
+    parent_path, name = os.path.split(path)
+    try:
+        parent = _open_directory(parent_path)
+    except (OSError, InvalidReferenceError):
+        return
+    try:
+        os.rmdir(name, dir_fd=parent)  # fails on a symlink or a directory that is not empty: both are kept
+    except OSError:
+        pass
+    finally:
+        os.close(parent)
+
+
 @contextlib.contextmanager
 def _temporary_beside(path: str, data: bytes) -> Iterator[str]:
     """Write `data` to a fresh temporary file in `path`'s directory, yield its name, and remove it afterwards."""
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
     _refuse_redirected(directory)
-    # A leading dot keeps the temporary file out of listings: it is not a valid result name.
-    temporary = os.path.join(directory, f".tmp-{secrets.token_hex(8)}")
+    temporary = os.path.join(directory, new_temporary_name())
     try:
         with open(temporary, "xb") as file:
             file.write(data)
         yield temporary
     finally:
-        # After a rename there is nothing left to remove; after a link or a failure there is.
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
 
@@ -494,7 +800,7 @@ def _temporary_beside(path: str, data: bytes) -> Iterator[str]:
 def _refuse_redirected(path: str) -> None:
     """Refuse a local path that a symlink anywhere along it sends elsewhere (the root itself is already real)."""
     if os.path.realpath(path) != path:
-        raise InvalidReferenceError("The path of this result passes through a symlink; refusing to follow it.")
+        raise InvalidReferenceError(_SYMLINK_REFUSED)
 
 
 def s3_io_with_loop_twins(fs: AsyncFileSystem, make_twin: Callable[[], AsyncFileSystem]) -> S3IO:
@@ -535,5 +841,5 @@ def storage_io_for(fs: AbstractFileSystem) -> StorageIO:
     if isinstance(fs, AsyncFileSystem):
         return AsyncFilesystemIO(fs)
     if "file" in protocols or "local" in protocols:
-        return LocalIO(fs)
+        return LocalIO(fs) if _AT_CALLS else PathCheckedLocalIO(fs)
     return SyncFilesystemIO(fs)

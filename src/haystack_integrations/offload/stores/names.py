@@ -14,13 +14,17 @@ A stored result is one object whose name carries its own metadata, so that it wo
 - `kind` records whether `write` was given `str` or `bytes`, so `read` gives back the same type without guessing;
 - `key` is the caller's key made safe: odd characters become `_`, and an over-long key (providers send tool-call ids
   of ~1.5 KB) is cut and suffixed with a hash of the original, keeping its extension.
+
+Local disk writes go through a temporary file beside the target (``.tmp-20261129T213400123456Z-<16 hex>``; the leading
+dot keeps it out of listings of results and documents). Its name carries its writer's time too, so a purge can tell a
+write in progress from one whose writer was killed (`is_stale_temporary`) from the listing alone.
 """
 
 import hashlib
 import re
 import secrets
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 ContentKind = Literal["text", "bytes"]
@@ -33,6 +37,11 @@ _STAMP_FORMAT = "%Y%m%dT%H%M%S"
 _UNSAFE_KEY_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 _UNSAFE_TOOL_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 _EXTENSION = re.compile(r"\.[A-Za-z0-9]{1,10}$")
+TEMPORARY_PREFIX = ".tmp-"
+TEMPORARY_GRACE = timedelta(hours=1)
+"""How long a temporary file may stand before purges take it for a killed writer's (no write takes that long)."""
+# Older versions named temporary files without a time (``.tmp-<16 hex>``); those are matched too.
+_TEMPORARY = re.compile(r"\.tmp-(?:(?P<stamp>\d{8}T\d{12})Z-)?[0-9a-f]{16}")
 _NAME = re.compile(
     r"(?P<stamp>\d{8}T\d{12}Z)-(?P<nonce>[0-9a-f]{8})"
     r"\.(?P<kind>[tb])"
@@ -93,8 +102,7 @@ def new_object_name(*, key: str, kind: ContentKind, tool_name: str | None, now: 
     :param now: The creation time (UTC); defaults to the current time.
     :returns: The object name, also the reference returned to the caller.
     """
-    created = (now or datetime.now(UTC)).astimezone(UTC)
-    stamp = f"{created.strftime(_STAMP_FORMAT)}{created.microsecond:06d}Z"
+    stamp = _stamp(now)
     return f"{stamp}-{secrets.token_hex(4)}.{_KIND_CODES[kind]}.{safe_tool_name(tool_name)}.{safe_key(key)}"
 
 
@@ -108,10 +116,8 @@ def parse_object_name(name: str) -> ParsedName | None:
     match = _NAME.fullmatch(name)
     if match is None:
         return None
-    stamp = match.group("stamp")
-    try:
-        created = datetime.strptime(stamp[:15], _STAMP_FORMAT).replace(microsecond=int(stamp[15:21]), tzinfo=UTC)
-    except ValueError:
+    created = _parse_stamp(match.group("stamp"))
+    if created is None:
         return None
     return ParsedName(
         created=created,
@@ -119,3 +125,55 @@ def parse_object_name(name: str) -> ParsedName | None:
         tool_name=match.group("tool") or None,
         key=match.group("key"),
     )
+
+
+def new_temporary_name(*, now: datetime | None = None) -> str:
+    """
+    Build a fresh name for a local write's temporary file.
+
+    :param now: The writer's time (UTC); defaults to the current time.
+    :returns: A name that starts with `TEMPORARY_PREFIX` and carries the time.
+    """
+    return f"{TEMPORARY_PREFIX}{_stamp(now)}-{secrets.token_hex(8)}"
+
+
+def is_temporary_name(name: str) -> bool:
+    """
+    :param name: A single path segment.
+    :returns: Whether it names a local write's temporary file (of this version, or of one before it).
+    """
+    return _TEMPORARY.fullmatch(name) is not None
+
+
+def is_stale_temporary(name: str, *, now: datetime | None = None, grace: timedelta = TEMPORARY_GRACE) -> bool:
+    """
+    Whether a temporary file was left behind by a writer that died (killed mid-write, the machine lost power).
+
+    A write in progress is never older than `grace`; neither is its time more than `grace` ahead (a writer's clock
+    hours fast must not keep its leftovers for hours). A name without a time comes from an older version, whose
+    writers are gone once this one runs: it is stale.
+
+    :param name: A single path segment.
+    :param now: The time to judge at; the current time by default.
+    :param grace: How long a write may take; ``timedelta(0)`` makes every temporary file stale (`end_session`).
+    :returns: Whether `name` is a temporary file to remove.
+    """
+    match = _TEMPORARY.fullmatch(name)
+    if match is None:
+        return False
+    stamp = match.group("stamp")
+    created = _parse_stamp(stamp) if stamp is not None else None
+    return created is None or abs((now or datetime.now(UTC)) - created) >= grace
+
+
+def _stamp(now: datetime | None) -> str:
+    created = (now or datetime.now(UTC)).astimezone(UTC)
+    return f"{created.strftime(_STAMP_FORMAT)}{created.microsecond:06d}Z"
+
+
+def _parse_stamp(stamp: str) -> datetime | None:
+    """The time of a ``20261129T213400123456`` stamp (a trailing ``Z`` is ignored), or None if it is no date."""
+    try:
+        return datetime.strptime(stamp[:15], _STAMP_FORMAT).replace(microsecond=int(stamp[15:21]), tzinfo=UTC)
+    except ValueError:
+        return None

@@ -23,6 +23,13 @@ is read (one GET per such session, concurrently): its ``ended_at`` (or ``started
 too. A session whose age cannot be told (no result, no audit event, no history) is kept. Times come from the writers'
 clocks, as results' names do; a cutoff of hours or days tolerates their skew.
 
+Clocks: a result's time is its writer's clock, judged by the reader's. Up to `Retention.clock_skew` (5 minutes by
+default) of difference either way changes nothing; a result is expired once its time is more than its time to live
+plus that allowance away from now, in either direction. So a writer 2 minutes slow loses nothing, one 2 hours slow
+with a 1 hour time to live writes results that are expired on arrival (the error says its clock may be behind: fix the
+clock, or raise `clock_skew`), and one hours fast cannot keep its results for ever: a time further ahead than a result
+could live is not believed, and the result is expired.
+
 Retention in the store is a promise to readers ("after 7 days a result is gone"); pair it with the bucket's
 lifecycle rule (``infra/``), which deletes old objects even if no purge runs.
 
@@ -60,6 +67,10 @@ _TURN_NAME = re.compile(r"turn\.(?P<turn>\d{8})\.(?P<part>start|end)\.json")
 _NAME_STAMP = re.compile(r"(?<![0-9])(?P<stamp>\d{8}T\d{12})Z")
 # Newest-turn documents read at once when dating sessions for a purge.
 _CONCURRENT_READS = 16
+DEFAULT_CLOCK_SKEW = timedelta(minutes=5)
+"""How far writers' clocks may be off, by default: NTP keeps servers within a second; this covers a drifting one."""
+MAX_AGE = timedelta(days=36_500)
+"""The longest time to live or purge age (100 years): longer ones would carry dates past what `datetime` holds."""
 
 
 class Retention(BaseModel):
@@ -67,7 +78,9 @@ class Retention(BaseModel):
     How long results stay readable: a time to live for the store, and per-tenant exceptions.
 
     A result older than its tenant's time to live is refused by `read` with `ResultExpiredError` (the model is told
-    the result expired), left out of `list`, and deleted by ``purge(expired=True)``.
+    the result expired), left out of `list`, and deleted by ``purge(expired=True)``. Ages come from the writers'
+    clocks: `clock_skew` (5 minutes by default) is how far they may be off without a result expiring early, and a
+    time stamped further ahead than a result could live is not believed (see `expired`).
 
     ```python
     from datetime import timedelta
@@ -89,12 +102,21 @@ class Retention(BaseModel):
     tenants: dict[str, timedelta | None] = Field(
         default_factory=dict, description="Per-tenant time to live, replacing `ttl` (None keeps that tenant's)."
     )
+    clock_skew: timedelta = Field(
+        default=DEFAULT_CLOCK_SKEW,
+        description="How far writers' clocks may be off from the reader's without shortening a result's life.",
+    )
 
     @field_validator("ttl")
     @classmethod
     def _positive(cls, ttl: timedelta | None) -> timedelta | None:
         if ttl is not None and ttl <= timedelta(0):
             raise ValueError("A time to live must be positive.")
+        if ttl is not None and ttl > MAX_AGE:
+            raise ValueError(
+                f"A time to live of {ttl.days} days is beyond what dates can hold (at most {MAX_AGE.days} days); "
+                "use None to keep results."
+            )
         return ttl
 
     @field_validator("tenants")
@@ -104,6 +126,13 @@ class Retention(BaseModel):
             validate_scope_id(tenant, field="tenant")
             cls._positive(ttl)
         return dict(tenants)
+
+    @field_validator("clock_skew")
+    @classmethod
+    def _valid_skew(cls, clock_skew: timedelta) -> timedelta:
+        if clock_skew < timedelta(0) or clock_skew > MAX_AGE:
+            raise ValueError(f"clock_skew must be between 0 and {MAX_AGE.days} days, got {clock_skew}.")
+        return clock_skew
 
     def ttl_for(self, tenant: str | None) -> timedelta | None:
         """
@@ -116,13 +145,81 @@ class Retention(BaseModel):
 
     def expired(self, created: datetime, tenant: str | None, *, now: datetime | None = None) -> bool:
         """
-        :param created: When the result was written (timezone-aware).
+        Whether a result is past its time to live, by the time its name carries (the writer's clock).
+
+        A result is live while that time is less than its time to live plus `clock_skew` away from now, in either
+        direction: a writer slow by up to `clock_skew` costs its results nothing, and a time ahead of now is believed
+        no further than a result could live, so a writer's clock hours fast never keeps its results for ever.
+
+        :param created: When the result was written (timezone-aware), by its name.
         :param tenant: Its tenant.
         :param now: The time to judge at; the current time by default.
         :returns: Whether the result has outlived its time to live.
         """
         ttl = self.ttl_for(tenant)
-        return ttl is not None and created + ttl <= (now or datetime.now(UTC))
+        # Differences of dates, never a date plus a time to live: no sum can pass datetime's range.
+        return ttl is not None and abs((now or datetime.now(UTC)) - created) >= ttl + self.clock_skew
+
+    def cutoff(self, tenant: str | None, *, now: datetime) -> datetime | None:
+        """
+        :param tenant: The tenant.
+        :param now: The current time.
+        :returns: The time before which the tenant's sessions count as inactive (their time to live and the clock skew
+            ago), or None when they are kept.
+        """
+        ttl = self.ttl_for(tenant)
+        return None if ttl is None else now - ttl - self.clock_skew
+
+    def expiry_message(self, reference: object, created: datetime, tenant: str | None, *, now: datetime) -> str:
+        """
+        :param reference: The expired result's reference.
+        :param created: The time its name carries.
+        :param tenant: Its tenant.
+        :param now: The time it was judged at.
+        :returns: Why the result cannot be read, for the model and the logs.
+        """
+        kept = _duration(self.ttl_for(tenant))
+        if created > now:
+            return (
+                f"The stored result {reference!r} has expired: it is stamped {created:%Y-%m-%d %H:%M} UTC, "
+                f"{_duration(created - now)} ahead of this clock, more than results are kept for ({kept}); its "
+                "writer's clock is wrong. It can no longer be read."
+            )
+        return (
+            f"The stored result {reference!r} has expired: results are kept for {kept}, and this one was stored on "
+            f"{created:%Y-%m-%d %H:%M} UTC (if it was stored just now, its writer's clock is behind by more than the "
+            f"{_duration(self.clock_skew)} allowed). It can no longer be read."
+        )
+
+
+def check_age(age: timedelta, *, name: str) -> timedelta:
+    """
+    Refuse an age no date arithmetic can hold, before it is used.
+
+    :param age: An age such as ``purge(older_than=...)``.
+    :param name: The parameter's name, for the message.
+    :returns: `age`.
+    :raises ValueError: If `age` is longer than `MAX_AGE`.
+    """
+    if age > MAX_AGE:
+        raise ValueError(f"{name} of {age.days} days is beyond what dates can hold (at most {MAX_AGE.days} days).")
+    return age
+
+
+def _duration(span: timedelta | None) -> str:
+    """A span in words: exact in the largest unit that divides it ("36 hours"), else rounded ("about 2 hours")."""
+    if span is None:
+        return "ever"
+    units = ((timedelta(days=1), "day"), (timedelta(hours=1), "hour"), (timedelta(minutes=1), "minute"))
+    for unit, name in units:
+        if span >= unit and span % unit == timedelta(0):
+            count = span // unit
+            return f"{count} {name}{'s' if count != 1 else ''}"
+    for unit, name in units:
+        if span >= unit:
+            count = round(span / unit)
+            return f"about {count} {name}{'s' if count != 1 else ''}"
+    return f"{span.total_seconds():g} seconds"
 
 
 def end_session(store: FsspecToolResultStore, *, documents: bool = False) -> int:
@@ -139,12 +236,13 @@ def end_session(store: FsspecToolResultStore, *, documents: bool = False) -> int
     :param documents: Also delete the session's documents (approval requests and decisions, claims, audit, history).
         By default they are kept: they record what happened, and they go with the session once it has been inactive
         for its retention (``purge(expired=True)``), or with the bucket's lifecycle rule.
-    :returns: How many objects were deleted.
+    :returns: How many objects were deleted (besides the temporary files of unfinished local writes, which go too).
     :raises ValueError: If `store` is not scoped to a session.
     :raises StorageError: If the backend fails; what was not deleted yet stays.
     """
     _require_session(store)
-    deleted = store.purge()
+    # The session is over: a result write still unfinished (or whose writer died) goes with it, whatever its age.
+    deleted = store._purge(None, False, temporary_grace=timedelta(0))
     if documents:
         deleted += store._delete_documents()
     return deleted
@@ -161,7 +259,7 @@ async def end_session_async(store: FsspecToolResultStore, *, documents: bool = F
     :raises StorageError: If the backend fails.
     """
     _require_session(store)
-    deleted = await store.purge_async()
+    deleted = await store._purge_async(None, False, temporary_grace=timedelta(0))
     if documents:
         deleted += await store._delete_documents_async()
     return deleted

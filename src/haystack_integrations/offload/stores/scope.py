@@ -1,6 +1,8 @@
-"""Validation of the tenant and session ids that name a store's scope (one path segment each)."""
+"""Validation of what names a store's scope: its root URL, and the tenant and session ids (one path segment each)."""
 
 import re
+
+import fsspec
 
 from haystack_integrations.offload.errors import InvalidScopeIdError
 
@@ -9,6 +11,10 @@ MAX_SCOPE_ID_LENGTH = 128
 # Conservative on purpose: the same id must be a safe S3 key segment, a safe file name on every OS and safe inside a
 # URL. Applications with richer ids (emails, display names) should map them to a slug or a UUID first.
 _ALLOWED = re.compile(r"[A-Za-z0-9._@+=-]+")
+# A scheme-like first segment followed by a colon or by two slashes: "s3:/bucket", "s3:bucket", "s3//bucket".
+_URL_LIKE = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]+)(?P<separator>:[/\\]*|//+)(?P<rest>.*)", re.DOTALL)
+# fsspec itself strips "file:" and "local:" from local paths, so "file:/tmp/results" already means what it says.
+_LOCAL_SCHEMES = frozenset({"file", "local"})
 
 
 def validate_scope_id(value: object, *, field: str) -> str:
@@ -49,3 +55,36 @@ def validate_scope_id(value: object, *, field: str) -> str:
             "Use letters, digits and . _ @ + = - (map other ids to a slug or a UUID)."
         )
     return value
+
+
+def check_local_path(path: str) -> str:
+    """
+    Return `path` unless it is a local path that can only be a mistyped URL.
+
+    fsspec takes anything without ``://`` for a local path, so ``s3:/bucket/prod`` (one slash), ``s3//bucket`` (no
+    colon) or ``s3:bucket`` would quietly become a local directory named ``s3:`` (or ``s3``) in the working directory,
+    and every tenant's results would land on the server's disk. Such a path is refused when its first segment is a
+    protocol fsspec knows (``s3``, ``gs``, ``memory``, ...). A local directory that really has such a name can still
+    be used, written as ``./s3:/...``, as an absolute path, or as ``file://...``.
+
+    :param path: The store's URL, when it names no protocol (``://``).
+    :returns: `path`, unchanged.
+    :raises ValueError: If `path` looks like a URL with a typo; the message names what was probably meant.
+    """
+    match = _URL_LIKE.fullmatch(path)
+    if match is None:
+        return path
+    scheme = match["scheme"].lower()
+    if scheme not in _known_protocols() or (scheme in _LOCAL_SCHEMES and match["separator"].startswith(":")):
+        return path
+    meant = f"{scheme}://{match['rest'].lstrip('/')}"
+    raise ValueError(
+        f"The store URL {path!r} names no protocol (no '://'), so it would be a local directory named "
+        f"{path.split('/', 1)[0]!r} in the working directory. Did you mean {meant!r}? For a local directory of that "
+        f"name, write it as {'./' + path!r} or as an absolute path."
+    )
+
+
+def _known_protocols() -> set[str]:
+    # Both the protocols fsspec ships implementations for and those registered by installed packages.
+    return {protocol.lower() for protocol in (*fsspec.available_protocols(), *fsspec.registry)}

@@ -1,0 +1,172 @@
+"""
+What can only be a mistake is refused when it is made, with a message that says what was meant: URLs typed as local
+paths, times to live and ages no date can hold. And expiry survives writers whose clocks are off, by the documented
+rule (`Retention.expired`, docs/operations.md): up to `clock_skew` either way costs nothing, and no clock far ahead
+keeps a result for ever.
+"""
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from haystack_integrations.offload import FsspecToolResultStore, ResultExpiredError, Retention
+from haystack_integrations.offload.stores.names import new_object_name
+
+# Typed local paths and the URL each one meant.
+TYPOS = [
+    ("s3:/bucket/prod", "s3://bucket/prod"),
+    ("s3//bucket/prod", "s3://bucket/prod"),
+    ("s3:bucket/prod", "s3://bucket/prod"),
+    ("S3:/bucket/prod", "s3://bucket/prod"),
+    ("s3a:/bucket", "s3a://bucket"),
+    ("gs:/bucket/prod", "gs://bucket/prod"),
+    ("gcs//bucket", "gcs://bucket"),
+    ("memory:/agent-results", "memory://agent-results"),
+    ("az:container/x", "az://container/x"),
+]
+
+
+@pytest.mark.parametrize(("typed", "meant"), TYPOS)
+def test_a_url_typed_as_a_local_path_is_refused_naming_what_was_meant(
+    typed: str, meant: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="no protocol") as caught:
+        FsspecToolResultStore(typed)
+    assert repr(meant) in str(caught.value)
+    assert f"'./{typed}'" in str(caught.value)  # and how to say "a local directory" if that was really meant
+    with pytest.raises(ValueError, match="Did you mean"):
+        FsspecToolResultStore.from_dict(
+            {
+                "type": "haystack_integrations.offload.stores.fsspec_store.FsspecToolResultStore",
+                "init_parameters": {"url": typed},
+            }
+        )
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("path", ["./s3:/bucket", "results", "data/s3", "file:{tmp}/results", "{tmp}/s3:/x"])
+def test_local_paths_that_say_so_are_accepted(path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    session = FsspecToolResultStore(path.format(tmp=tmp_path)).for_session("acme", "chat-1")
+    assert session.read(session.write(key="k.txt", content="ok")) == "ok"
+
+
+def test_a_store_on_a_filesystem_object_takes_its_path_as_given() -> None:
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    session = FsspecToolResultStore("s3:/odd-but-explicit", filesystem=MemoryFileSystem()).for_session("a", "b")
+    assert session.read(session.write(key="k.txt", content="ok")) == "ok"
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Retention(ttl=timedelta(days=999_999_999)),
+        lambda: Retention(ttl=timedelta(days=3_000_000)),
+        lambda: Retention(tenants={"acme": timedelta(days=999_999_999)}),
+        lambda: Retention(ttl=timedelta(days=1), clock_skew=timedelta(days=999_999_999)),
+    ],
+)
+def test_times_no_date_can_hold_are_refused_when_given(make: Any) -> None:
+    with pytest.raises(ValueError, match=r"beyond what dates can hold|clock_skew must be"):
+        make()
+
+
+def test_the_clock_skew_allowance_is_configurable_and_never_negative() -> None:
+    assert Retention(ttl=timedelta(days=1)).clock_skew == timedelta(minutes=5)
+    assert Retention(ttl=timedelta(days=1), clock_skew=timedelta(0)).clock_skew == timedelta(0)
+    with pytest.raises(ValueError, match="clock_skew must be between"):
+        Retention(ttl=timedelta(days=1), clock_skew=timedelta(seconds=-1))
+
+
+def test_the_longest_time_to_live_reads_lists_and_purges_without_overflow() -> None:
+    store = FsspecToolResultStore("memory://longest", retention=Retention(ttl=timedelta(days=36_500)))
+    session = store.for_session("acme", "chat-1")
+    reference = session.write(key="k.txt", content="kept")
+    assert session.read(reference) == "kept"
+    assert [record.reference for record in session.list()] == [reference]
+    assert store.purge(expired=True) == 0
+    assert store.purge(older_than=timedelta(days=36_500)) == 0
+
+
+async def test_a_purge_age_no_date_can_hold_is_refused_before_anything_is_listed() -> None:
+    store = FsspecToolResultStore("memory://ages")
+    for age in (timedelta(days=999_999_999), timedelta(days=800_000)):
+        with pytest.raises(ValueError, match=r"older_than .* beyond what dates can hold"):
+            store.purge(older_than=age)
+        with pytest.raises(ValueError, match=r"older_than .* beyond what dates can hold"):
+            await store.purge_async(older_than=age)
+
+
+# Writers' clocks
+
+
+def _written_by(store: FsspecToolResultStore, *, clock_off_by: timedelta, written_ago: timedelta = timedelta(0)) -> str:
+    """A result as a writer whose clock is `clock_off_by` off (negative: slow) stored it `written_ago`."""
+    stamp = datetime.now(UTC) - written_ago + clock_off_by
+    name = new_object_name(key="k.txt", kind="text", tool_name="search", now=stamp)
+    fs = store._handle.io().fs
+    fs.makedirs(store._scope_path(), exist_ok=True)
+    fs.pipe_file(f"{store._scope_path()}/{name}", b"written")
+    return name
+
+
+def _session(backend: tuple[str, dict[str, Any]], retention: Retention) -> FsspecToolResultStore:
+    url, storage_options = backend
+    return FsspecToolResultStore(url, storage_options=storage_options, retention=retention).for_session("acme", "c")
+
+
+HOUR = Retention(ttl=timedelta(hours=1))
+
+
+def test_a_writer_minutes_slow_loses_nothing(backend: tuple[str, dict[str, Any]]) -> None:
+    session = _session(backend, HOUR)
+    # Written 58 minutes ago by a writer 4 minutes slow: its name says 62 minutes.
+    reference = _written_by(session, clock_off_by=-timedelta(minutes=4), written_ago=timedelta(minutes=58))
+    assert session.read(reference) == "written"
+    assert [record.reference for record in session.list()] == [reference]
+    assert session.purge(expired=True) == 0  # purges judge by the same rule as reads
+    assert session.read(reference) == "written"
+
+
+def test_a_writer_hours_slow_writes_results_expired_on_arrival_and_is_told_so(
+    backend: tuple[str, dict[str, Any]],
+) -> None:
+    session = _session(backend, HOUR)
+    reference = _written_by(session, clock_off_by=-timedelta(hours=2))
+    with pytest.raises(ResultExpiredError, match="clock is behind"):
+        session.read(reference)
+    # The allowance is configurable: a deployment that must survive two hours of drift says so.
+    tolerant = _session(backend, Retention(ttl=timedelta(hours=1), clock_skew=timedelta(hours=3)))
+    assert tolerant.read(reference) == "written"
+
+
+def test_a_writer_minutes_fast_is_read_normally(backend: tuple[str, dict[str, Any]]) -> None:
+    session = _session(backend, HOUR)
+    reference = _written_by(session, clock_off_by=timedelta(minutes=20))
+    assert session.read(reference) == "written"
+
+
+def test_a_writer_hours_fast_cannot_keep_its_results_for_ever(backend: tuple[str, dict[str, Any]]) -> None:
+    url, storage_options = backend
+    root = FsspecToolResultStore(url, storage_options=storage_options, retention=HOUR)
+    session = root.for_session("acme", "c")
+    ahead = _written_by(session, clock_off_by=timedelta(hours=2))
+    far_ahead = _written_by(session, clock_off_by=timedelta(days=3650))
+    fine = _written_by(session, clock_off_by=timedelta(0))
+    for reference in (ahead, far_ahead):
+        with pytest.raises(ResultExpiredError, match="ahead of this clock"):
+            session.read(reference)
+    assert [record.reference for record in session.list()] == [fine]
+    assert root.purge(expired=True) == 2
+    assert session.read(fine) == "written"
+
+
+def test_a_tenant_kept_for_ever_keeps_even_odd_clocks_results() -> None:
+    store = FsspecToolResultStore("memory://kept", retention=Retention(ttl=timedelta(hours=1), tenants={"acme": None}))
+    session = store.for_session("acme", "c")
+    reference = _written_by(session, clock_off_by=timedelta(days=3650))
+    assert session.read(reference) == "written"
