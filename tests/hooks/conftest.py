@@ -1,8 +1,11 @@
 """Fixtures of the hook suites."""
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from haystack import tracing
+from tracing_spy import RecordingTracer
 
 from haystack_integrations.offload import FsspecToolResultStore
 from haystack_integrations.offload.local_s3 import LocalS3Server
@@ -20,3 +23,15 @@ def failing_store(request: pytest.FixtureRequest, tmp_path: Path) -> FsspecToolR
         blocker.write_text("")
         root = FsspecToolResultStore(str(blocker / "results"))
     return root.for_session("acme", "chat-1")
+
+
+@pytest.fixture
+def recording_tracer() -> Iterator[RecordingTracer]:
+    """Haystack's tracing, enabled with a tracer that records every span; the previous tracer is put back after."""
+    previous = tracing.tracer.actual_tracer
+    recorder = RecordingTracer()
+    tracing.enable_tracing(recorder)
+    try:
+        yield recorder
+    finally:
+        tracing.enable_tracing(previous)

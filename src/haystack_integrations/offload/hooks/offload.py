@@ -3,7 +3,7 @@
 import asyncio
 import inspect
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, overload
 
 from haystack.components.agents.state.state import State
 from haystack.components.agents.state.state_utils import replace_values
@@ -29,8 +29,10 @@ class OffloadHook:
     Offloads tool results to the run's `ToolResultStore` and leaves Haystack's pointer in the conversation.
 
     The multi-user sibling of Haystack's `ToolResultOffloadHook`, configured the same way (`offload_strategies` with
-    Haystack's `OffloadPolicy` objects, `preview_chars`) and leaving the same pointer text and
-    ``tool_result_offloaded`` meta, so Haystack's compactors recognise its results. What it adds:
+    Haystack's `OffloadPolicy` objects, `preview_chars`; ``OffloadHook(store, offload_strategies)`` in Haystack's
+    argument order works too) and leaving the same pointer text and ``tool_result_offloaded`` meta, so Haystack's
+    compactors recognise its results. Like Haystack's hook it adds no tracing tags of its own: each call is traced by
+    the Agent's ``haystack.agent.hook`` span, as every hook's is. What it adds:
 
     - **Async-native.** In `Agent.run_async` it awaits the store's ``write_async`` (one PUT per block on S3) and writes
       all of a step's results concurrently; Haystack's sync-only hook instead occupies one thread of a small pool per
@@ -80,6 +82,7 @@ class OffloadHook:
 
     allowed_hook_points = ("after_tool", "after_run")
 
+    @overload
     def __init__(
         self,
         offload_strategies: Mapping[str | tuple[str, ...], OffloadPolicy],
@@ -87,9 +90,32 @@ class OffloadHook:
         store: ToolResultStore | None = None,
         preview_chars: int = 200,
         write_behind: bool = False,
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self,
+        store: ToolResultStore | None,
+        offload_strategies: Mapping[str | tuple[str, ...], OffloadPolicy],
+        *,
+        preview_chars: int = 200,
+        write_behind: bool = False,
+    ) -> None: ...
+
+    def __init__(
+        self,
+        *args: Any,
+        store: ToolResultStore | None = None,
+        offload_strategies: Mapping[str | tuple[str, ...], OffloadPolicy] | None = None,
+        preview_chars: int = 200,
+        write_behind: bool = False,
     ) -> None:
         """
         Configure which tools' results are offloaded, and how much of each stays visible.
+
+        Takes this library's order, ``OffloadHook(offload_strategies, store=...)``, and Haystack's
+        `ToolResultOffloadHook` order, ``OffloadHook(store, offload_strategies)``, so switching from Haystack's hook
+        is a change of class name. Keywords work in either case.
 
         :param offload_strategies: Tool name, tuple of tool names, or ``"*"`` mapped to the `OffloadPolicy` deciding
             whether that tool's results are offloaded (`OffloadOverChars`, `AlwaysOffload`, `NeverOffload`, or your
@@ -99,18 +125,19 @@ class OffloadHook:
         :param preview_chars: How many leading characters of each offloaded text the pointer keeps.
         :param write_behind: In async runs, let the run go on while results upload (see the class docs); register
             the hook under both ``after_tool`` and ``after_run``.
-        :raises TypeError: If a strategy key or policy has the wrong type, `store` has no ``write``, or
-            `write_behind` is not a bool.
+        :raises TypeError: If `offload_strategies` is missing or given twice, a strategy key or policy has the wrong
+            type, `store` has no ``write``, or `write_behind` is not a bool.
         :raises ValueError: If `preview_chars` is negative, a key is empty or repeated, or a read-back tool is given
             a policy other than `NeverOffload`.
         """
+        store, strategies = _store_and_strategies(args, store, offload_strategies)
         if isinstance(preview_chars, bool) or not isinstance(preview_chars, int) or preview_chars < 0:
             raise ValueError(f"preview_chars must be a non-negative integer, got {preview_chars!r}.")
         if store is not None and not callable(getattr(store, "write", None)):
             raise TypeError(f"store must be a ToolResultStore (with write), got {type(store).__name__}.")
         if not isinstance(write_behind, bool):
             raise TypeError(f"write_behind must be a bool, got {type(write_behind).__name__}.")
-        self.offload_strategies = validate_strategies(offload_strategies)
+        self.offload_strategies = validate_strategies(strategies)
         self.store = store
         self.preview_chars = preview_chars
         self.write_behind = write_behind
@@ -260,6 +287,43 @@ class OffloadHook:
         keys = ", ".join(repr(key) for key in self.offload_strategies)
         behind = ", write_behind=True" if self.write_behind else ""
         return f"{type(self).__name__}(keys=[{keys}], preview_chars={self.preview_chars}{behind})"
+
+
+def _store_and_strategies(
+    args: tuple[Any, ...],
+    store: ToolResultStore | None,
+    offload_strategies: Mapping[str | tuple[str, ...], OffloadPolicy] | None,
+) -> tuple[ToolResultStore | None, Any]:
+    """Sort the arguments: ``(strategies)`` is our order, ``(store, strategies)`` and ``(store)`` are Haystack's."""
+    if len(args) > 2:
+        raise TypeError(
+            f"OffloadHook takes at most 2 positional arguments (store, offload_strategies), got {len(args)}."
+        )
+    stores: list[Any]
+    strategies: list[Any]
+    if len(args) == 2:
+        if isinstance(args[0], Mapping):
+            raise TypeError(
+                "With two positional arguments OffloadHook takes Haystack's order, (store, offload_strategies); "
+                "pass OffloadHook(offload_strategies, store=store) or OffloadHook(store, offload_strategies)."
+            )
+        stores, strategies = [args[0]], [args[1]]
+    elif args and not isinstance(args[0], Mapping) and callable(getattr(args[0], "write", None)):
+        stores, strategies = [args[0]], []
+    else:
+        # Anything that is not a store is taken for strategies, so their validation says what is wrong with it.
+        stores, strategies = [], list(args)
+    if store is not None:
+        stores.append(store)
+    if offload_strategies is not None:
+        strategies.append(offload_strategies)
+    if len(stores) > 1:
+        raise TypeError("OffloadHook got two stores: one positional and one as store=.")
+    if len(strategies) > 1:
+        raise TypeError("OffloadHook got offload_strategies twice: positional and as a keyword.")
+    if not strategies:
+        raise TypeError("OffloadHook needs offload_strategies: a dict of tool name (or '*') to OffloadPolicy.")
+    return (stores[0] if stores else None), strategies[0]
 
 
 def _fresh_results_start(messages: list[ChatMessage]) -> int:

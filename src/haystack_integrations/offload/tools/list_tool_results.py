@@ -25,6 +25,15 @@ _HAYSTACK_KEY_STEP = re.compile(r"(\d+)_")
 _UNSAFE_KEY_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 
 
+# Sent with every model call: see the note on read_tool_result's DESCRIPTION.
+DESCRIPTION = "List this conversation's offloaded tool results, newest first, with their references."
+
+
+def _parameters() -> dict[str, Any]:
+    # Names and types only: the tool clamps `limit` to `max_limit`, and its first line then says how to see more.
+    return {"type": "object", "properties": {"limit": {"type": "integer"}, "tool_name": {"type": "string"}}}
+
+
 class ListToolResultsArguments(BaseModel):
     """The arguments the model may pass to `list_tool_results`."""
 
@@ -88,23 +97,8 @@ class ListToolResults(ReadBackTool):
         self.max_limit = max_limit
         super().__init__(
             name=LIST_TOOL_RESULTS_NAME,
-            description=(
-                "List the tool results offloaded to storage in this conversation, newest first: each with the "
-                "reference to pass to read_tool_result, the tool that produced it, its size and when it was stored."
-            ),
-            parameters={
-                "type": "object",
-                "properties": {
-                    "limit": {
-                        "type": "integer",
-                        "minimum": 1,
-                        "maximum": max_limit,
-                        "description": f"The most results to list (default {default_limit}).",
-                    },
-                    "tool_name": {"type": "string", "description": "Only list results of this tool."},
-                },
-                "additionalProperties": False,
-            },
+            description=DESCRIPTION,
+            parameters=_parameters(),
             store=store,
             raise_on_error=raise_on_error,
         )

@@ -154,8 +154,8 @@ class ReadToolResult(ReadBackTool):
         )
         super().__init__(
             name=READ_TOOL_RESULT_NAME,
-            description=_description(page_chars),
-            parameters=_parameters(page_chars, max_page_chars, max_matches),
+            description=DESCRIPTION,
+            parameters=_parameters(),
             store=store,
             raise_on_error=raise_on_error,
         )
@@ -222,55 +222,31 @@ def _clean_reference(reference: str) -> str:
     return cleaned
 
 
-def _description(page_chars: int) -> str:
-    return (
-        "Read back a tool result that was offloaded from the conversation to storage. An offloaded result shows up as "
-        "\"Tool result offloaded to ... at '<reference>'\"; pass that reference exactly (list_tool_results lists "
-        f"them). Returns one page of up to {page_chars} characters: a first line in square brackets gives the "
-        "result's size, the offsets this page covers and the offset of the next page; the content follows on the next "
-        "line. Call again with that offset to continue. Offsets are byte positions in the UTF-8 text (for plain ASCII, "
-        "character positions). To find something instead of paging, pass `search` (text, or a regular expression with "
-        "regex=true): you get the matching offsets with a little context. Images are returned as images; other binary "
-        "results are described."
-    )
+# The model reads this schema on every call of every step, so it says only what the tool's own output does not: each
+# page's first line names the next offset ("more follows: call read_tool_result again with offset=..."), a search lists
+# match offsets and says how to read there, and a bad argument gets an error naming it. Parameter names carry the rest.
+# Measured in benchmarks/README.md ("Read-back tools: what their schemas cost per call").
+DESCRIPTION = (
+    "Read an offloaded tool result by the reference in its pointer (\"... at '<reference>'\"). Returns one page; its "
+    "first line says where the next starts. Set search to find text instead."
+)
 
 
-def _parameters(page_chars: int, max_page_chars: int, max_matches: int) -> dict[str, Any]:
+def _parameters() -> dict[str, Any]:
+    # Limits (page size, match count, pattern length) are enforced by the tool, which clamps or explains, so the
+    # schema does not spend tokens repeating them.
     return {
         "type": "object",
         "properties": {
-            "reference": {
-                "type": "string",
-                "description": "The reference of the offloaded result, exactly as shown where it was offloaded.",
-            },
-            "offset": {
-                "type": "integer",
-                "minimum": 0,
-                "description": "Where to start reading or searching: 0, or the offset the previous page's first line "
-                "gave.",
-            },
-            "max_chars": {
-                "type": "integer",
-                "minimum": 1,
-                "maximum": max_page_chars,
-                "description": f"The most characters to return in this page (default {page_chars}).",
-            },
-            "search": {
-                "type": "string",
-                "maxLength": MAX_SEARCH_PATTERN_CHARS,
-                "description": "Search for this text instead of reading a page.",
-            },
-            "regex": {"type": "boolean", "description": "Treat `search` as a regular expression (default false)."},
-            "ignore_case": {"type": "boolean", "description": "Search without regard to case (default false)."},
-            "max_matches": {
-                "type": "integer",
-                "minimum": 1,
-                "maximum": max_matches,
-                "description": f"The most matches to return (default {min(20, max_matches)}).",
-            },
+            "reference": {"type": "string"},
+            "offset": {"type": "integer"},
+            "max_chars": {"type": "integer"},
+            "search": {"type": "string"},
+            "regex": {"type": "boolean"},
+            "ignore_case": {"type": "boolean"},
+            "max_matches": {"type": "integer"},
         },
         "required": ["reference"],
-        "additionalProperties": False,
     }
 
 
