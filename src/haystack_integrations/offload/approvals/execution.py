@@ -15,13 +15,13 @@ from typing import Any
 from haystack.components.agents import Agent
 from haystack.components.agents.state.state import State
 from haystack.components.agents.state.state_utils import replace_values
-from haystack.components.agents.tool_calling import _run_tool_async
 from haystack.dataclasses import ChatMessage, ToolCall
-from haystack.hooks.invocation import _run_hooks_async
 from haystack.hooks.protocol import AFTER_TOOL, BEFORE_TOOL
 from haystack.tools import flatten_tools_or_toolsets
 from haystack.tools.tool import Tool
 
+from haystack_integrations.offload.compat import run_hooks_async as _run_hooks_async
+from haystack_integrations.offload.compat import run_tool_async as _run_tool_async
 from haystack_integrations.offload.hooks.write_behind import settle_run
 
 

@@ -16,15 +16,15 @@ from haystack.core.serialization import (
     generate_qualified_class_name,
 )
 from haystack.dataclasses import ChatMessage
-from haystack.hooks.compaction.hooks import _estimated_context_tokens
 from haystack.hooks.compaction.types import Compactor
-from haystack.hooks.compaction.utils import _last_assistant_index
 from haystack.hooks.tool_result_offloading.types import ToolResultStore
 from haystack.token_counters import ApproximateTokenCounter, TokenCounter
 from haystack.tools import ToolsType
 from haystack.tracing.tracer import tracer
 from haystack.utils.deserialization import deserialize_component_inplace
 
+from haystack_integrations.offload.compat import estimated_context_tokens as _estimated_context_tokens
+from haystack_integrations.offload.compat import last_assistant_index as _last_assistant_index
 from haystack_integrations.offload.hooks.compaction_rounds import OffloadRounds
 from haystack_integrations.offload.hooks.pointers import offload, offload_async
 from haystack_integrations.offload.hooks.store_resolution import run_store

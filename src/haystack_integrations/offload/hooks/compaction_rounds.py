@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from uuid import uuid4
 
 from haystack.dataclasses import ChatMessage
-from haystack.hooks.compaction.utils import _COMPACTION_META_KEY, _agent_step_spans
 from haystack.hooks.tool_result_offloading.types import ToolResultStore
 from haystack.token_counters import TokenCounter
 
+from haystack_integrations.offload.compat import COMPACTION_META_KEY as _COMPACTION_META_KEY
+from haystack_integrations.offload.compat import agent_step_spans as _agent_step_spans
 from haystack_integrations.offload.constants import READ_BACK_TOOL_NAMES
 from haystack_integrations.offload.hooks.pointers import OFFLOADED_META_KEY, OffloadPlan, plan
 

@@ -18,13 +18,11 @@ from typing import Any
 
 from haystack.dataclasses import ChatMessage, FileContent, ImageContent, TextContent, ToolCallResult
 from haystack.hooks.tool_result_offloading.types import ToolResultStore
-from haystack.hooks.tool_result_offloading.utils import (
-    _FALLBACK_EXTENSION,
-    _OFFLOADED_META_KEY,
-    _content_block_payload,
-    _offloadable_content_blocks,
-)
 
+from haystack_integrations.offload.compat import FALLBACK_EXTENSION as _FALLBACK_EXTENSION
+from haystack_integrations.offload.compat import OFFLOADED_META_KEY as _OFFLOADED_META_KEY
+from haystack_integrations.offload.compat import content_block_payload as _content_block_payload
+from haystack_integrations.offload.compat import offloadable_content_blocks as _offloadable_content_blocks
 from haystack_integrations.offload.hooks.writes import write_block, write_block_async
 
 logger = logging.getLogger(__name__)
