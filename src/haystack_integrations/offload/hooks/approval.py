@@ -7,21 +7,23 @@ adds: the channel comes per run, "ask once" is remembered per session in the sto
 run with its requests recorded so that a decision made later, in any worker, can resume it exactly once.
 """
 
+import contextlib
 import hashlib
 import json
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from haystack.components.agents.state.state import State
 from haystack.components.agents.state.state_utils import replace_values
-from haystack.core.serialization import default_from_dict, default_to_dict
+from haystack.core.serialization import default_from_dict, default_to_dict, generate_qualified_class_name
 from haystack.dataclasses import ChatMessage, ToolCall
 from haystack.hooks.human_in_the_loop.types import ConfirmationStrategy
 from haystack.hooks.tool_result_offloading import RESULT_STORE_CONTEXT_KEY
 from haystack.tools.tool import Tool
+from haystack.tracing.tracer import tracer
 
 from haystack_integrations.offload.approvals import learning
 from haystack_integrations.offload.approvals.audit import append_audit, append_audit_async, new_event
@@ -73,6 +75,8 @@ from haystack_integrations.offload.approvals.rules import (
     serialize_rules,
 )
 from haystack_integrations.offload.approvals.validation import approved_arguments, validated_arguments
+
+_STRATEGY_SPAN = "haystack.agent.hook.human_in_the_loop.strategy"
 
 # Keys of the Agent's own bookkeeping in State; everything else is the run's own state, kept with a held step.
 _AGENT_STATE_KEYS = [
@@ -261,11 +265,12 @@ class ApprovalHook:
         channel = step.channel
         for request in step.requests.values():
             step.events.append(_event("approval.requested", request, actor=channel.actor))
-            try:
-                decision = channel.ask(request)
-            except InvalidApprovalEditError as error:
-                self._refuse(step, request, str(error), actor=None)
-                continue
+            with _asking(self._asker(channel, request), request) as traced:
+                try:
+                    decision = traced(channel.ask(request))
+                except InvalidApprovalEditError as error:
+                    self._refuse(step, request, str(error), actor=None)
+                    continue
             self._apply(step, request, decision)
         if step.ledger is not None:
             for key, record in step.memories:
@@ -301,11 +306,12 @@ class ApprovalHook:
         channel = step.channel
         for request in step.requests.values():
             step.events.append(_event("approval.requested", request, actor=channel.actor))
-            try:
-                decision = await channel.ask_async(request)
-            except InvalidApprovalEditError as error:
-                self._refuse(step, request, str(error), actor=None)
-                continue
+            with _asking(self._asker(channel, request), request) as traced:
+                try:
+                    decision = traced(await channel.ask_async(request))
+                except InvalidApprovalEditError as error:
+                    self._refuse(step, request, str(error), actor=None)
+                    continue
             self._apply(step, request, decision)
         if step.ledger is not None:
             for key, record in step.memories:
@@ -410,6 +416,10 @@ class ApprovalHook:
             result_format=self.result_format,
             policies=policies,
         )
+
+    def _asker(self, channel: ApprovalChannel, request: ApprovalRequest) -> object:
+        """What asks about `request`, for tracing: the Haystack strategy itself, or the run's channel."""
+        return self._strategy_for(request.tool_name) if isinstance(channel, StrategyApprovals) else channel
 
     def _strategy_for(self, tool_name: str) -> Any:
         return rule_for(tool_name, self.rules)
@@ -570,8 +580,51 @@ class ApprovalHook:
             step.memories.append(remembered_approval(request, decision.decided_by, now()))
 
 
+@contextlib.contextmanager
+def _asking(asker: object, request: ApprovalRequest) -> Iterator[Callable[[Decision | None], Decision | None]]:
+    """
+    One tracing span per call asked about, named and tagged as Haystack's `ConfirmationHook` tags its strategy runs.
+
+    The call's id and tool are plain tags (its siblings stay apart with content tracing off); the arguments and the
+    answer are content tags, recorded only where content tracing is on.
+    """
+    tags = {
+        "haystack.tool.name": request.tool_name,
+        "haystack.tool.call.id": request.tool_call_id,
+        "haystack.agent.hook.human_in_the_loop.strategy.type": generate_qualified_class_name(type(asker)),
+    }
+    with tracer.trace(_STRATEGY_SPAN, tags=tags, parent_span=tracer.current_span()) as span:
+        span.set_content_tag(
+            f"{_STRATEGY_SPAN}.input",
+            {
+                "tool_name": request.tool_name,
+                "tool_description": request.tool_description,
+                "tool_params": request.arguments,
+                "tool_call_id": request.tool_call_id,
+            },
+        )
+
+        def traced(decision: Decision | None) -> Decision | None:
+            span.set_tag(f"{_STRATEGY_SPAN}.decision", _decision_kind(request, decision))
+            span.set_content_tag(f"{_STRATEGY_SPAN}.output", decision.model_dump() if decision is not None else None)
+            return decision
+
+        yield traced
+
+
+def _decision_kind(request: ApprovalRequest, decision: Decision | None) -> str:
+    # Haystack's three kinds; no answer in time is a rejection, as it is for the model.
+    if decision is None or not decision.approved:
+        return "reject"
+    return "modify" if decision.arguments is not None and decision.arguments != request.arguments else "confirm"
+
+
 def _default_guard(rules: Mapping[RuleKey, Rule]) -> str:
-    canonical = json.dumps(serialize_rules(rules), sort_keys=True, default=str)
+    try:
+        canonical = json.dumps(serialize_rules(rules), sort_keys=True, default=str)
+    except Exception:  # a rule that cannot serialize still guards: name it by its keys and classes
+        described = sorted((repr(key), generate_qualified_class_name(type(rule))) for key, rule in rules.items())
+        canonical = json.dumps(described)
     return "approval-" + hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
