@@ -135,25 +135,37 @@ def test_haystack_wording_is_the_default(ledger: Path) -> None:
     )
 
 
-@pytest.mark.parametrize("channel", ["callback", "strategy"])
-def test_a_call_without_an_id_is_denied_on_every_channel(channel: str, ledger: Path) -> None:
+@pytest.mark.parametrize("channel", ["callback", "durable"])
+def test_a_call_without_an_id_is_denied_on_every_channel(
+    channel: str, store: FsspecToolResultStore, ledger: Path
+) -> None:
     asked: list[Any] = []
 
     def ask(request: Any) -> Decision:
         asked.append(request)
         return Decision.approve()
 
-    if channel == "callback":
-        hook, context = ApprovalHook({"send_invoice": AlwaysAskPolicy()}), {"approval_channel": CallbackApprovals(ask)}
-    else:
-        strategy = BlockingConfirmationStrategy(
-            confirmation_policy=AlwaysAskPolicy(), confirmation_ui=SimpleConsoleUI()
-        )
-        hook, context = ApprovalHook(confirmation_strategies={"send_invoice": strategy}), {}
+    session = store.for_session("acme", "chat-1")
+    chosen = CallbackApprovals(ask) if channel == "callback" else DurableApprovals()
+    context = offload_context(session, approval_channel=chosen)
+    hook = ApprovalHook({"send_invoice": AlwaysAskPolicy()})
     reply = agent_with(hook).run([plan(("send_invoice", {"customer": "a", "amount": 1}, None))], hook_context=context)
-    assert asked == [] and ledger_lines(ledger) == []
+    assert asked == [] and ledger_lines(ledger) == [] and pending_approvals(session) == []
     [(text, error)] = tool_results(reply)
     assert error and "no tool-call id" in text
+
+
+def test_without_a_channel_strategies_decide_calls_without_an_id_as_confirmation_hook_does(
+    typed: list[str], ledger: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    call = ("send_invoice", {"customer": "a", "amount": 1}, None)
+    typed.append("y")
+    theirs = agent_with(ConfirmationHook(confirmation_strategies={"send_invoice": console()})).run([plan(call)])
+    typed.append("y")
+    ours = agent_with(ApprovalHook(confirmation_strategies={"send_invoice": console()})).run([plan(call)])
+    assert tool_results(ours) == tool_results(theirs)
+    assert len(ledger_lines(ledger)) == 2
+    capsys.readouterr()
 
 
 def test_a_plain_policy_without_a_channel_is_a_clear_error() -> None:

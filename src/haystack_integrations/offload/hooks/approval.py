@@ -321,18 +321,30 @@ class ApprovalHook:
 
     # Serialization
 
+    @property
+    def confirmation_strategies(self) -> dict[RuleKey, Rule]:
+        """`ConfirmationHook`'s attribute: the hook's rules, strategies and policies alike, by key."""
+        return dict(self.rules)
+
     def to_dict(self) -> dict[str, Any]:
-        """Serialize the hook and its rules (tuple keys become JSON-array strings, as in Haystack)."""
+        """Serialize the hook: policies under ``rules``, strategies under ``confirmation_strategies`` (as Haystack)."""
+        policies = {key: rule for key, rule in self.rules.items() if not is_strategy(rule)}
+        strategies = {key: rule for key, rule in self.rules.items() if is_strategy(rule)}
         return default_to_dict(
-            self, rules=serialize_rules(self.rules), name=self._name, result_format=self.result_format
+            self,
+            rules=serialize_rules(policies) if policies else None,
+            confirmation_strategies=serialize_rules(strategies) if strategies else None,
+            name=self._name,
+            result_format=self.result_format,
         )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ApprovalHook":
         """Deserialize the hook and its rules."""
         init = data.get("init_parameters", {})
-        if init.get("rules") is not None:
-            init["rules"] = deserialize_rules(init["rules"])
+        for key in ("rules", "confirmation_strategies"):
+            if init.get(key) is not None:
+                init[key] = deserialize_rules(init[key])
         return default_from_dict(cls, data)
 
     # The steps shared by run and run_async; none of them does I/O.
@@ -353,7 +365,8 @@ class ApprovalHook:
             step.events[:0] = answered
             if step.resuming is not None:
                 self._apply_verdicts(step)
-            _deny_unbound(step)
+            if not isinstance(step.channel, StrategyApprovals):
+                _deny_unbound(step)
             if not step.denials and not step.edits:
                 return step
             _rewrite(state, step)
@@ -477,7 +490,7 @@ class ApprovalHook:
         for item in step.screened:
             if not item.ask or item.tool is None or item.rule is None:
                 continue
-            if item.call.id is None:
+            if item.call.id is None and not isinstance(channel, StrategyApprovals):
                 continue  # nothing to bind a decision to: denied in place (_deny_unbound)
             step.requests[item.position] = ApprovalRequest(
                 request_id=request_id(step_id, item.position),
@@ -647,7 +660,10 @@ def _run_state(state: State) -> dict[str, Any] | None:
 
 
 def _deny_unbound(step: _Step) -> None:
-    """A call with no id has nothing to bind a decision to: it is denied, on every channel, never asked or held."""
+    """
+    A call with no id has nothing to bind a decision to: on a channel (in process or durable) it is denied, never asked
+    or held. Strategies asked with no channel (ConfirmationHook's mode) decide such a call on the spot, as Haystack does.
+    """
     for item in step.screened:
         if item.ask and item.call.id is None:
             item.ask = False
