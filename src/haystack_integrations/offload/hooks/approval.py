@@ -661,8 +661,8 @@ def _run_state(state: State) -> dict[str, Any] | None:
 
 def _deny_unbound(step: _Step) -> None:
     """
-    A call with no id has nothing to bind a decision to: on a channel (in process or durable) it is denied, never asked
-    or held. Strategies asked with no channel (ConfirmationHook's mode) decide such a call on the spot, as Haystack does.
+    A call with no id has nothing to bind a decision to: on a channel (in process or durable) it is denied, never
+    asked or held. Strategies asked with no channel (ConfirmationHook's mode) decide it on the spot, as Haystack does.
     """
     for item in step.screened:
         if item.ask and item.call.id is None:
