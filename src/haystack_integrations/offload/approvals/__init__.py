@@ -11,10 +11,11 @@ The flow a server implements (see `ApprovalHook` for the Agent side)::
     audit          await read_audit_async(store)
 
 Everything lives under the session's scope in the store (``.approvals/`` and ``.audit/``), so workers hold no state
-and the store's conditional create is the only coordination between them. One concern per module: `records` (what is
-stored), `rules` (whether to ask), `channels` (how to ask), `validation` and `binding` (whether a decision is
-acceptable, and for which call), `ledger` (where records live), `decisions` (pending and decide), `resume` and
-`execution` (running decided calls once), `outcomes` (what the model sees), `audit` (who did what, when).
+and the store's conditional create is the only coordination between them. One concern per module: `hook` (the
+`ApprovalHook`), `records` (what is stored), `rules` (whether to ask), `learning` (policies that learn, per session),
+`channels` (how to ask), `validation` and `binding` (whether a decision is acceptable, and for which call), `ledger`
+(where records live), `decisions` (pending and decide), `resume`, `resuming` and `execution` (running decided calls
+once, through the Agent's hook chain), `outcomes` (what the model sees), `audit` (who did what, when).
 """
 
 from haystack_integrations.offload.approvals.audit import read_audit, read_audit_async

@@ -1,6 +1,11 @@
-"""When things happen: the offload and compaction hooks, both writing into the store each run brings."""
+"""
+When things happen: the offload and compaction hooks, both writing into the store each run brings.
 
-from haystack_integrations.offload.hooks.approval import ApprovalHook
+`ApprovalHook` lives with the rest of approvals (`haystack_integrations.offload.approvals.hook`) and is importable from
+here too, beside the other hooks.
+"""
+
+from haystack_integrations.offload.approvals.hook import ApprovalHook
 from haystack_integrations.offload.hooks.compaction import OffloadCompactionHook
 from haystack_integrations.offload.hooks.offload import OffloadHook
 
