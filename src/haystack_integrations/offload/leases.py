@@ -4,6 +4,10 @@ Keeping a lease alive while work runs: the one loop both the resume claim and th
 A lease lets other workers take over from a worker that died, once it lapses. A worker that is alive but busy (a long
 tool call, a slow model) must not look dead, so it renews its lease every third of its length for as long as it works.
 A renewal that fails is logged and tried again at the next tick: it shortens the lease, it does not end the work.
+
+The loop is stopped by a flag as well as by cancelling it: on Python 3.11 ``asyncio.wait_for`` (which the retry layer
+wraps every storage call in) can swallow a cancellation that lands just as the call finishes, and a loop stopped by
+cancellation alone then renews the lease forever, keeping its session busy.
 """
 
 import asyncio
@@ -12,6 +16,9 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 logger = logging.getLogger(__name__)
+
+# How long leaving the block waits for a renewal in flight; past that the loop ends on its own after that renewal.
+_STOP_WAIT = 1.0
 
 
 @contextlib.asynccontextmanager
@@ -28,10 +35,14 @@ async def renewing(lease: float, renew: Callable[[], Awaitable[None]], *, what: 
     :param renew: Extends the lease (a write of the holder's own record).
     :param what: What is renewed, for the log.
     """
+    stopped = asyncio.Event()
 
     async def loop() -> None:
-        while True:
-            await asyncio.sleep(lease / 3)
+        while not stopped.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopped.wait(), lease / 3)
+            if stopped.is_set():
+                return
             try:
                 await renew()
             except Exception as error:  # a missed renewal shortens the lease; the next one may land
@@ -41,6 +52,7 @@ async def renewing(lease: float, renew: Callable[[], Awaitable[None]], *, what: 
     try:
         yield
     finally:
+        stopped.set()
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        # Bounded: a renewal stuck in flight must not hold up the work's end; the flag ends the loop after it.
+        await asyncio.wait({task}, timeout=_STOP_WAIT)
