@@ -21,7 +21,6 @@ once, through the Agent's hook chain), `outcomes` (what the model sees), `audit`
 from haystack_integrations.offload.approvals.audit import read_audit, read_audit_async
 from haystack_integrations.offload.approvals.binding import arguments_digest
 from haystack_integrations.offload.approvals.channels import (
-    APPROVAL_CHANNEL_KEY,
     APPROVAL_REQUIRED,
     ApprovalCallback,
     CallbackApprovals,
@@ -60,6 +59,7 @@ from haystack_integrations.offload.approvals.records import (
 )
 from haystack_integrations.offload.approvals.resume import OUTCOMES_KEY, resume, resume_async
 from haystack_integrations.offload.approvals.rules import AskOncePerSession, AskWhen
+from haystack_integrations.offload.context import APPROVAL_CHANNEL_KEY
 
 __all__ = [
     "APPROVAL_CHANNEL_KEY",

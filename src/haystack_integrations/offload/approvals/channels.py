@@ -24,9 +24,7 @@ from haystack.hooks.human_in_the_loop import ConfirmationUIResult, ToolExecution
 
 from haystack_integrations.offload.approvals.errors import InvalidApprovalEditError
 from haystack_integrations.offload.approvals.records import ApprovalRequest, Decision
-
-APPROVAL_CHANNEL_KEY = "approval_channel"
-"""The `hook_context` key of the run's approval channel: ``offload_context(store, approval_channel=...)``."""
+from haystack_integrations.offload.context import APPROVAL_CHANNEL_KEY as APPROVAL_CHANNEL_KEY
 
 APPROVAL_REQUIRED = "approval_required"
 """The run's ``exit_reason`` when `DurableApprovals` stopped it to wait for decisions."""

@@ -21,7 +21,6 @@ from haystack.components.agents.state.state_utils import replace_values
 from haystack.core.serialization import default_from_dict, default_to_dict, generate_qualified_class_name
 from haystack.dataclasses import ChatMessage, ToolCall
 from haystack.hooks.human_in_the_loop.types import ConfirmationStrategy
-from haystack.hooks.tool_result_offloading import RESULT_STORE_CONTEXT_KEY
 from haystack.tools.tool import Tool
 from haystack.tracing.tracer import tracer
 
@@ -60,7 +59,7 @@ from haystack_integrations.offload.approvals.records import (
     RememberApproval,
     RememberedApproval,
 )
-from haystack_integrations.offload.approvals.resuming import RESUMING_KEY, ResumedDecisions, Verdict
+from haystack_integrations.offload.approvals.resuming import ResumedDecisions, Verdict
 from haystack_integrations.offload.approvals.rules import (
     AskOncePerSession,
     Rule,
@@ -75,6 +74,7 @@ from haystack_integrations.offload.approvals.rules import (
     serialize_rules,
 )
 from haystack_integrations.offload.approvals.validation import approved_arguments, validated_arguments
+from haystack_integrations.offload.context import RESULT_STORE_CONTEXT_KEY, RESUMING_KEY, context_store, hook_context_of
 
 _STRATEGY_SPAN = "haystack.agent.hook.human_in_the_loop.strategy"
 # Agents serialized before the hook moved next to the rest of approvals name it here.
@@ -398,7 +398,7 @@ class ApprovalHook:
         screened = [self._screen(position, call, tools, policies) for position, call in enumerate(message.tool_calls)]
         if not any(item.ask for item in screened):
             return None
-        hook_context = state.data.get("hook_context") or {}
+        hook_context = hook_context_of(state)
         resuming = hook_context.get(RESUMING_KEY)
         channel = channel_from(hook_context)
         if channel is None and all(is_strategy(item.rule) for item in screened if item.ask):
@@ -728,8 +728,7 @@ def _event(event: str, request: ApprovalRequest, *, actor: str | None, **detail:
 
 
 def _context_ledger(state: State) -> ApprovalLedger | None:
-    hook_context = state.data.get("hook_context") or {}
-    return _optional_ledger(hook_context.get(RESULT_STORE_CONTEXT_KEY) if isinstance(hook_context, dict) else None)
+    return _optional_ledger(context_store(state))
 
 
 def _optional_ledger(store: object) -> ApprovalLedger | None:

@@ -41,11 +41,10 @@ from typing import Any, TypeVar
 from haystack.components.agents import Agent
 from haystack.components.agents.state.state import State
 from haystack.dataclasses import ChatMessage, ToolCall
-from haystack.hooks.tool_result_offloading import RESULT_STORE_CONTEXT_KEY
 
 from haystack_integrations.offload.approvals.audit import append_audit_async, new_event
 from haystack_integrations.offload.approvals.binding import arguments_digest
-from haystack_integrations.offload.approvals.channels import APPROVAL_CHANNEL_KEY, APPROVAL_REQUIRED, DurableApprovals
+from haystack_integrations.offload.approvals.channels import APPROVAL_REQUIRED, DurableApprovals
 from haystack_integrations.offload.approvals.errors import (
     ApprovalClaimedError,
     ApprovalNotFoundError,
@@ -89,7 +88,8 @@ from haystack_integrations.offload.approvals.records import (
     StepClaim,
     StepDone,
 )
-from haystack_integrations.offload.approvals.resuming import RESUMING_KEY, ResumedDecisions, Verdict, verdict_of
+from haystack_integrations.offload.approvals.resuming import ResumedDecisions, Verdict, verdict_of
+from haystack_integrations.offload.context import RESUMING_KEY, resume_context
 from haystack_integrations.offload.leases import renewing
 
 logger = logging.getLogger(__name__)
@@ -200,7 +200,7 @@ async def resume_async(
         raise ValueError(f"lease must be a positive number of seconds, got {lease}.")
     ledger = ApprovalLedger(store)
     worker = worker or default_worker()
-    context = _resume_context(store, hook_context)
+    context = resume_context(store, hook_context, default_channel=DurableApprovals)
     messages = _without_notice(messages)
     at = now()
     listing = await ledger.listing_async()
@@ -644,18 +644,6 @@ def _check_conversation(messages: Sequence[ChatMessage], step: HeldStep) -> None
                 "The messages already contain the held step's tool calls: pass the conversation the stopped run "
                 "returned (resume adds the held message and its results)."
             )
-
-
-def _resume_context(store: object, hook_context: dict[str, Any] | None) -> dict[str, Any]:
-    if hook_context is None:
-        return {RESULT_STORE_CONTEXT_KEY: store, APPROVAL_CHANNEL_KEY: DurableApprovals()}
-    if not isinstance(hook_context, dict):
-        raise TypeError(f"hook_context must be a dictionary, got {type(hook_context).__name__}.")
-    context = dict(hook_context)
-    given = context.setdefault(RESULT_STORE_CONTEXT_KEY, store)
-    if getattr(given, "scope", None) != getattr(store, "scope", None):
-        raise ValueError("hook_context carries the store of another scope than the one being resumed.")
-    return context
 
 
 def _restored_state(serialized: dict[str, Any] | None) -> dict[str, Any]:

@@ -24,8 +24,8 @@ from haystack_integrations.offload.approvals.records import (
     HeldStep,
 )
 
-RESUMING_KEY = "offload.resuming"
-"""The `hook_context` key under which `resume` puts the `ResumedDecisions` of the step it resumes."""
+# The key is defined with the rest of what a run's hook_context holds; it stays importable from here.
+from haystack_integrations.offload.context import RESUMING_KEY as RESUMING_KEY
 
 
 @dataclass(frozen=True)

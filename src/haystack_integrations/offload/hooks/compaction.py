@@ -25,9 +25,9 @@ from haystack.utils.deserialization import deserialize_component_inplace
 
 from haystack_integrations.offload.compat import estimated_context_tokens as _estimated_context_tokens
 from haystack_integrations.offload.compat import last_assistant_index as _last_assistant_index
+from haystack_integrations.offload.context import run_store
 from haystack_integrations.offload.hooks.compaction_rounds import OffloadRounds
 from haystack_integrations.offload.hooks.pointers import offload, offload_async
-from haystack_integrations.offload.hooks.store_resolution import run_store
 
 logger = logging.getLogger(__name__)
 

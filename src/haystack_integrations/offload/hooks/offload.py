@@ -12,15 +12,15 @@ from haystack.dataclasses import ChatMessage
 from haystack.hooks.tool_result_offloading.types import OffloadPolicy, ToolResultStore
 from haystack.utils.deserialization import deserialize_component_inplace
 
+from haystack_integrations.offload.context import run_store
 from haystack_integrations.offload.hooks.pointers import OffloadPlan, offload, offload_async, plan
-from haystack_integrations.offload.hooks.store_resolution import run_store
 from haystack_integrations.offload.hooks.strategies import (
     deserialize_strategies,
     policy_for,
     serialize_strategies,
     validate_strategies,
 )
-from haystack_integrations.offload.hooks.write_behind import begin_offload, settle_run, track
+from haystack_integrations.offload.hooks.write_behind import offload_behind, settle_run
 from haystack_integrations.offload.hooks.writes import can_write_behind
 
 
@@ -174,29 +174,20 @@ class OffloadHook:
         planned = self._plan(state)
         if planned is not None:
             store, plans = planned
+            pointers: list[ChatMessage | None]
             if self.write_behind and not ending and can_write_behind(store):
-                await self._offload_behind(state, store, plans)
+                pointers = [await offload_behind(state, store, offload_plan) for _, offload_plan in plans]
             elif len(plans) == 1:
                 # No task to create for the common single result.
-                self._apply(state, plans, [await offload_async(store, plans[0][1])])
+                pointers = [await offload_async(store, plans[0][1])]
             else:
                 offloads = (offload_async(store, offload_plan) for _, offload_plan in plans)
-                self._apply(state, plans, list(await asyncio.gather(*offloads)))
+                pointers = list(await asyncio.gather(*offloads))
+            self._apply(state, plans, pointers)
         await settle_run(state, wait=ending)
 
-    async def _offload_behind(self, state: State, store: ToolResultStore, plans: list[tuple[int, OffloadPlan]]) -> None:
-        pointers: list[ChatMessage | None] = []
-        for _, offload_plan in plans:
-            started = await begin_offload(store, offload_plan)
-            if started is None:
-                pointers.append(None)
-                continue
-            pointer, offload = started
-            pointers.append(pointer)
-            track(state, [offload])
-        self._apply(state, plans, pointers)
-
     def _plan(self, state: State) -> tuple[ToolResultStore, list[tuple[int, OffloadPlan]]] | None:
+        # The policy, in one place: which of this step's results go (what of each goes is `plan`'s to say).
         messages: list[ChatMessage] = state.data.get("messages") or []
         start = _fresh_results_start(messages)
         if start == len(messages):

@@ -1,10 +1,18 @@
 """
-What an offloaded result becomes: the blocks to write, and the pointer that replaces the result in the conversation.
+One tool result's way into the store, top to bottom: what of it is written, writing it, and the pointer left behind.
+
+Callers decide *which* results go: `OffloadHook` by its policies, compaction by its rounds. From there a result takes
+one path, all of it in this module:
+
+1. `plan` decides whether the message can be offloaded at all and splits it into blocks with their keys (pure).
+2. `offload` (sync, one block after another), `offload_async` (a result's blocks at once) and `begin_offload` (write
+   behind: the uploads go on after it returns) write those blocks through `writes`, which knows how to call whatever
+   store the run brought. A failed write only costs context: it is logged and the caller keeps the result.
+3. `OffloadPlan.pointer_message` builds the message that replaces the result from the references the store returned.
 
 The pointer text and the ``tool_result_offloaded`` meta key are Haystack's, character for character, so Haystack's
 own hooks and compactors (for example `ToolResultPruningCompactor`, which skips offloaded results) recognise results
-offloaded here. Planning is separate from writing: a hook plans every result of a step first, then writes all their
-blocks at once (`asyncio.gather`) in async runs, or one after another in sync runs.
+offloaded here.
 """
 
 import asyncio
@@ -23,12 +31,16 @@ from haystack_integrations.offload.compat import FALLBACK_EXTENSION as _FALLBACK
 from haystack_integrations.offload.compat import OFFLOADED_META_KEY as _OFFLOADED_META_KEY
 from haystack_integrations.offload.compat import content_block_payload as _content_block_payload
 from haystack_integrations.offload.compat import offloadable_content_blocks as _offloadable_content_blocks
-from haystack_integrations.offload.hooks.writes import write_block, write_block_async
+from haystack_integrations.offload.hooks.writes import begin_block_async, write_block, write_block_async
+from haystack_integrations.offload.stores.pending import PendingWrite
 
 logger = logging.getLogger(__name__)
 
 OFFLOADED_META_KEY = _OFFLOADED_META_KEY
 """Haystack's meta key on an offloaded tool-result message; its value is the list of references written."""
+
+
+# What a plan holds, and the pointer it becomes once written (step 3 lives with the data it renders).
 
 
 @dataclass(frozen=True)
@@ -118,6 +130,9 @@ class OffloadPlan:
         )
 
 
+# Step 1: planning.
+
+
 def plan(
     message: ChatMessage,
     *,
@@ -173,15 +188,7 @@ def _planned_block(block: TextContent | ImageContent | FileContent, key_prefix: 
     return PlannedBlock(key=f"{key_prefix}{extension}", content=data, label=label, filename=filename)
 
 
-def log_failure(offload_plan: OffloadPlan, store: ToolResultStore, error: BaseException) -> None:
-    """Log a failed offload once, with the tool and the store; the caller leaves the result in the conversation."""
-    logger.warning(
-        "Failed to offload the result of tool %r to %s; leaving the result in context. Error: %s",
-        offload_plan.tool_name,
-        type(store).__name__,
-        error,
-        exc_info=error,
-    )
+# Step 2: writing, the same plan three ways; each ends in the plan's pointer, or None if the store failed.
 
 
 def offload(store: ToolResultStore, offload_plan: OffloadPlan) -> ChatMessage | None:
@@ -201,7 +208,7 @@ def offload(store: ToolResultStore, offload_plan: OffloadPlan) -> ChatMessage | 
             for block in offload_plan.blocks
         ]
     except Exception as error:
-        log_failure(offload_plan, store, error)
+        _log_failure(offload_plan, store, error)
         return None
     return offload_plan.pointer_message(references)
 
@@ -234,7 +241,44 @@ async def offload_async(store: ToolResultStore, offload_plan: OffloadPlan) -> Ch
         if isinstance(outcome, BaseException):
             if not isinstance(outcome, Exception):
                 raise outcome  # cancellation and interpreter exits are not storage failures
-            log_failure(offload_plan, store, outcome)
+            _log_failure(offload_plan, store, outcome)
             return None
         references.append(outcome)
     return offload_plan.pointer_message(references)
+
+
+async def begin_offload(
+    store: ToolResultStore, offload_plan: OffloadPlan
+) -> tuple[ChatMessage, tuple[PendingWrite, ...]] | None:
+    """
+    Start writing a planned result's blocks and return its pointer at once, with the writes still in flight.
+
+    The store names each reference before sending anything (``begin_write_async``), so the pointer is final; what
+    becomes of the writes is the caller's to watch (`write_behind`).
+
+    :param store: The run's store; `writes.can_write_behind` must be true for it.
+    :param offload_plan: What to write.
+    :returns: The pointer message and one write per block, in block order; or `None` if the store refused a block
+        before sending it (a quota, say: logged, and the result stays in the conversation).
+    """
+    writes: list[PendingWrite] = []
+    try:
+        for block in offload_plan.blocks:
+            writes.append(
+                await begin_block_async(store, key=block.key, content=block.content, tool_name=offload_plan.tool_name)
+            )
+    except Exception as error:
+        # Blocks already started finish unreferenced, as a failed write-through leaves its earlier blocks.
+        _log_failure(offload_plan, store, error)
+        return None
+    return offload_plan.pointer_message([write.reference for write in writes]), tuple(writes)
+
+
+def _log_failure(offload_plan: OffloadPlan, store: ToolResultStore, error: BaseException) -> None:
+    logger.warning(
+        "Failed to offload the result of tool %r to %s; leaving the result in context. Error: %s",
+        offload_plan.tool_name,
+        type(store).__name__,
+        error,
+        exc_info=error,
+    )

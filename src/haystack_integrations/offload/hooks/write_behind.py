@@ -1,15 +1,17 @@
 """
 Write-behind offloading: the pointer goes into the conversation while the result's bytes are still being stored.
 
-`OffloadHook(write_behind=True)` starts each write with the store's ``begin_write_async`` (which knows the reference
-before anything is sent) and moves on, so the run's next model call and tools overlap the upload instead of waiting for
-it. What that must not cost is a result: every later call of the hook puts back, in place of its pointer, any result
-whose write has failed since, and the call at ``after_run`` waits for every write of the run first. So when a run
-returns, each pointer in its messages names a stored result, and each failed write has left its result in the
-conversation, as a write-through hook would.
+`OffloadHook(write_behind=True)` offloads each result with `offload_behind`: `pointers.begin_offload` starts the
+writes with the store's ``begin_write_async`` (which knows the reference before anything is sent) and returns the
+pointer at once, and the writes are remembered here, so the run's next model call and tools overlap the upload
+instead of waiting for it. What that must not cost is a result: `settle_run`, called by every later call of the hook,
+puts back, in place of its pointer, any result whose write has failed since, and the call at ``after_run`` waits for
+every write of the run first. So when a run returns, each pointer in its messages names a stored result, and each
+failed write has left its result in the conversation, as a write-through hook would.
 
 The writes in flight belong to the run, and hooks are shared by every run of an Agent, so they are kept here, keyed by
-the run's live `State` (weakly: a run that dies takes its table with it).
+the run's live `State` (weakly: a run that dies takes its table with it). Starting the writes and building the pointer
+are `pointers`' work, as for a write-through result; this module only keeps the run's table and settles it.
 """
 
 import logging
@@ -21,8 +23,7 @@ from haystack.components.agents.state.state_utils import replace_values
 from haystack.dataclasses import ChatMessage
 from haystack.hooks.tool_result_offloading.types import ToolResultStore
 
-from haystack_integrations.offload.hooks.pointers import OFFLOADED_META_KEY, OffloadPlan, log_failure
-from haystack_integrations.offload.hooks.writes import begin_block_async
+from haystack_integrations.offload.hooks.pointers import OFFLOADED_META_KEY, OffloadPlan, begin_offload
 from haystack_integrations.offload.stores.pending import PendingWrite, settle
 
 logger = logging.getLogger(__name__)
@@ -54,43 +55,25 @@ class InFlightOffload:
         return next((error for write in self.writes if (error := write.error()) is not None), None)
 
 
-async def begin_offload(
-    store: ToolResultStore, offload_plan: OffloadPlan
-) -> tuple[ChatMessage, InFlightOffload] | None:
-    """
-    Start writing a planned result's blocks and return its pointer at once, with the writes in flight.
-
-    :param store: The run's store; it must support ``begin_write_async``.
-    :param offload_plan: What to write.
-    :returns: The pointer message and the offload to track, or `None` if the store refused a block before sending it
-        (a quota, say: logged, and the result stays in the conversation).
-    """
-    writes: list[PendingWrite] = []
-    try:
-        for block in offload_plan.blocks:
-            writes.append(
-                await begin_block_async(store, key=block.key, content=block.content, tool_name=offload_plan.tool_name)
-            )
-    except Exception as error:
-        # Blocks already started finish unreferenced, as a failed write-through leaves its earlier blocks.
-        log_failure(offload_plan, store, error)
-        return None
-    offload = InFlightOffload(offload_plan, tuple(writes))
-    return offload_plan.pointer_message(offload.references), offload
-
-
 _RUNS: "WeakKeyDictionary[State, list[InFlightOffload]]" = WeakKeyDictionary()
 
 
-def track(state: State, offloads: list[InFlightOffload]) -> None:
+async def offload_behind(state: State, store: ToolResultStore, offload_plan: OffloadPlan) -> ChatMessage | None:
     """
-    Remember `offloads` as this run's writes in flight.
+    Start writing a planned result, remember its writes as the run's, and return its pointer at once.
 
     :param state: The run's live `State`.
-    :param offloads: Results whose pointers are now in the conversation.
+    :param store: The run's store; `writes.can_write_behind` must be true for it.
+    :param offload_plan: What to write.
+    :returns: The pointer message, or `None` if the store refused a block before sending it (logged; the result
+        stays in the conversation).
     """
-    if offloads:
-        _RUNS.setdefault(state, []).extend(offloads)
+    started = await begin_offload(store, offload_plan)
+    if started is None:
+        return None
+    pointer, writes = started
+    _RUNS.setdefault(state, []).append(InFlightOffload(offload_plan, writes))
+    return pointer
 
 
 async def settle_run(state: State, *, wait: bool) -> None:

@@ -1,5 +1,8 @@
 """
-How a hook writes one block to whatever store the run brought, sync or async.
+How one block is written to whatever store the run brought: sync, async, or started for write-behind.
+
+`pointers` writes a planned result's blocks with these and builds the pointer from what they return; the hook only
+asks `can_write_behind` to choose how a step is written.
 
 Haystack's `ToolResultStore` protocol has only ``write(*, key, content)``. Stores of this library add a ``tool_name``
 argument (recorded for `list_tool_results`) and an async twin, ``write_async``, that never blocks the event loop.
