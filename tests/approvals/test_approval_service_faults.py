@@ -8,15 +8,26 @@ import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from approval_scenario import ledger_lines, plan
-from test_approval_composition import STOP_ONCE, Stop, agent_with, approvals, flaky_invoice, ran, slow_invoice
+from test_approval_composition import (
+    STOP_ONCE,
+    Stop,
+    agent_with,
+    approvals,
+    block_wipe,
+    flaky_invoice,
+    ran,
+    slow_invoice,
+)
 
 from haystack_integrations.offload import FsspecToolResultStore, RetryPolicy
+from haystack_integrations.offload.approvals.ledger import ApprovalLedger
 from haystack_integrations.offload.local_s3 import LocalS3Server
-from haystack_integrations.offload.server.errors import ApprovalPendingConflict
-from haystack_integrations.offload.server.history import SessionBusyError
+from haystack_integrations.offload.server.errors import ApprovalPendingConflict, RunFailedError
+from haystack_integrations.offload.server.history import SessionBusyError, SessionHistory
 from haystack_integrations.offload.server.service import ChatService
 from haystack_integrations.offload.testing.faults import Fault, FaultProxy
 
@@ -165,4 +176,73 @@ async def test_what_a_lost_resume_turn_ran_reaches_the_next_turn(store: FsspecTo
     await service.send_message(session, "and now?")
     transcript = await service.transcript(session)
     assert [m.tool_call_result.origin.id for m in transcript.messages if m.tool_call_result] == ["c1"]
+    assert len(ran(ledger)) == 1
+
+
+async def test_a_resume_that_holds_again_keeps_its_answers_when_its_turn_is_lost(
+    store: FsspecToolResultStore, ledger: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = store.for_session("acme", "chat-again")
+    invoice_hook, delete_hook = approvals()
+    service = ChatService(agent_with([invoice_hook, delete_hook, block_wipe]), turn_lease=0.3)
+    calls = plan(
+        ("send_invoice", {"customer": "a", "amount": 1}, "inv-1"),
+        ("send_invoice", {"customer": "b", "amount": 2}, "inv-2"),
+        ("delete_file", {"path": "a.txt"}, "del-1"),
+        ("wipe", {"path": "/"}, "wipe-1"),
+    )
+    inv1, inv2 = (await service.send_message(session, calls.text or "")).pending
+    await service.decide(session, inv1.request_id, approved=True)
+
+    # The resume after the last invoice decision answers inv-2 (denied) and wipe-1 (blocked), then the delete guard
+    # holds the step again; the worker dies before it records what it added.
+    real = ApprovalLedger.finish_step_async
+
+    async def dies(self: ApprovalLedger, *args: Any) -> None:
+        raise RuntimeError("worker killed")
+
+    monkeypatch.setattr(ApprovalLedger, "finish_step_async", dies)
+    with pytest.raises(RunFailedError):
+        await service.decide(session, inv2.request_id, approved=False)
+    monkeypatch.setattr(ApprovalLedger, "finish_step_async", real)
+
+    [delete] = await service.pending(session)
+    await service.decide(session, delete.request_id, approved=True)
+    transcript = await service.transcript(session)
+    answered = {m.tool_call_result.origin.id: m.tool_call_result for m in transcript.messages if m.tool_call_result}
+    assert sorted(answered) == ["del-1", "inv-1", "inv-2", "wipe-1"]
+    assert answered["inv-2"].error and answered["wipe-1"].error and not answered["inv-1"].error
+    assert sorted(ran(ledger)) == [("delete", "a.txt"), ("invoice", "a:1")]
+
+
+async def test_a_lost_final_resume_turn_is_finished_by_resume(
+    store: FsspecToolResultStore, ledger: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = store.for_session("acme", "chat-final")
+    invoice_hook, _ = approvals()
+    service = ChatService(agent_with([invoice_hook]), turn_lease=0.3)
+    held = await service.send_message(session, plan(("send_invoice", {"customer": "f", "amount": 6}, "c1")).text or "")
+    [request] = held.pending
+
+    # The calls ran and the step is done, but the worker dies before the turn's end is written.
+    real = SessionHistory.finish
+
+    async def dies_on_completion(self: SessionHistory, turn: Any, **kwargs: Any) -> Any:
+        if kwargs.get("status") == "completed":
+            raise RuntimeError("worker killed")
+        return await real(self, turn, **kwargs)
+
+    monkeypatch.setattr(SessionHistory, "finish", dies_on_completion)
+    with pytest.raises(RuntimeError, match="worker killed"):
+        await service.decide(session, request.request_id, approved=True)
+    monkeypatch.setattr(SessionHistory, "finish", real)
+    await asyncio.sleep(0.4)
+    assert await service.pending(session) == []
+
+    # Nothing waits for a person, yet the client is not stuck: resume puts the step back and the model answers it.
+    finished = await service.resume(session)
+    assert finished.status == "completed" and finished.reply is not None
+    transcript = await service.transcript(session)
+    assert [m.tool_call_result.origin.id for m in transcript.messages if m.tool_call_result] == ["c1"]
+    assert transcript.status == "completed"
     assert len(ran(ledger)) == 1

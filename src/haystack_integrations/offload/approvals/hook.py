@@ -522,6 +522,8 @@ class ApprovalHook:
         ledger = _durable_ledger(step)
         resuming = step.resuming
         run_state = resuming.state if resuming is not None else _run_state(state)
+        # Held again while resuming: what this resume added so far is kept with the step, so losing its turn is safe.
+        preceding = resuming.preceding(state.data["messages"]) if resuming is not None else []
 
         def build(sequence: int) -> HeldStep:
             step_id = step_id_for(sequence)
@@ -538,6 +540,7 @@ class ApprovalHook:
                 message=step.message.to_dict(),
                 calls=[self._held_call(step, item) for item in step.screened],
                 state=run_state,
+                preceding=preceding,
             )
 
         return build

@@ -216,6 +216,11 @@ class HeldStep(_Record):
     state: dict[str, Any] | None = Field(
         default=None, description="The run's own state values when it stopped (`State.to_dict`), for the resumed run."
     )
+    preceding: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="What the resume that held this step again added before the message (answers to other calls), "
+        "kept here so that losing that resume's turn cannot lose them.",
+    )
     token: str = Field(default_factory=writer_token)
 
     @model_validator(mode="after")

@@ -206,7 +206,8 @@ async def resume_async(
     listing = await ledger.listing_async()
     step = await ledger.step_async(_open_sequence(listing))
     attempt = await _next_attempt(ledger, listing, step, at)
-    decisions = await _decisions(ledger, listing, step, at)
+    messages = _with_preceding(messages, step)
+    decisions = await _decisions(ledger, listing, step, at, before=len(messages))
     _check_conversation(messages, step)
     claim = StepClaim(
         step_id=step.step_id,
@@ -257,7 +258,7 @@ async def resume_async(
         return _stopped(agent, state, conversation, exit_tool, outcomes)
     continuing = {**run_kwargs, **_state_values(agent, state)}
     try:
-        result = await _continuing(agent).run_async(messages=conversation, hook_context=context, **continuing)
+        result = await continuing_agent(agent).run_async(messages=conversation, hook_context=context, **continuing)
     except Exception as error:
         raise _interrupted(error, conversation, outcomes) from error
     result[OUTCOMES_KEY] = outcomes
@@ -295,7 +296,7 @@ class _Resumed:
         plan = [self._plan(self.listing, position, call) for position, call in enumerate(message.tool_calls)]
         uncertain = [item for item in plan if item.uncertain]
         if uncertain:
-            self.held = await self._hold_may_have_run(message, plan)
+            self.held = await self._hold_may_have_run(message, plan, self.decisions.preceding(state.data["messages"]))
             return
         for item in plan:
             self.results.append(await self._one(agent, state, item))
@@ -375,7 +376,9 @@ class _Resumed:
         )
         return result
 
-    async def _hold_may_have_run(self, message: ChatMessage, plan: "list[_Call]") -> HeldStep:
+    async def _hold_may_have_run(
+        self, message: ChatMessage, plan: "list[_Call]", preceding: list[dict[str, Any]]
+    ) -> HeldStep:
         created = now()
         expires = created + timedelta(seconds=MAY_HAVE_RUN_TTL)
 
@@ -429,6 +432,7 @@ class _Resumed:
                 message=message.to_dict(),
                 calls=calls,
                 state=self.decisions.state,
+                preceding=preceding,
             )
 
         held = await self.ledger.hold_async(build, after=self.step.sequence)
@@ -587,13 +591,13 @@ async def _next_attempt(ledger: ApprovalLedger, listing: ApprovalListing, step: 
 
 
 async def _decisions(
-    ledger: ApprovalLedger, listing: ApprovalListing, step: HeldStep, at: datetime
+    ledger: ApprovalLedger, listing: ApprovalListing, step: HeldStep, at: datetime, *, before: int
 ) -> ResumedDecisions:
     """The verdicts of this step and of the steps it continues (later steps' verdicts win); raise if some wait."""
     chain = [step]
     while chain[-1].continues is not None:
         chain.append(await ledger.step_async(sequence_of(str(chain[-1].continues))))
-    decisions = ResumedDecisions(step=step, first_step_id=chain[-1].step_id, state=chain[-1].state)
+    decisions = ResumedDecisions(step=step, first_step_id=chain[-1].step_id, state=chain[-1].state, before=before)
     waiting = []
     for held in reversed(chain):
         requests = held.requests()
@@ -634,6 +638,19 @@ def _result_format(agent: Agent) -> ResultFormat:
         if found in RESULT_FORMATS:
             return found  # type: ignore[no-any-return]
     return "haystack"
+
+
+def _with_preceding(messages: list[ChatMessage], step: HeldStep) -> list[ChatMessage]:
+    """
+    The conversation with what the resume that held `step` again added before it, if the turn that recorded those
+    messages was lost (the worker died, or the turn's end could not be written): answers to other calls are kept.
+    """
+    preceding = [ChatMessage.from_dict(message) for message in step.preceding]
+    answers = {message.tool_call_result.origin.id for message in preceding if message.tool_call_result is not None}
+    seen = {message.tool_call_result.origin.id for message in messages if message.tool_call_result is not None}
+    if not preceding or answers & seen:
+        return messages
+    return [*messages, *preceding]
 
 
 def _check_conversation(messages: Sequence[ChatMessage], step: HeldStep) -> None:
@@ -694,7 +711,7 @@ def _interrupted(error: Exception, conversation: list[ChatMessage], outcomes: li
     )
 
 
-def _continuing(agent: Agent) -> Agent:
+def continuing_agent(agent: Agent) -> Agent:
     """
     The Agent that continues the conversation: the same one, minus its prompts.
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from haystack.dataclasses import ToolCall
+from haystack.dataclasses import ChatMessage, ToolCall
 
 from haystack_integrations.offload.approvals.binding import arguments_digest, binding_problem
 from haystack_integrations.offload.approvals.outcomes import denied_by_person, expired
@@ -57,12 +57,19 @@ class ResumedDecisions:
     :param first_step_id: The step that first held its message (calls keep their claim keys from it).
     :param verdicts: ``(guard, tool call id) -> Verdict``.
     :param state: The run's state values recorded when the first step held.
+    :param before: How many messages of the resumed conversation come before the held message.
     """
 
     step: HeldStep
     first_step_id: str
     verdicts: dict[tuple[str, str], Verdict] = field(default_factory=dict)
     state: dict[str, Any] | None = None
+    before: int = 0
+    """How many messages of the resumed conversation come before the held message."""
+
+    def preceding(self, messages: list[ChatMessage]) -> list[dict[str, Any]]:
+        """What this resume added before the pending message, to keep with a step that holds it again."""
+        return [message.to_dict() for message in messages[self.before : -1]]
 
     def verdict(self, guard: str, call: ToolCall) -> Verdict | None:
         """

@@ -47,7 +47,12 @@ from haystack_integrations.offload.approvals import (
     resume_async,
 )
 from haystack_integrations.offload.approvals.decisions import newest_done_async, open_step_async
-from haystack_integrations.offload.approvals.resume import DEFAULT_RESUME_LEASE, OUTCOMES_KEY, default_worker
+from haystack_integrations.offload.approvals.resume import (
+    DEFAULT_RESUME_LEASE,
+    OUTCOMES_KEY,
+    continuing_agent,
+    default_worker,
+)
 from haystack_integrations.offload.context import offload_context
 from haystack_integrations.offload.errors import InvalidReferenceError, ResultNotFoundError
 from haystack_integrations.offload.hooks.pointers import OFFLOADED_META_KEY
@@ -237,7 +242,7 @@ class ChatService:
         # worker killed, its end never written) leaves the step open, and it must stay resumable.
         step = await open_step_async(store)
         if step is None:
-            raise NothingToResumeError("Nothing waits for approval in this session.")
+            return await self._finish_lost_step(store, actor)
         if step.waiting:
             raise ApprovalPendingConflict(
                 f"{len(step.waiting)} approval request(s) still wait for a decision.", step.waiting
@@ -459,6 +464,27 @@ class ChatService:
                 "expired) first.",
                 step.waiting,
             )
+
+    async def _finish_lost_step(self, store: FsspecToolResultStore, actor: str | None) -> TurnOutcome:
+        """
+        Continue a conversation whose last resumed step ran but whose turn was lost (its worker died, or its end could
+        not be written): the step's recorded messages go back into the conversation and the model answers them.
+        """
+        history = self._history(store)
+        state = await history.read()
+        if _settled(state) or await self._with_lost_steps(store, state, list(state.conversation)) == state.conversation:
+            raise NothingToResumeError("Nothing waits for approval in this session.")
+        turn = await history.begin(state, kind="resume", actor=actor)
+        conversation = await self._with_lost_steps(store, state, list(turn.conversation))
+        try:
+            async with history.renewing(turn):
+                reply = await continuing_agent(self.agent).run_async(
+                    messages=conversation, hook_context=self._context(store, actor)
+                )
+        except Exception as error:
+            await self._fail(history, turn, error, messages=conversation)
+            raise RunFailedError(f"The agent failed to continue: {type(error).__name__}.") from error
+        return await self._finish(history, turn, store, reply, before=turn.conversation)
 
     async def _resumed_elsewhere(self, store: FsspecToolResultStore) -> bool:
         step = await open_step_async(store)
