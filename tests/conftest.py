@@ -2,7 +2,9 @@
 Shared fixtures: one local S3 server per session, a backend per test, and resets of fsspec's global state.
 
 The behaviour suite asks for ``store`` (or ``backend``) and runs once per backend: ``memory``, ``local`` and
-``s3`` (moto's S3 server over real HTTP on loopback, marked ``s3``; deselect with ``-m "not s3"``).
+``s3`` (moto's S3 server over real HTTP on loopback, marked ``s3``; deselect with ``-m "not s3"``). Modules marked
+``engines`` run on ``s3-obstore`` too: the same server through the obstore engine. Only those: other suites build
+their stores from ``url, storage_options = backend`` alone, which would quietly use s3fs under that id.
 """
 
 import sys
@@ -20,10 +22,44 @@ if TYPE_CHECKING:
 
 
 class Backend(NamedTuple):
-    """Where a test's store lives: unpack as ``url, storage_options = backend``."""
+    """Where a test's store lives: unpack as ``url, storage_options = backend``, and pass ``**backend.store_kwargs``."""
 
     url: str
     storage_options: dict[str, Any]
+    # A class attribute, not a field: two-name unpacking keeps working everywhere.
+    engine = "fsspec"
+
+    @property
+    def store_kwargs(self) -> dict[str, Any]:
+        """The store's engine argument; none for the default engine."""
+        return {} if self.engine == "fsspec" else {"engine": self.engine}
+
+
+class ObstoreBackend(Backend):
+    """An S3 backend served by the obstore engine."""
+
+    engine = "obstore"
+
+
+BACKENDS = ["memory", "local", pytest.param("s3", marks=pytest.mark.s3)]
+ENGINES = [pytest.param("s3-obstore", marks=pytest.mark.s3)]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "engines: the module's backend tests also run on every S3 engine (s3-obstore)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Give tests of modules marked ``engines`` the S3 engines as further backends (as a parametrize mark, so the
+    fixture's own params step aside, as for any test that parametrizes ``backend`` itself)."""
+    if "backend" not in metafunc.fixturenames or metafunc.definition.get_closest_marker("engines") is None:
+        return
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        names = mark.args[0] if mark.args else mark.kwargs.get("argnames", "")
+        if "backend" in (names.replace(" ", "").split(",") if isinstance(names, str) else names):
+            return
+    metafunc.definition.add_marker(pytest.mark.parametrize("backend", BACKENDS + ENGINES, indirect=True))
 
 
 def _cached_s3_filesystems() -> list[Any]:
@@ -74,7 +110,7 @@ def _reset_fsspec_globals() -> None:
         fs.invalidate_cache()
 
 
-@pytest.fixture(params=["memory", "local", pytest.param("s3", marks=pytest.mark.s3)])
+@pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     """A fresh, unique, empty root for one test, on each backend in turn."""
     if request.param == "memory":
@@ -83,7 +119,8 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
         return Backend(str(tmp_path / "results"), {})
     # Only S3 runs start the server.
     server: LocalS3Server = request.getfixturevalue("s3_server")
-    return Backend(f"{server.bucket_url}/{uuid.uuid4().hex}", server.storage_options())
+    kind = ObstoreBackend if request.param == "s3-obstore" else Backend
+    return kind(f"{server.bucket_url}/{uuid.uuid4().hex}", server.storage_options())
 
 
 @pytest.fixture
@@ -92,4 +129,4 @@ def store(backend: Backend) -> "FsspecToolResultStore":
     from haystack_integrations.offload import FsspecToolResultStore
 
     url, storage_options = backend
-    return FsspecToolResultStore(url, storage_options=storage_options)
+    return FsspecToolResultStore(url, storage_options=storage_options, **backend.store_kwargs)

@@ -17,6 +17,8 @@ from haystack_integrations.offload.stores.pending import PendingWrite
 from haystack_integrations.offload.stores.quotas import Quota
 from haystack_integrations.offload.testing.latency_proxy import LatencyProxy
 
+pytestmark = pytest.mark.engines  # also on the obstore engine (tests/conftest.py)
+
 SLOW = 0.4
 
 

@@ -3,6 +3,7 @@
 import asyncio
 import hashlib
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -12,6 +13,8 @@ from haystack_integrations.offload import (
     ResultNotFoundError,
     StoredResult,
 )
+
+pytestmark = pytest.mark.engines  # also on the obstore engine (tests/conftest.py)
 
 TEXTS = [
     "plain ascii",
@@ -264,8 +267,9 @@ async def test_concurrent_async_writes_across_sessions(store: FsspecToolResultSt
     assert len(await store.list_async()) == 60
 
 
-async def test_async_methods_on_a_fresh_store_do_not_need_warm_up(store: FsspecToolResultStore) -> None:
-    fresh = FsspecToolResultStore(store.url, storage_options=store.storage_options).for_session("a", "b")
+async def test_async_methods_on_a_fresh_store_do_not_need_warm_up(store: FsspecToolResultStore, backend: Any) -> None:
+    fresh = FsspecToolResultStore(store.url, storage_options=store.storage_options, **backend.store_kwargs)
+    fresh = fresh.for_session("a", "b")
     reference = await fresh.write_async(key="x.txt", content="cold start")
     assert await fresh.read_async(reference) == "cold start"
 

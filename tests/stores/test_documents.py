@@ -1,6 +1,7 @@
 """Documents beside the results (approvals, claims, audit): plain and conditional writes on every backend."""
 
 import asyncio
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -11,6 +12,8 @@ from haystack_integrations.offload import (
     InvalidReferenceError,
     ResultNotFoundError,
 )
+
+pytestmark = pytest.mark.engines  # also on the obstore engine (tests/conftest.py)
 
 
 def test_put_get_list_delete(store: FsspecToolResultStore) -> None:
@@ -101,8 +104,11 @@ def test_bad_namespaces_are_refused(store: FsspecToolResultStore, namespace: str
 
 
 @pytest.mark.s3
-def test_s3_create_is_one_conditional_put_and_a_lost_race_one_read_back(s3_server, s3_requests) -> None:  # type: ignore[no-untyped-def]
-    store = FsspecToolResultStore(s3_server.bucket_url + "/documents", storage_options=s3_server.storage_options())
+@pytest.mark.parametrize("engine", [{}, {"engine": "obstore"}], ids=["fsspec", "obstore"])
+def test_s3_create_is_one_conditional_put_and_a_lost_race_one_read_back(s3_server, s3_requests, engine) -> None:  # type: ignore[no-untyped-def]
+    store = FsspecToolResultStore(
+        f"{s3_server.bucket_url}/documents-{uuid.uuid4().hex}", storage_options=s3_server.storage_options(), **engine
+    )
     docs = store.for_session("acme", "chat-1").documents("claims")
     store.warm_up()
     s3_requests.clear()

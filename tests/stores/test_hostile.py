@@ -13,6 +13,8 @@ from haystack_integrations.offload import (
     ResultNotFoundError,
 )
 
+pytestmark = pytest.mark.engines  # also on the obstore engine (tests/conftest.py)
+
 A_NAME = "20261129T213400123456Z-5f3a9c1e.t.search.1_search_call.txt"
 
 # Each is refused by a session store before any storage request is made.

@@ -1,5 +1,7 @@
 """Request counts on S3, measured from the HTTP traffic moto's server received (not from client-side mocks)."""
 
+import uuid
+
 import pytest
 
 from haystack_integrations.offload import FsspecToolResultStore, InvalidReferenceError
@@ -8,10 +10,11 @@ from haystack_integrations.offload.local_s3 import LocalS3Server, RequestLog
 pytestmark = pytest.mark.s3
 
 
-@pytest.fixture
+@pytest.fixture(params=[{}, {"engine": "obstore"}], ids=["fsspec", "obstore"])
 def s3_session(s3_server: LocalS3Server, request: pytest.FixtureRequest) -> FsspecToolResultStore:
+    """A session store on each S3 engine: the requests each operation makes must be the same."""
     store = FsspecToolResultStore(
-        f"{s3_server.bucket_url}/{request.node.name[:40]}", storage_options=s3_server.storage_options()
+        f"{s3_server.bucket_url}/{uuid.uuid4().hex}", storage_options=s3_server.storage_options(), **request.param
     )
     store.warm_up()
     return store.for_session("acme", "chat-1")
@@ -74,6 +77,20 @@ async def test_a_page_is_one_ranged_get_moving_about_the_page_size(
     s3_requests.clear()
     assert s3_session.read_range(reference, 0, 100) == b"p" * 100
     assert [(r.method, r.range, r.bytes_sent) for r in s3_requests] == [("GET", "bytes=0-99", 100)]
+
+
+async def test_a_page_with_the_total_size_is_one_ranged_get_and_no_head(
+    s3_session: FsspecToolResultStore, s3_requests: RequestLog
+) -> None:
+    reference = await s3_session.write_async(key="big.txt", content=b"q" * 50_000)
+    s3_requests.clear()
+    assert s3_session.read_range_and_size(reference, 10_000, 20_000) == (b"q" * 10_000, 50_000)
+    assert await s3_session.read_range_and_size_async(reference, 45_000, 55_000) == (b"q" * 5_000, 50_000)
+    assert [(r.method, r.range) for r in s3_requests] == [("GET", "bytes=10000-19999"), ("GET", "bytes=45000-54999")]
+    # Past the end S3 answers 416, and the size costs a HEAD: the documented exception.
+    s3_requests.clear()
+    assert await s3_session.read_range_and_size_async(reference, 60_000, 70_000) == (b"", 50_000)
+    assert [(r.method, r.status) for r in s3_requests] == [("GET", 416), ("HEAD", 200)]
 
 
 def test_info_is_one_head_and_list_only_lists(s3_session: FsspecToolResultStore, s3_requests: RequestLog) -> None:

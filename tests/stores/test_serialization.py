@@ -10,22 +10,23 @@ from haystack.utils import Secret
 from haystack_integrations.offload import FsspecToolResultStore
 from haystack_integrations.offload.local_s3 import LocalS3Server
 
+pytestmark = pytest.mark.engines  # also on the obstore engine (tests/conftest.py)
 
-def test_round_trip_keeps_url_options_and_scope(
-    backend: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
-) -> None:
+
+def test_round_trip_keeps_url_options_and_scope(backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     url, storage_options = backend
     options = dict(storage_options)
     for name in ("key", "secret"):
         if name in options:  # S3: move the credentials into the environment, as a deployment would
             monkeypatch.setenv(f"OFFLOAD_TEST_{name.upper()}", options[name])
             options[name] = Secret.from_env_var(f"OFFLOAD_TEST_{name.upper()}")
-    store = FsspecToolResultStore(url, storage_options=options)
+    store = FsspecToolResultStore(url, storage_options=options, **backend.store_kwargs)
     session = store.for_session("acme", "chat-1")
     reference = session.write(key="k.txt", content="survives serialization")
-    data = json.loads(json.dumps(session.to_dict()))
-    restored = FsspecToolResultStore.from_dict(data)
+    serialized = json.dumps(session.to_dict())
+    restored = FsspecToolResultStore.from_dict(json.loads(serialized))
     assert restored.scope == ("acme", "chat-1")
+    assert json.loads(json.dumps(restored.to_dict())) == json.loads(serialized)  # the engine included
     assert restored.read(reference) == "survives serialization"
     assert FsspecToolResultStore.from_dict(store.to_dict()).scope == ()
 

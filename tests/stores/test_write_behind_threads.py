@@ -24,6 +24,8 @@ from haystack_integrations.offload.stores.io import StorageIO
 from haystack_integrations.offload.stores.pending import settle
 from haystack_integrations.offload.testing.latency_proxy import LatencyProxy, ProxiedRequest
 
+pytestmark = pytest.mark.engines  # also on the obstore engine (tests/conftest.py)
+
 # How long a caller must keep blocking while the gate is shut to count as waiting (the old code returned at once).
 STILL_WAITING = 0.3
 # A bound on anything that should finish, so a broken wait fails the test instead of hanging it.
@@ -51,7 +53,7 @@ class _HeldPuts(LatencyProxy):
 
 @pytest.fixture
 def held(
-    backend: tuple[str, dict[str, Any]], request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+    backend: Any, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[FsspecToolResultStore, threading.Event]]:
     """A root store whose uploads cannot finish until the returned gate is set (it is set at the end in any case)."""
     url, storage_options = backend
@@ -61,7 +63,7 @@ def held(
             server: LocalS3Server = request.getfixturevalue("s3_server")
             with _HeldPuts(server.endpoint_url, gate) as proxy:
                 options = {**storage_options, "endpoint_url": proxy.endpoint_url}
-                root = FsspecToolResultStore(url, storage_options=options)
+                root = FsspecToolResultStore(url, storage_options=options, **backend.store_kwargs)
                 root.warm_up()  # so a sync call that does not wait is over long before STILL_WAITING
                 yield root, gate
                 gate.set()

@@ -49,6 +49,9 @@ from haystack_integrations.offload.stores.translate import storage_errors
 DEFAULT_S3_MAX_POOL_CONNECTIONS = 128
 
 _EXTRAS_BY_PROTOCOL = {"s3": "s3", "s3a": "s3"}
+# What moves the bytes: "fsspec" (the URL's fsspec backend: s3fs, local disk, memory, ...) or, for s3:// only,
+# "obstore" (Rust object_store: the same requests for a fraction of the client CPU; see stores/obstore_io.py).
+ENGINES = ("fsspec", "obstore")
 DEFAULT_RETRY = RetryPolicy()
 
 
@@ -89,6 +92,10 @@ class FsspecToolResultStore(ToolResultStore):
     creates directories on S3. Local writes are atomic (temporary file, then rename). Every method has an async twin
     that never blocks the event loop.
 
+    Engine: on a busy multi-user server the S3 client's own CPU adds up; ``engine="obstore"`` (``pip install
+    "offload-haystack[fast]"``) does S3 through Rust's object_store with the same requests and semantics, for about a
+    third of s3fs's client CPU per request. The default, ``engine="fsspec"``, is the URL's fsspec backend (s3fs).
+
     Operations: transient failures (5xx, SlowDown, resets, timeouts) are retried under `retry` (`RetryPolicy`; counts
     in `retry_stats`); `quota` (`Quota`) refuses writes that would pass a session's or tenant's limits before sending
     anything; `retention` (`Retention`) makes results expire (refused by `read`, removed by ``purge(expired=True)``).
@@ -108,6 +115,7 @@ class FsspecToolResultStore(ToolResultStore):
         quota: Quota | None = None,
         retention: Retention | None = None,
         retry: RetryPolicy | None = DEFAULT_RETRY,
+        engine: str = "fsspec",
     ) -> None:
         """
         Create a store rooted at `url`. No network I/O happens here; the client is created on first use or `warm_up`.
@@ -128,25 +136,35 @@ class FsspecToolResultStore(ToolResultStore):
         :param retry: How transient storage failures are retried (see `RetryPolicy`). On S3 it replaces botocore's and
             s3fs's own retries for the client this store creates (unless `storage_options` sets botocore's
             ``retries``); None leaves retrying entirely to the backend's defaults.
+        :param engine: ``"fsspec"`` (the default): the URL's fsspec backend (s3fs for ``s3://``). ``"obstore"``, for
+            ``s3://`` URLs only: the same requests through Rust's object_store, far less CPU per request; it takes the
+            same `storage_options` (those it cannot honour, such as ``profile``, are refused) and the environment, and
+            each attempt of the `retry` policy is bounded by the client's request timeout (``attempt_timeout``).
         :raises ValueError: If the URL has no path (e.g. ``s3://``), is a local path that can only be a mistyped URL
-            (``s3:/bucket``, ``s3//bucket``, ``s3:bucket``: the message names the URL meant), or `session` is given
-            without `tenant`.
+            (``s3:/bucket``, ``s3//bucket``, ``s3:bucket``: the message names the URL meant), `session` is given
+            without `tenant`, or `engine` cannot serve the store (unknown; ``"obstore"`` for another protocol, a
+            filesystem object, or storage options it cannot honour).
         :raises InvalidScopeIdError: If `tenant` or `session` is not a safe single path segment.
-        :raises ImportError: If the backend for the URL's protocol is not installed.
+        :raises ImportError: If the backend for the URL's protocol (or obstore, for ``engine="obstore"``) is not
+            installed.
         """
+        _check_engine(engine, url, storage_options, filesystem)
         protocol, _ = split_protocol(url)
         if protocol is None and filesystem is None:
             check_local_path(url)  # "s3:/bucket" would otherwise be a local folder named "s3:"
         protocol = protocol or "file"
         if filesystem is not None:
             protocol = filesystem.protocol if isinstance(filesystem.protocol, str) else filesystem.protocol[0]
+        filesystem_class: type[AbstractFileSystem] | None
         try:
             filesystem_class = type(filesystem) if filesystem is not None else fsspec.get_filesystem_class(protocol)
         except ImportError as error:
-            extra = _EXTRAS_BY_PROTOCOL.get(protocol)
-            hint = f' Install it with: pip install "offload-haystack[{extra}]"' if extra else ""
-            raise ImportError(f"The backend for '{protocol}://' URLs is not installed.{hint}") from error
-        root_path = str(filesystem_class._strip_protocol(url)).rstrip("/")
+            if engine != "obstore":  # which needs no s3fs
+                extra = _EXTRAS_BY_PROTOCOL.get(protocol)
+                hint = f' Install it with: pip install "offload-haystack[{extra}]"' if extra else ""
+                raise ImportError(f"The backend for '{protocol}://' URLs is not installed.{hint}") from error
+            filesystem_class = None
+        root_path = _strip_protocol(engine, filesystem_class, url)
         if not root_path:
             raise ValueError(f"The store URL {url!r} has no path: give a bucket or a directory, e.g. 's3://bucket'.")
 
@@ -155,8 +173,9 @@ class FsspecToolResultStore(ToolResultStore):
         self.quota = quota
         self.retention = retention
         self.retry = retry
+        self.engine = engine
         self._filesystem = filesystem
-        self._handle = _FilesystemHandle(protocol, root_path, self.storage_options, filesystem, retry)
+        self._handle = _FilesystemHandle(protocol, root_path, self.storage_options, filesystem, retry, engine)
         self._scope: tuple[str, ...] = ()
         if session is not None and tenant is None:
             raise ValueError("A session scope needs a tenant: pass tenant= as well.")
@@ -815,6 +834,7 @@ class FsspecToolResultStore(ToolResultStore):
             quota=self.quota.model_dump(mode="json") if self.quota is not None else None,
             retention=self.retention.model_dump(mode="json") if self.retention is not None else None,
             retry=self.retry.model_dump(mode="json") if self.retry is not None else None,
+            engine=self.engine,
         )
 
     @classmethod
@@ -853,8 +873,10 @@ class _FilesystemHandle:
         storage_options: dict[str, Any],
         filesystem: AbstractFileSystem | None,
         retry: RetryPolicy | None,
+        engine: str = "fsspec",
     ) -> None:
         self._protocol = protocol
+        self._engine = engine
         self._root_path = root_path
         self._storage_options = storage_options
         self._filesystem = filesystem
@@ -874,7 +896,10 @@ class _FilesystemHandle:
             io: StorageIO | None = None
             if fs is None:
                 options = resolve_secrets(self._storage_options)
-                if self._protocol in {"s3", "s3a"}:
+                if self._engine == "obstore":
+                    io = _obstore_io(options, self._retry)
+                    fs = io.fs
+                elif self._protocol in {"s3", "s3a"}:
                     config = dict(options.get("config_kwargs") or {})
                     config.setdefault("max_pool_connections", DEFAULT_S3_MAX_POOL_CONNECTIONS)
                     options["config_kwargs"] = config
@@ -931,6 +956,43 @@ class _FilesystemHandle:
         if self._resolved_root is None:  # pragma: no cover - as in io()
             raise RuntimeError("filesystem handle was not created")
         return self._resolved_root
+
+
+def _check_engine(
+    engine: str, url: str, storage_options: Mapping[str, Any] | None, filesystem: AbstractFileSystem | None
+) -> None:
+    """Refuse an engine that cannot serve the store, before anything is built (no I/O)."""
+    if engine not in ENGINES:
+        raise ValueError(f"Unknown engine {engine!r}: use one of {', '.join(map(repr, ENGINES))}.")
+    if engine != "obstore":
+        return
+    if filesystem is not None or split_protocol(url)[0] not in {"s3", "s3a"}:
+        raise ValueError('engine="obstore" serves s3:// URLs only (not a filesystem object); use engine="fsspec".')
+    from haystack_integrations.offload.stores.obstore_io import unsupported_options  # ImportError names the extra
+
+    unsupported = unsupported_options(storage_options or {})
+    if unsupported:
+        raise ValueError(
+            f"Storage option(s) {', '.join(unsupported)} not supported by the obstore engine: leave them out (the "
+            'environment is read as s3fs reads it, AWS profiles aside), or use engine="fsspec".'
+        )
+
+
+def _strip_protocol(engine: str, filesystem_class: type[AbstractFileSystem] | None, url: str) -> str:
+    if filesystem_class is None:  # the obstore engine, without s3fs installed
+        from haystack_integrations.offload.stores.obstore_io import strip_s3_url
+
+        return strip_s3_url(url)
+    return str(filesystem_class._strip_protocol(url)).rstrip("/")
+
+
+def _obstore_io(options: dict[str, Any], retry: RetryPolicy | None) -> StorageIO:
+    from haystack_integrations.offload.stores.obstore_io import ObstoreIO, obstore_settings
+
+    settings = obstore_settings(
+        options, retrying=retry is not None, attempt_timeout=retry.attempt_timeout if retry is not None else None
+    )
+    return ObstoreIO(settings)
 
 
 def _stale_temporaries(found: Mapping[str, int], grace: timedelta) -> builtins.list[str]:

@@ -186,7 +186,7 @@ def _classify(error: BaseException) -> str | None:
             status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             code = str(response.get("Error", {}).get("Code") or "")
             if status in _TRANSIENT_STATUS or code in _TRANSIENT_CODES:
-                return f"HTTP {status} {code}".strip() if code and code != str(status) else f"HTTP {status}"
+                return _http_cause(status, code)
             return ""
         if isinstance(error, botocore_errors.ReadTimeoutError):
             return "read timeout"
@@ -211,6 +211,15 @@ def _classify(error: BaseException) -> str | None:
             return "answer cut short"
         if isinstance(error, aiohttp.ClientConnectionError):
             return "connection failed"
+    obstore_errors = sys.modules.get("obstore.exceptions")
+    if obstore_errors is not None and isinstance(error, obstore_errors.BaseError):
+        # obstore's exceptions carry no fields: its engine reads status, S3 code and wire failure from the text.
+        from haystack_integrations.offload.stores.obstore_io import describe_failure
+
+        status, code, network = describe_failure(error) or (None, "", None)
+        if status in _TRANSIENT_STATUS or code in _TRANSIENT_CODES:
+            return _http_cause(status, code)
+        return network or ""
     if isinstance(error, ConnectionError):
         return "connection reset" if isinstance(error, ConnectionResetError) else "connection failed"
     if isinstance(error, TimeoutError):
@@ -218,6 +227,14 @@ def _classify(error: BaseException) -> str | None:
     if isinstance(error, _PERMANENT):
         return ""
     return None
+
+
+def _http_cause(status: object, code: str) -> str:
+    """``"HTTP 503 SlowDown"``, ``"HTTP 500"``: the status and S3's error code, each when known."""
+    named = [str(status)] if status is not None else []
+    if code and code != str(status):
+        named.append(code)
+    return " ".join(["HTTP", *named])
 
 
 _VERBS = {

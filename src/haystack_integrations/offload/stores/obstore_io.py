@@ -1,0 +1,468 @@
+"""
+S3 through obstore (Python bindings of Rust's ``object_store``): the store's fast engine, ``engine="obstore"``.
+
+Same contract as `S3IO` (s3fs), a fraction of the client CPU: on a busy server s3fs/aiobotocore spend most of a small
+PUT's time in Python (request signing, botocore's event hooks, aiohttp), while obstore does all of it in Rust, off the
+GIL. The requests are the same:
+
+- a write is one PUT (never a multipart upload), a conditional create one PUT with ``If-None-Match: *`` (a 412 becomes
+  `FileExistsError`, which `SessionDocuments.create` resolves by reading the document back);
+- a whole read is one GET, a page one ranged GET whose answer also carries the object's total size (a range that starts
+  at or past the end, which S3 refuses with 416, costs a HEAD, as with s3fs);
+- a listing is one LIST per 1000 keys, a delete one DeleteObjects per 1000 keys, whose per-key errors are raised;
+- no HEAD, LIST or directory marker on the hot path.
+
+Errors map to built-in exceptions, chained to obstore's: missing object or bucket `FileNotFoundError`, 403/401
+`PermissionError`, lost conditional create `FileExistsError`. Transient failures (5xx, 429, throttling codes,
+connection failures and resets, timeouts) are left as obstore's own exceptions, which
+`retry.transient_cause` recognises (`describe_failure`), so `RetryingIO` retries them as it does s3fs's. A panic in
+``object_store`` (seen on a DeleteObjects answer naming a key that was not sent) becomes an `OSError` instead of
+crossing the store as a `BaseException`.
+
+Async calls are obstore's own coroutines, awaitable from any event loop (no per-loop client, no hop to fsspec's
+thread); sync calls are obstore's sync API, which releases the GIL while the request runs. Both colours share
+everything but the call itself (`ObstoreIO`).
+
+Settings come from the same ``storage_options`` s3fs takes (`obstore_settings` says which are understood; any other is
+refused rather than ignored) and, for whatever they leave out, from the environment (``AWS_ACCESS_KEY_ID``,
+``AWS_REGION``, ``AWS_ENDPOINT_URL``, web identity and container credentials, the instance profile). Not supported:
+AWS profiles and shared config files (``profile=``, ``AWS_PROFILE``), botocore options without an ``object_store``
+counterpart, and keys that ``object_store`` cannot parse (``.`` or empty path segments; this library never writes
+them): a listing that meets one fails loudly rather than skipping it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, cast
+
+try:
+    import obstore
+    from obstore.exceptions import (
+        AlreadyExistsError,
+        GenericError,
+        PermissionDeniedError,
+        UnauthenticatedError,
+    )
+    from obstore.fsspec import FsspecStore
+    from obstore.store import S3Store
+except ImportError as error:  # pragma: no cover - tests/stores/test_obstore_engine.py hides obstore to see this
+    raise ImportError(
+        'The obstore engine (engine="obstore") needs obstore. Install it with: pip install "offload-haystack[fast]"'
+    ) from error
+
+from haystack_integrations.offload.stores.io import StorageIO
+
+if TYPE_CHECKING:
+    from obstore.store import ClientConfig, RetryConfig, S3Config
+
+__all__ = [
+    "ObstoreIO",
+    "ObstoreSettings",
+    "describe_failure",
+    "obstore_settings",
+    "strip_s3_url",
+    "unsupported_options",
+]
+
+# s3fs options that tune s3fs's own caching and file objects: nothing here reads through them, so they are accepted
+# (the same storage_options serve both engines) and have no effect.
+_S3FS_ONLY = frozenset(
+    {
+        "cache_regions",
+        "default_block_size",
+        "default_cache_type",
+        "default_fill_cache",
+        "fixed_upload_size",
+        "listings_expiry_time",
+        "max_concurrency",
+        "max_paths",
+        "skip_instance_cache",
+        "use_listings_cache",
+    }
+)
+# storage option -> S3Config key.
+_CONFIG_NAMES = {
+    "key": "access_key_id",
+    "username": "access_key_id",
+    "secret": "secret_access_key",
+    "password": "secret_access_key",
+    "token": "session_token",
+    "endpoint_url": "endpoint",
+    "requester_pays": "request_payer",
+}
+# client_kwargs entry -> S3Config key.
+_CLIENT_KWARGS_NAMES = {
+    "region_name": "region",
+    "endpoint_url": "endpoint",
+    "aws_access_key_id": "access_key_id",
+    "aws_secret_access_key": "secret_access_key",
+    "aws_session_token": "session_token",
+}
+# s3_additional_kwargs entry -> S3Config key.
+_ADDITIONAL_NAMES = {"ServerSideEncryption": "server_side_encryption", "SSEKMSKeyId": "sse_kms_key_id"}
+# config_kwargs (botocore Config) entries understood: timeouts, retries, region, addressing style. The pool size has no
+# counterpart: reqwest's pool is not capped, so it never limits requests in flight the way botocore's does.
+_CONFIG_KWARGS = frozenset({"connect_timeout", "read_timeout", "retries", "region_name", "s3", "max_pool_connections"})
+_TOP_LEVEL = frozenset({*_CONFIG_NAMES, "anon", "use_ssl", "client_kwargs", "config_kwargs", "s3_additional_kwargs"})
+_UNSUPPORTED_HINT = 'the obstore engine cannot honour it; leave it out, or use engine="fsspec" (s3fs)'
+
+
+@dataclass(frozen=True)
+class ObstoreSettings:
+    """What every `S3Store` of one `ObstoreIO` is built with."""
+
+    config: dict[str, Any] = field(default_factory=dict)
+    client_options: dict[str, Any] = field(default_factory=dict)
+    retry_config: dict[str, Any] = field(default_factory=dict)
+
+
+def unsupported_options(storage_options: Mapping[str, Any]) -> list[str]:
+    """
+    Name the storage options the obstore engine cannot honour (looking at names only, so `Secret`s stay unresolved).
+
+    :param storage_options: Options written for s3fs.
+    :returns: Their paths, e.g. ``["profile", "config_kwargs['proxies']"]``; empty when all are understood.
+    """
+    unknown = [name for name in storage_options if name not in _TOP_LEVEL | _S3FS_ONLY]
+    for section, known in (
+        ("client_kwargs", set(_CLIENT_KWARGS_NAMES) | {"verify"}),
+        ("config_kwargs", set(_CONFIG_KWARGS)),
+        ("s3_additional_kwargs", set(_ADDITIONAL_NAMES)),
+    ):
+        unknown += [f"{section}[{name!r}]" for name in storage_options.get(section) or {} if name not in known]
+    return unknown
+
+
+def obstore_settings(
+    storage_options: Mapping[str, Any], *, retrying: bool, attempt_timeout: float | None
+) -> ObstoreSettings:
+    """
+    Translate s3fs storage options (with secrets resolved) into obstore's settings.
+
+    Understood: ``key``/``secret``/``token`` (and s3fs's ``username``/``password`` aliases), ``anon``,
+    ``endpoint_url``, ``use_ssl``, ``requester_pays``; ``client_kwargs``: ``region_name``, ``endpoint_url``, the
+    ``aws_*`` credentials, ``verify=False``; ``config_kwargs``: ``connect_timeout``, ``read_timeout``, ``retries``,
+    ``region_name``, ``s3={"addressing_style": ...}`` (``max_pool_connections`` is accepted and has no effect);
+    ``s3_additional_kwargs``: ``ServerSideEncryption``, ``SSEKMSKeyId``. s3fs's caching options are accepted and have
+    no effect. What is left out comes from the environment, as obstore reads it.
+
+    :param storage_options: Options written for s3fs, secrets resolved.
+    :param retrying: Whether a `RetryPolicy` retries the store's calls: obstore's own retries are then off (unless
+        ``config_kwargs["retries"]`` says otherwise), as botocore's are for s3fs.
+    :param attempt_timeout: The policy's time limit per attempt, in seconds: it becomes the client's request timeout,
+        which bounds sync and async calls alike. None keeps obstore's (30 seconds).
+    :returns: The settings.
+    :raises ValueError: If an option cannot be honoured (see `unsupported_options`).
+    """
+    unknown = unsupported_options(storage_options)
+    if unknown:
+        raise ValueError(f"Storage option(s) {', '.join(unknown)} not supported: {_UNSUPPORTED_HINT}.")
+    config: dict[str, Any] = {}
+    client: dict[str, Any] = {}
+    retry: dict[str, Any] = {}
+    for name, target in _CONFIG_NAMES.items():
+        if storage_options.get(name) is not None:
+            config[target] = storage_options[name]
+    client_kwargs = dict(storage_options.get("client_kwargs") or {})
+    for name, target in _CLIENT_KWARGS_NAMES.items():
+        if client_kwargs.get(name) is not None:
+            config[target] = client_kwargs[name]
+    verify = client_kwargs.get("verify")
+    if verify is not None and verify is not False:
+        # A CA bundle path (or True) would need reading the file here; obstore takes PEM text (root_certificate).
+        if verify is not True:
+            raise ValueError(f"Storage option client_kwargs['verify'] as a CA bundle path: {_UNSUPPORTED_HINT}.")
+    elif verify is False:
+        client["allow_invalid_certificates"] = True
+    for name, target in _ADDITIONAL_NAMES.items():
+        value = (storage_options.get("s3_additional_kwargs") or {}).get(name)
+        if value is not None:
+            config[target] = value
+    if storage_options.get("anon"):
+        config["skip_signature"] = True
+    if isinstance(storage_options.get("requester_pays"), bool):
+        config["request_payer"] = storage_options["requester_pays"]
+    endpoint = config.get("endpoint") or _environment_endpoint()
+    if storage_options.get("use_ssl") is False or (isinstance(endpoint, str) and endpoint.startswith("http://")):
+        client["allow_http"] = True
+
+    botocore = dict(storage_options.get("config_kwargs") or {})
+    for name in ("connect_timeout", "read_timeout"):
+        if botocore.get(name) is not None:
+            client[name] = timedelta(seconds=float(botocore[name]))
+    if botocore.get("region_name") is not None:
+        config.setdefault("region", botocore["region_name"])
+    addressing = (botocore.get("s3") or {}).get("addressing_style")
+    if addressing in {"virtual", "path"}:
+        config["virtual_hosted_style_request"] = addressing == "virtual"
+    retries = botocore.get("retries")
+    if isinstance(retries, Mapping) and ("total_max_attempts" in retries or "max_attempts" in retries):
+        # botocore: total_max_attempts counts the first attempt, max_attempts only the retries.
+        total = retries.get("total_max_attempts")
+        retry["max_retries"] = max(0, int(total) - 1) if total is not None else max(0, int(retries["max_attempts"]))
+    elif retrying:
+        retry["max_retries"] = 0  # RetryingIO retries; stacked retries would multiply
+    if attempt_timeout is not None:
+        client["timeout"] = timedelta(seconds=attempt_timeout)
+    return ObstoreSettings(config, client, retry)
+
+
+def _environment_endpoint() -> str | None:
+    # What obstore itself reads when no endpoint is given (AWS_ENDPOINT_URL_S3 first, as the AWS SDKs do).
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"):
+        if os.environ.get(name):
+            return os.environ[name]
+    return None
+
+
+def strip_s3_url(url: str) -> str:
+    """
+    The ``bucket/prefix`` of an ``s3://`` or ``s3a://`` URL, as s3fs's ``_strip_protocol`` gives it (s3fs not needed).
+
+    :param url: The store's URL.
+    :returns: The path, without the protocol and trailing slashes.
+    """
+    for protocol in ("s3://", "s3a://"):
+        if url.startswith(protocol):
+            return url[len(protocol) :].rstrip("/")
+    return url.rstrip("/")
+
+
+# obstore's exceptions carry no fields, only a message ending in object_store's Debug output; these read it.
+_STATUS = re.compile(r"status code: (\d{3})")
+_S3_CODE = re.compile(r"<Code>(\w+)</Code>|\(code: (\w+)\)")
+_HTTP_KIND = re.compile(r"HttpError \{\s*kind: (\w+)")
+# object_store's HttpErrorKind: what went wrong on the wire (Unknown is not retried).
+_NETWORK_CAUSES = {
+    "Connect": "connection failed",
+    "Request": "connection failed",
+    "Interrupted": "connection reset",
+    "Timeout": "timeout",
+    "Decode": "answer cut short",
+}
+
+
+def describe_failure(error: BaseException) -> tuple[int | None, str, str | None] | None:
+    """
+    Read what an obstore exception says happened: the HTTP status, S3's error code, the network failure.
+
+    :param error: Any exception.
+    :returns: ``(status, code, network cause)``, or None if `error` is not obstore's. The network cause is a short
+        description ("connection reset", "timeout", ...) when the request failed on the wire, else None.
+    """
+    if not isinstance(error, obstore.exceptions.BaseError):
+        return None
+    message = str(error)
+    status = _STATUS.search(message)
+    code = _S3_CODE.search(message)
+    kind = _HTTP_KIND.search(message)
+    return (
+        int(status.group(1)) if status else None,
+        (code.group(1) or code.group(2)) if code else "",
+        _NETWORK_CAUSES.get(kind.group(1)) if kind else None,
+    )
+
+
+@contextlib.contextmanager
+def _mapped_errors() -> Iterator[None]:
+    """Raise obstore's permanent failures as built-in exceptions (chained); leave transient ones to `RetryingIO`."""
+    try:
+        yield
+    except AlreadyExistsError as error:
+        raise FileExistsError(errno.EEXIST, "The object already exists.") from error
+    except (PermissionDeniedError, UnauthenticatedError) as error:
+        raise PermissionError(errno.EACCES, "Access denied.") from error
+    except GenericError as error:
+        # Listings and bulk deletes report their failures as generic errors.
+        status, code, _ = describe_failure(error) or (None, "", None)
+        if status == 404 or code in {"NoSuchBucket", "NoSuchKey"}:
+            raise FileNotFoundError(errno.ENOENT, "No such bucket or object.") from error
+        if status in {401, 403} or code in {"AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId"}:
+            raise PermissionError(errno.EACCES, "Access denied.") from error
+        raise
+    except BaseException as error:
+        # A panic in the Rust code arrives as pyo3's PanicException, a BaseException that every `except Exception` on
+        # the way would let through like a KeyboardInterrupt. Seen: a DeleteObjects answer naming a key that was not
+        # asked for. It is a failed storage call.
+        if type(error).__name__ != "PanicException":
+            raise
+        raise OSError(errno.EIO, "The S3 client failed on an answer it could not handle.") from error
+
+
+class _PastTheEnd:
+    """Swallows S3's 416 (a range starting at or past the end, or any range of an empty object); see `ObstoreIO`."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: object) -> bool:
+        return isinstance(error, GenericError) and (describe_failure(error) or (None,))[0] == 416
+
+
+class ObstoreIO(StorageIO):
+    """
+    S3 through obstore, held to one request per write, whole read or page (see the module documentation).
+
+    Paths are ``bucket/key``, as with s3fs; each bucket gets one `S3Store` (one connection pool), made on first use.
+    ``fs`` is obstore's fsspec filesystem over the same settings, for callers that want one (operators' scripts, test
+    helpers); the engine never goes through it (its ``pipe_file`` ignores ``mode="create"``).
+    """
+
+    blocking = False
+
+    def __init__(self, settings: ObstoreSettings) -> None:
+        """
+        :param settings: What every bucket's `S3Store` is built with (see `obstore_settings`).
+        """
+        super().__init__(
+            FsspecStore(
+                "s3",
+                config=cast("S3Config", settings.config),
+                client_options=cast("ClientConfig", settings.client_options),
+                retry_config=cast("RetryConfig", settings.retry_config),
+            )
+        )
+        self.settings = settings
+        self._stores: dict[str, S3Store] = {}
+        self._lock = threading.Lock()
+
+    def _located(self, path: str) -> tuple[S3Store, str]:
+        bucket, _, key = path.partition("/")
+        store = self._stores.get(bucket)
+        if store is None:
+            with self._lock:
+                store = self._stores.get(bucket)
+                if store is None:
+                    # No request here: object_store connects (and fetches credentials) on the first call.
+                    store = S3Store(
+                        bucket,
+                        config=cast("S3Config", self.settings.config),
+                        client_options=cast("ClientConfig", self.settings.client_options),
+                        retry_config=cast("RetryConfig", self.settings.retry_config),
+                    )
+                    self._stores[bucket] = store
+        return store, key
+
+    def warm_up(self) -> None:
+        """Nothing to open: a bucket's client is made on its first call and connects on its first request."""
+
+    def put(self, path: str, data: bytes) -> None:
+        """One PUT (never multipart, whatever the size)."""
+        store, key = self._located(path)
+        with _mapped_errors():
+            obstore.put(store, key, data, use_multipart=False)
+
+    async def put_async(self, path: str, data: bytes) -> None:
+        """Async `put`."""
+        store, key = self._located(path)
+        with _mapped_errors():
+            await obstore.put_async(store, key, data, use_multipart=False)
+
+    def put_exclusive(self, path: str, data: bytes) -> None:
+        """One PUT with ``If-None-Match: *``; `FileExistsError` if the key exists (S3's 412)."""
+        store, key = self._located(path)
+        with _mapped_errors():
+            obstore.put(store, key, data, mode="create", use_multipart=False)
+
+    async def put_exclusive_async(self, path: str, data: bytes) -> None:
+        """Async `put_exclusive`."""
+        store, key = self._located(path)
+        with _mapped_errors():
+            await obstore.put_async(store, key, data, mode="create", use_multipart=False)
+
+    def get(self, path: str) -> bytes:
+        """One GET."""
+        store, key = self._located(path)
+        with _mapped_errors():
+            return bytes(obstore.get(store, key).bytes())
+
+    async def get_async(self, path: str) -> bytes:
+        """Async `get`."""
+        store, key = self._located(path)
+        with _mapped_errors():
+            return bytes(await (await obstore.get_async(store, key)).bytes_async())
+
+    def get_range(self, path: str, start: int, end: int) -> bytes:
+        """One ranged GET; empty past the end."""
+        return self.get_range_and_size(path, start, end)[0] if end > start else b""
+
+    async def get_range_async(self, path: str, start: int, end: int) -> bytes:
+        """Async `get_range`."""
+        return (await self.get_range_and_size_async(path, start, end))[0] if end > start else b""
+
+    def get_range_and_size(self, path: str, start: int, end: int) -> tuple[bytes, int]:
+        """One ranged GET: the bytes, and the total size from its Content-Range. A HEAD if the range is empty or past
+        the end (S3 refuses those with 416)."""
+        store, key = self._located(path)
+        if end > start:
+            with _mapped_errors(), _PastTheEnd():
+                result = obstore.get(store, key, options={"range": (start, end)})
+                return bytes(result.bytes()), result.meta["size"]
+        return b"", self.size(path)
+
+    async def get_range_and_size_async(self, path: str, start: int, end: int) -> tuple[bytes, int]:
+        """Async `get_range_and_size`."""
+        store, key = self._located(path)
+        if end > start:
+            with _mapped_errors(), _PastTheEnd():
+                result = await obstore.get_async(store, key, options={"range": (start, end)})
+                return bytes(await result.bytes_async()), result.meta["size"]
+        return b"", await self.size_async(path)
+
+    def size(self, path: str) -> int:
+        """One HEAD."""
+        store, key = self._located(path)
+        with _mapped_errors():
+            return obstore.head(store, key)["size"]
+
+    async def size_async(self, path: str) -> int:
+        """Async `size`."""
+        store, key = self._located(path)
+        with _mapped_errors():
+            return (await obstore.head_async(store, key))["size"]
+
+    def find(self, path: str) -> dict[str, int]:
+        """One LIST per 1000 keys below the directory `path`."""
+        store, key = self._located(path)
+        with _mapped_errors():
+            found = obstore.list(store, key or None, chunk_size=1000).collect()
+        return _listing(path, found)
+
+    async def find_async(self, path: str) -> dict[str, int]:
+        """Async `find`."""
+        store, key = self._located(path)
+        with _mapped_errors():
+            found = await obstore.list(store, key or None, chunk_size=1000).collect_async()
+        return _listing(path, found)
+
+    def delete(self, paths: Iterable[str]) -> None:
+        """One DeleteObjects per bucket and 1000 keys; a missing key is not an error, any other per-key error is."""
+        for store, keys in self._by_bucket(paths):
+            with _mapped_errors():
+                obstore.delete(store, keys)
+
+    async def delete_async(self, paths: Iterable[str]) -> None:
+        """Async `delete`."""
+        for store, keys in self._by_bucket(paths):
+            with _mapped_errors():
+                await obstore.delete_async(store, keys)
+
+    def _by_bucket(self, paths: Iterable[str]) -> list[tuple[S3Store, list[str]]]:
+        batches: dict[str, tuple[S3Store, list[str]]] = {}
+        for path in paths:
+            store, key = self._located(path)
+            batches.setdefault(path.partition("/")[0], (store, []))[1].append(key)
+        return list(batches.values())
+
+
+def _listing(path: str, found: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    bucket = path.partition("/")[0]
+    return {f"{bucket}/{meta['path']}": int(meta["size"]) for meta in found}
