@@ -6,15 +6,19 @@ for several tenants and sessions at once, then checks contents, approvals and is
 fails and 2 on bad input.
 """
 
+import asyncio
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from haystack_integrations.offload import FsspecToolResultStore
 from haystack_integrations.offload.cli import main
+from haystack_integrations.offload.demo import SessionOutcome, runner, session_marker
 from haystack_integrations.offload.local_s3 import LocalS3Server
 
 
@@ -104,7 +108,8 @@ def test_demo_exits_1_and_names_the_session_when_a_check_fails(
         (["--store", "s3://"], "has no path"),
         (["--tenants", "acme,acme"], "once"),
         (["--tenants", "../etc"], "tenant id"),
-        (["--sessions", "0"], "at least one"),
+        (["--sessions", "0"], "from 1 to 1000"),
+        (["--sessions", "1001"], "from 1 to 1000"),
         (["--storage-options", "{not json"], "not valid JSON"),
         (["--run-id", "a/b"], "session id"),
     ],
@@ -115,3 +120,128 @@ def test_demo_bad_input_fails_clearly(
     store = [] if "--store" in arguments else ["--store", str(tmp_path / "r")]
     assert main(["demo", *store, *arguments, "--json"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_demo_with_more_sessions_than_topics_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Topics and customers repeat every six sessions, and chat-...-1 is a prefix of chat-...-12: neither is a leak.
+    code = main(["demo", "--store", str(tmp_path / "r"), "--sessions", "12", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads(captured.out)
+    assert report["ok"] is True
+    assert [tenant["sessions"] for tenant in report["tenants"]] == [12, 12, 12]
+    assert all(tenant["failures"] == [] for tenant in report["tenants"])
+
+
+def test_session_markers_are_unique_and_never_part_of_one_another() -> None:
+    markers = [
+        session_marker(tenant, f"chat-{run}-{number}")
+        for tenant in ("a", "ab", "acme", "globex")
+        for run in ("r", "r1")
+        for number in range(1, 201)
+    ]
+    assert len(set(markers)) == len(markers)
+    # Fixed length and bracketed: a marker can only be found inside text that holds exactly that marker.
+    assert len({len(marker) for marker in markers}) == 1
+    assert all(marker.startswith("[case ") and marker.endswith("]") for marker in markers)
+
+
+# A real leak, injected once every session has finished and before the isolation checks run: the checks must fail
+# for the session whose content leaked, and only for it.
+VICTIM = ("acme", "chat-leak-1")
+INTRUDER = ("globex", "chat-leak-1")
+SIBLING = ("acme", "chat-leak-2")
+
+
+async def _leak_message(
+    service: Any, root: FsspecToolResultStore, outcome: SessionOutcome, into: tuple[str, str]
+) -> None:
+    # Another session's words in this conversation (here its marker, as a leaked message would carry it).
+    await service.send_message(root.for_session(*into), f"Note this down: {outcome.marker}")
+
+
+async def _leak_result_file(root_path: Path, root: FsspecToolResultStore, into: tuple[str, str]) -> None:
+    # The victim's search result, copied object for object into the other session's prefix.
+    [search] = [r for r in await root.for_session(*VICTIM).list_async() if r.tool_name == "web_search"]
+    target = root_path.joinpath(*into)
+    await asyncio.to_thread(target.mkdir, parents=True, exist_ok=True)
+    await asyncio.to_thread(shutil.copy, root_path.joinpath(*VICTIM, search.reference), target / search.reference)
+
+
+async def _leak_content(root: FsspecToolResultStore, into: tuple[str, str]) -> None:
+    # The victim's search result written again, under a new name, into the other session.
+    [search] = [r for r in await root.for_session(*VICTIM).list_async() if r.tool_name == "web_search"]
+    content = await root.for_session(*VICTIM).read_async(search.reference)
+    await root.for_session(*into).write_async(key="copied.txt", content=content, tool_name="web_search")
+
+
+async def _leak_approvals(root_path: Path, into: tuple[str, str]) -> None:
+    # The victim's approval requests and audit trail, copied into the other session.
+    for directory in (".approvals", ".audit"):
+        source, target = root_path.joinpath(*VICTIM, directory), root_path.joinpath(*into, directory)
+        await asyncio.to_thread(shutil.copytree, source, target, dirs_exist_ok=True)
+
+
+@pytest.mark.parametrize(
+    ("leak", "into", "expected"),
+    [
+        ("message", INTRUDER, ["globex/chat-leak-1's conversation contains acme/chat-leak-1's messages"]),
+        ("message", SIBLING, ["acme/chat-leak-2's conversation contains acme/chat-leak-1's messages"]),
+        (
+            "result file",
+            INTRUDER,
+            [
+                "globex/chat-leak-1 could read acme/chat-leak-1's",
+                "globex/chat-leak-1 lists acme/chat-leak-1's results",
+                "holds acme/chat-leak-1's content",
+            ],
+        ),
+        ("content", INTRUDER, ["globex/chat-leak-1's result", "holds acme/chat-leak-1's content"]),
+        (
+            "approvals",
+            INTRUDER,
+            ["globex/chat-leak-1 could decide acme/chat-leak-1's approval", "globex/chat-leak-1's audit shows"],
+        ),
+    ],
+)
+def test_a_real_leak_fails_the_isolation_checks(
+    leak: str,
+    into: tuple[str, str],
+    expected: list[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    root_path = tmp_path / "r"
+    check_isolation = runner._check_isolation
+    leaked: list[str] = []
+
+    async def leak_then_check(
+        service: Any, root: FsspecToolResultStore, outcome: SessionOutcome, intruders: list[tuple[str, str]]
+    ) -> None:
+        if not leaked:
+            assert (outcome.tenant, outcome.session) == VICTIM and into in intruders
+            if leak == "message":
+                await _leak_message(service, root, outcome, into)
+            elif leak == "result file":
+                await _leak_result_file(root_path, root, into)
+            elif leak == "content":
+                await _leak_content(root, into)
+            else:
+                await _leak_approvals(root_path, into)
+            leaked.append(leak)
+        await check_isolation(service, root, outcome, intruders)
+
+    monkeypatch.setattr(runner, "_check_isolation", leak_then_check)
+    arguments = ["--store", str(root_path), "--tenants", "acme,globex", "--sessions", "2", "--run-id", "leak"]
+    code = main(["demo", *arguments])
+    captured = capsys.readouterr()
+    assert leaked == [leak]
+    assert code == 1, captured.err
+    failures = [line.strip() for line in captured.err.split("FAILED checks:", 1)[-1].splitlines() if line.strip()]
+    for text in expected:
+        assert any(text in failure for failure in failures), (text, failures)
+    # Only the session whose content leaked fails: the checks found the leak, and nothing that was not one.
+    assert failures and all(failure.startswith("acme/chat-leak-1: ") for failure in failures), failures
+    rows = {line.split()[0]: line.split() for line in captured.out.splitlines() if line.startswith(("acme", "globex"))}
+    assert (rows["acme"][-1], rows["globex"][-1]) == ("FAILED", "ok")

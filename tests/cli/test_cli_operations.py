@@ -5,6 +5,7 @@ They run in this process (``main([...])``), so the memory backend is the store t
 store back through the library to check what the command printed or deleted.
 """
 
+import base64
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -200,3 +201,66 @@ def test_bad_credentials_fail_clearly(iam_endpoint: IamEndpoint, capsys: pytest.
     code, out, err = _run(capsys, "ls", f"{iam_endpoint.bucket_url}/x", "--storage-options", json.dumps(wrong))
     assert code == 2 and out == ""
     assert "permission denied" in err and "Check the credentials" in err
+
+
+def test_ls_prints_paths_that_cat_takes_as_they_are(
+    filled: FilledStore, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    assert main(["ls", *filled.arguments(), "-R"]) == 0
+    listed = [
+        line.split()[0] for line in capsysbinary.readouterr().out.decode().splitlines() if line.startswith(" " * 6)
+    ]
+    results = [path for path in listed if path.count("/") == 2]
+    documents = [path for path in listed if path.count("/") == 3]
+    assert len(results) == len(filled.root.list()) == 7 and len(documents) > 10
+    for path in listed:
+        assert main(["cat", *filled.arguments(), path]) == 0, capsysbinary.readouterr().err
+        tenant, session, *rest = path.split("/")
+        scope = filled.root.for_session(tenant, session)
+        if len(rest) == 1:
+            stored = scope.read(rest[0])
+            expected = stored.encode() if isinstance(stored, str) else stored
+        else:
+            expected = scope.documents(rest[0].removeprefix(".")).get(rest[1])
+        assert capsysbinary.readouterr().out == expected, path
+
+
+def test_cat_json_describes_the_result_and_carries_its_content(
+    filled: FilledStore, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    records = filled.root.for_session("acme", "chat-1").list()
+    search = next(record for record in records if record.tool_name == "web_search")
+    image = next(record for record in records if record.kind == "bytes")
+
+    text = _json(capsys, "cat", *filled.arguments(), f"acme/chat-1/{search.reference}")
+    assert text["path"] == f"acme/chat-1/{search.reference}" and text["kind"] == "result"
+    assert (text["encoding"], text["content"]) == ("utf-8", search_results(RESEARCH))
+    assert text["size"] == text["length"] == search.size and text["offset"] == 0
+    assert (text["tool_name"], text["content_kind"]) == ("web_search", "text")
+    assert datetime.fromisoformat(text["created"]) == search.created
+
+    png = _json(
+        capsys, "cat", *filled.arguments(), f"acme/chat-1/{image.reference}", "--offset", "8", "--length", "100"
+    )
+    assert png["encoding"] == "base64" and base64.b64decode(png["content"]) == chart_png("revenue")[8:108]
+    assert (png["offset"], png["length"], png["size"]) == (8, 100, len(chart_png("revenue")))
+
+    saved = _json(capsys, "cat", *filled.arguments(), f"acme/chat-1/{image.reference}", "-o", str(tmp_path / "c.png"))
+    assert saved["output"] == str(tmp_path / "c.png") and "content" not in saved
+    assert (tmp_path / "c.png").read_bytes() == chart_png("revenue")
+
+    history = filled.root.for_session("acme", "chat-1").documents("history")
+    first = history.list()[0]
+    document = _json(capsys, "cat", *filled.arguments(), f"acme/chat-1/.history/{first}")
+    assert document["kind"] == "document" and "tool_name" not in document
+    assert document["content"].encode() == history.get(first)
+
+
+def test_cat_does_not_touch_the_output_file_when_the_path_is_wrong(
+    filled: FilledStore, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    kept = tmp_path / "kept.txt"
+    kept.write_text("still here")
+    code, _, err = _run(capsys, "cat", *filled.arguments(), "acme/chat-1/no-such-result.txt", "-o", str(kept))
+    assert code == 2 and "No result or document" in err
+    assert kept.read_text() == "still here"

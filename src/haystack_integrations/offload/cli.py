@@ -2,34 +2,70 @@
 The ``offload-haystack`` command line.
 
 - ``demo``: the scripted multi-tenant demo (the README's first command); ``serve``: the reference server and its page;
-- operator commands over any store URL: ``ls`` (the tenant/session tree with sizes), ``cat`` (one result), ``du``
-  (usage per tenant and session), ``purge`` (a session, a tenant, or results and inactive sessions older than an age),
-  ``audit`` (a session's approval record). Each takes ``--json`` for scripts.
+- operator commands over any store URL: ``ls`` (the tenant/session tree with sizes), ``cat`` (one result or
+  document, by the path `ls` prints), ``du`` (usage per tenant and session), ``purge`` (a session, a tenant, or results
+  and inactive sessions older than an age), ``audit`` (a session's approval record). Each takes ``--json`` for scripts.
+
+S3 as the AWS CLI has it: ``--endpoint-url``, ``--profile`` and ``--region`` on every command with a store, defaulting
+to ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, and ``AWS_REGION`` or ``AWS_DEFAULT_REGION``. They
+become s3fs storage options (``endpoint_url``, ``profile``, ``client_kwargs.region_name``): a flag overrides the same
+key in ``--storage-options``, which overrides the environment. They apply to ``s3://`` stores only.
+
+Every failure, a bad argument included, is one line on standard error and a non-zero exit (2; the demo exits 1 when
+a check fails), never a traceback.
 
 The logic lives in `demo`, `server` and `operations`; this module only parses arguments and prints.
 """
 
 import argparse
+import base64
+import itertools
 import json
 import os
+import re
 import secrets
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+from urllib.parse import urlsplit
 
 from haystack_integrations.offload.demo.model import SCRIPTED_MODEL_LABEL
 from haystack_integrations.offload.errors import StoragePermissionError
 
 DEFAULT_DEMO_STORE = "./offload-demo-results"
 DEMO_TENANTS = ("acme", "globex")
+MAX_DEMO_SESSIONS = 1000
+"""Sessions per tenant the demo runs at most: they all run at once, in this process."""
 EXIT_FAILED_CHECKS = 1
 EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130
+S3_PROTOCOLS = frozenset({"s3", "s3a"})
+S3_ENVIRONMENT = {
+    "endpoint_url": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
+    "profile": ("AWS_PROFILE",),
+    "region": ("AWS_REGION", "AWS_DEFAULT_REGION"),
+}
+"""Where each S3 flag's default comes from, first set variable first (the service-specific endpoint before the global
+one, as the AWS CLI reads them)."""
+# botocore's own rule for region names, checked here so a bad one is named before any connection is tried.
+_REGION = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?")
 
 
 class CommandError(Exception):
     """An error the command reports in one line, without a traceback."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line (argparse prints the usage first), exiting 2 as argparse does."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)\n")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 # Shared helpers
@@ -47,6 +83,98 @@ def _options(text: str | None) -> dict[str, Any] | None:
     return options
 
 
+def _is_s3(url: str) -> bool:
+    return "://" in url and url.split("://", 1)[0].lower() in S3_PROTOCOLS
+
+
+def _s3_choices(arguments: argparse.Namespace, url: str) -> dict[str, tuple[str, str]]:
+    """
+    The S3 flags given, else their defaults from the environment, each with where it came from.
+
+    :param arguments: The parsed command line.
+    :param url: The store URL.
+    :returns: ``{option: (value, flag or variable name)}`` for ``endpoint_url``, ``profile`` and ``region``.
+    :raises CommandError: If a flag is given for a store that is not on S3, or a value is malformed.
+    """
+    flags: dict[str, str | None] = {name: getattr(arguments, name, None) for name in S3_ENVIRONMENT}
+    if not _is_s3(url):
+        given = [f"--{name.replace('_', '-')}" for name, value in flags.items() if value is not None]
+        if given:
+            verb = "applies" if len(given) == 1 else "apply"
+            raise CommandError(f"{' and '.join(given)} only {verb} to s3:// stores, and {url!r} is not one.")
+        return {}  # the AWS variables are for S3: with them set, a local or memory store still just works
+    chosen: dict[str, tuple[str, str]] = {}
+    for name, variables in S3_ENVIRONMENT.items():
+        flag = flags[name]
+        if flag is not None:
+            chosen[name] = (flag, f"--{name.replace('_', '-')}")
+            continue
+        variable = next((variable for variable in variables if os.environ.get(variable)), None)
+        if variable is not None:
+            chosen[name] = (os.environ[variable], variable)
+    for name, (value, source) in chosen.items():
+        if name == "endpoint_url":
+            parts = urlsplit(value)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise CommandError(f"{source} must be an http:// or https:// URL, got {value!r}.")
+        elif name == "region" and not _REGION.fullmatch(value):
+            raise CommandError(f"{source} is not a region name (such as eu-west-1): {value!r}.")
+        elif name == "profile" and (not value.strip() or value != value.strip()):
+            raise CommandError(f"{source} is not a profile name: {value!r}.")
+    return chosen
+
+
+def _with_s3(options: dict[str, Any], chosen: dict[str, tuple[str, str]]) -> dict[str, Any]:
+    """Put the S3 choices into s3fs storage options: a flag over what is there, a variable only into a gap."""
+    merged = dict(options)
+    client_kwargs = dict(merged.get("client_kwargs") or {})
+    for name, (value, source) in chosen.items():
+        flag = source.startswith("--")
+        if name == "region":
+            if flag or "region_name" not in client_kwargs:
+                client_kwargs["region_name"] = value
+        elif flag or name not in merged:
+            merged[name] = value
+    if client_kwargs:
+        merged["client_kwargs"] = client_kwargs
+    return merged
+
+
+def _storage_options(arguments: argparse.Namespace, url: str) -> dict[str, Any] | None:
+    """
+    ``--storage-options`` with the S3 flags over it and the AWS variables under it.
+
+    :param arguments: The parsed command line.
+    :param url: The store URL.
+    :returns: The store's fsspec options, or None when there are none.
+    :raises CommandError: If the JSON is not an object, or an S3 flag or variable is malformed or misplaced.
+    """
+    return _with_s3(_options(arguments.storage_options) or {}, _s3_choices(arguments, url)) or None
+
+
+def _whole_number(low: int, high: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low or (high is not None and value > high):
+            bounds = f"from {low} to {high}" if high is not None else f"{low} or more"
+            raise argparse.ArgumentTypeError(f"{value} is out of range: give {bounds}")
+        return value
+
+    return parse
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("offload-haystack")
+    except PackageNotFoundError:  # a source tree on sys.path that was never installed
+        return "(not installed)"
+
+
 def _shown(url: str) -> str:
     return str(Path(url).resolve()) if "://" not in url else url
 
@@ -55,8 +183,9 @@ def _root(arguments: argparse.Namespace) -> Any:
     from haystack_integrations.offload.stores import FsspecToolResultStore
 
     url: str = arguments.url
+    options = _storage_options(arguments, url)
     try:
-        root = FsspecToolResultStore(url, storage_options=_options(arguments.storage_options))
+        root = FsspecToolResultStore(url, storage_options=options)
     except ValueError as error:
         raise CommandError(f"Invalid store URL {url!r}: {error}") from error
     if "://" not in url or url.startswith("file://"):
@@ -99,11 +228,18 @@ def _table(rows: list[list[str]], header: list[str]) -> None:
 
 
 def _demo(arguments: argparse.Namespace) -> int:
-    from haystack_integrations.offload.demo.runner import STEPS, run_demo
+    from haystack_integrations.offload.demo.runner import STEPS, demo_sessions, run_demo
 
-    options = _options(arguments.storage_options)
-    tenants = tuple(tenant.strip() for tenant in arguments.tenants.split(",") if tenant.strip())
     store = arguments.store
+    options = _storage_options(arguments, store)
+    tenants = tuple(tenant.strip() for tenant in arguments.tenants.split(",") if tenant.strip())
+    if "://" not in store or store.startswith("file://"):
+        directory = Path(store.removeprefix("file://"))
+        if directory.exists() and not directory.is_dir():
+            raise CommandError(f"The demo's store {_shown(store)} is a file: give a directory (made if missing).")
+    # Every argument is checked before the banner: a bad one prints its error line and nothing else.
+    run_id = arguments.run_id if arguments.run_id is not None else secrets.token_hex(4)
+    demo_sessions(tenants, arguments.sessions, run_id)
     if not arguments.json:
         print(f"offload-haystack demo: {len(tenants)} tenants x {arguments.sessions} sessions, one shared Agent")
         print(f"  model: {SCRIPTED_MODEL_LABEL}")
@@ -117,7 +253,7 @@ def _demo(arguments: argparse.Namespace) -> int:
             tenants=tenants,
             sessions_per_tenant=arguments.sessions,
             on_progress=lambda tenant, session, step: bar.update(1),
-            run_id=arguments.run_id,
+            run_id=run_id,
         )
     finally:
         bar.close()
@@ -205,6 +341,7 @@ def _serve(arguments: argparse.Namespace) -> int:
     except ValidationError as error:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in error.errors())
         raise CommandError(f"Invalid server settings: {problems}") from error
+    settings = _serve_s3(settings, arguments)
     base = f"http://{arguments.host}:{arguments.port}/"
     made: dict[str, str] = {}
     if not settings.tokens:
@@ -230,6 +367,22 @@ def _serve(arguments: argparse.Namespace) -> int:
         log_config=_log_config(arguments.log_level),
     )
     return 0
+
+
+def _serve_s3(settings: Any, arguments: argparse.Namespace) -> Any:
+    # The server's own S3 settings (OFFLOAD_SERVER_S3_*) rank with --storage-options: below a flag, above AWS_*.
+    chosen = _s3_choices(arguments, settings.store)
+    current = settings.resolved_storage_options()
+    update: dict[str, Any] = {}
+    for name, (value, source) in chosen.items():
+        flag = source.startswith("--")
+        if name == "endpoint_url" and (flag or "endpoint_url" not in current):
+            update["s3_endpoint_url"] = value
+        elif name == "region" and (flag or "region_name" not in (current.get("client_kwargs") or {})):
+            update["s3_region"] = value
+        elif name == "profile" and (flag or "profile" not in current):
+            update["storage_options"] = {**settings.storage_options, "profile": value}
+    return settings.model_copy(update=update) if update else settings
 
 
 def _log_config(level: str) -> dict[str, Any]:
@@ -290,7 +443,8 @@ def _ls(arguments: argparse.Namespace) -> int:
             for item in objects:
                 if item.tenant == tenant_name and item.session == session_name and item.kind != "other":
                     detail = f"  {item.tool_name or '-'}  {item.created:%Y-%m-%d %H:%M:%S}" if item.created else ""
-                    print(f"      {item.path.split('/', 2)[2]}  {_size(item.size)}{detail}")
+                    # The whole path, as `cat` takes it.
+                    print(f"      {item.path}  {_size(item.size)}{detail}")
     if found.other_objects:
         print(f"  (and {found.other_objects} object(s), {_size(found.other_bytes)}, not written by this library)")
     return 0
@@ -325,8 +479,7 @@ def _usage_row(name: str, figures: Any) -> list[str]:
 
 
 def _cat(arguments: argparse.Namespace) -> int:
-    from haystack_integrations.offload.errors import InvalidReferenceError, ResultNotFoundError
-    from haystack_integrations.offload.operations import read_object
+    from haystack_integrations.offload.errors import ResultNotFoundError
 
     root = _root(arguments)
     path = arguments.reference
@@ -334,28 +487,79 @@ def _cat(arguments: argparse.Namespace) -> int:
         if not (arguments.tenant and arguments.session):
             raise CommandError("Give both --tenant and --session, or a reference of the form tenant/session/name.")
         path = f"{arguments.tenant}/{arguments.session}/{arguments.reference}"
-    chunk = 1024 * 1024
-    end = None if arguments.length is None else arguments.offset + arguments.length
-    position = arguments.offset
+    start = arguments.offset
+    end = None if arguments.length is None else start + arguments.length
+    try:
+        # The first piece is read here, before any output file is opened: a wrong path must not truncate the file.
+        pieces, total, kind = _read_stored(root, path, start, end)
+    except (ValueError, ResultNotFoundError) as error:  # ValueError: a refused reference, id or namespace
+        raise CommandError(f"No result or document {path!r} in this store ({error}).") from error
+    if arguments.json:
+        return _cat_json(arguments.output, path, kind, total, start, b"".join(pieces))
+    stop = total if end is None else min(end, total)
     output = open(arguments.output, "wb") if arguments.output else sys.stdout.buffer  # noqa: SIM115 - closed below
     try:
-        data, total = read_object(root, path, position, min(position + chunk, end if end is not None else 2**63))
-        stop = total if end is None else min(end, total)
-        with _progress(max(stop - position, 0), "B", arguments.output is None, "cat") as bar:
-            while data:
-                output.write(data)
-                bar.update(len(data))
-                position += len(data)
-                if position >= stop:
-                    break
-                data, _ = read_object(root, path, position, min(position + chunk, stop))
-    except (InvalidReferenceError, ResultNotFoundError) as error:
-        raise CommandError(f"No result {path!r} in this store ({error}).") from error
+        with _progress(max(stop - start, 0), "B", arguments.output is None, "cat") as bar:
+            for piece in pieces:
+                output.write(piece)
+                bar.update(len(piece))
     finally:
         if arguments.output:
             output.close()
         else:
             output.flush()
+    return 0
+
+
+_CAT_CHUNK = 1024 * 1024
+
+
+def _read_stored(root: Any, path: str, start: int, end: int | None) -> tuple[Iterator[bytes], int, str]:
+    """
+    Bytes ``[start, end)`` of a result (``tenant/session/name``) or a document (``tenant/session/.namespace/name``).
+
+    :returns: The bytes in pieces (the first one already read), the object's size, and ``"result"`` or ``"document"``.
+    """
+    from haystack_integrations.offload.operations import read_object
+
+    parts = path.split("/")
+    if len(parts) == 4 and parts[2].startswith("."):
+        # Through the session's documents API, which validates the ids, the namespace and the name.
+        tenant, session, directory, name = parts
+        document = root.for_session(tenant, session).documents(directory[1:]).get(name)
+        return iter([document[start:end]]), len(document), "document"
+    first, total = read_object(root, path, start, start + _CAT_CHUNK if end is None else min(start + _CAT_CHUNK, end))
+    stop = total if end is None else min(end, total)
+
+    def rest() -> Iterator[bytes]:
+        position = start + len(first)
+        while position < stop:
+            piece, _ = read_object(root, path, position, min(position + _CAT_CHUNK, stop))
+            if not piece:
+                return
+            yield piece
+            position += len(piece)
+
+    return itertools.chain([first], rest()), total, "result"
+
+
+def _cat_json(output: str | None, path: str, kind: str, total: int, start: int, data: bytes) -> int:
+    from haystack_integrations.offload.stores.names import parse_object_name
+
+    entry: dict[str, Any] = {"path": path, "kind": kind, "size": total, "offset": start, "length": len(data)}
+    parsed = parse_object_name(path.rsplit("/", 1)[-1]) if kind == "result" else None
+    if parsed is not None:
+        entry.update(tool_name=parsed.tool_name, content_kind=parsed.kind, created=parsed.created.isoformat())
+    if output:
+        Path(output).write_bytes(data)
+        entry["output"] = output
+    else:
+        # Text as it is when the bytes are UTF-8 (a range may cut a character: then base64, like any binary).
+        try:
+            entry.update(encoding="utf-8", content=data.decode("utf-8"))
+        except UnicodeDecodeError:
+            entry.update(encoding="base64", content=base64.b64encode(data).decode("ascii"))
+    _print_json(entry)
     return 0
 
 
@@ -366,14 +570,21 @@ def _purge(arguments: argparse.Namespace) -> int:
         raise CommandError("--session needs --tenant.")
     if not arguments.tenant and not arguments.older_than:
         raise CommandError("Say what to purge: --tenant T [--session S], and/or --older-than AGE (e.g. 30d).")
-    root = _root(arguments)
-    objects = scan(root, tenant=arguments.tenant, session=arguments.session)
+    now = datetime.now(UTC)
+    age = None
     if arguments.older_than:
+        # Checked before the store is touched. OverflowError: too large for a timedelta, or a cutoff before year 1.
         try:
             age = parse_age(arguments.older_than)
+            _ = now - age  # the cutoff must be a date
+        except OverflowError as error:
+            raise CommandError(f"Invalid age {arguments.older_than!r}: it reaches back before the year 1.") from error
         except ValueError as error:
             raise CommandError(str(error)) from error
-        plan = select_older_than(objects, age, now=datetime.now(UTC), root=root)
+    root = _root(arguments)
+    objects = scan(root, tenant=arguments.tenant, session=arguments.session)
+    if age is not None:
+        plan = select_older_than(objects, age, now=now, root=root)
         what = f"results older than {arguments.older_than}, and documents of sessions inactive that long"
     else:
         plan = select_scope(objects)
@@ -450,34 +661,52 @@ def _detail(detail: dict[str, Any]) -> str:
 # Parser
 
 
+def _s3_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("S3", "for s3:// stores; each defaults to the environment, as in the AWS CLI")
+    group.add_argument(
+        "--endpoint-url",
+        help="S3 endpoint, e.g. http://127.0.0.1:5000 (default: $AWS_ENDPOINT_URL_S3, $AWS_ENDPOINT_URL)",
+    )
+    group.add_argument("--profile", help="profile of ~/.aws/config and ~/.aws/credentials (default: $AWS_PROFILE)")
+    group.add_argument("--region", help="region of the bucket (default: $AWS_REGION, $AWS_DEFAULT_REGION)")
+
+
 def _store_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", help="store URL: a directory, file://..., memory://... or s3://bucket/prefix")
     parser.add_argument("--storage-options", help='fsspec options as JSON, e.g. {"endpoint_url": "http://..."}')
     parser.add_argument("--json", action="store_true", help="print JSON for scripts instead of text")
+    _s3_arguments(parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """
     Build the argument parser for the ``offload-haystack`` command.
 
-    :returns: The parser.
+    :returns: The parser (its errors are one line on standard error and exit 2).
     """
-    parser = argparse.ArgumentParser(prog="offload-haystack", description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="offload-haystack", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="command")
 
     demo = commands.add_parser("demo", help="run a scripted multi-tenant demo against an embedded store")
     demo.add_argument("--store", default=DEFAULT_DEMO_STORE, help="store URL or directory (default: %(default)s)")
     demo.add_argument("--storage-options", help="fsspec storage options as JSON, e.g. an S3 endpoint_url")
     demo.add_argument("--tenants", default="acme,globex,initech", help="comma-separated tenant ids")
-    demo.add_argument("--sessions", type=int, default=4, help="concurrent sessions per tenant (default: %(default)s)")
+    demo.add_argument(
+        "--sessions",
+        type=_whole_number(1, MAX_DEMO_SESSIONS),
+        default=4,
+        help=f"concurrent sessions per tenant, 1 to {MAX_DEMO_SESSIONS} (default: %(default)s)",
+    )
     demo.add_argument("--run-id", help="name the sessions chat-<run-id>-<n> (default: random, so runs never mix)")
     demo.add_argument("--json", action="store_true", help="print the per-tenant figures as JSON")
+    _s3_arguments(demo)
     demo.set_defaults(handler=_demo)
 
     serve = commands.add_parser("serve", help="run the reference multi-tenant server and its web page")
     serve.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: %(default)s)")
-    serve.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
-    serve.add_argument("--workers", type=int, default=1, help="worker processes (default: %(default)s)")
+    serve.add_argument("--port", type=_whole_number(1, 65535), default=8000, help="port (default: %(default)s)")
+    serve.add_argument("--workers", type=_whole_number(1), default=1, help="worker processes (default: %(default)s)")
     serve.add_argument("--store", help="store URL (default: $OFFLOAD_SERVER_STORE or ./offload-server-results)")
     serve.add_argument("--storage-options", help="fsspec storage options as JSON")
     serve.add_argument("--tokens-file", help="JSON file of bearer token -> tenant (default: demo tokens)")
@@ -485,6 +714,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--openai-base-url", help="OpenAI-compatible endpoint (key: $OFFLOAD_SERVER_OPENAI_API_KEY)")
     serve.add_argument("--openai-model", help="model name at that endpoint")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    _s3_arguments(serve)
     serve.set_defaults(handler=_serve)
 
     ls = commands.add_parser("ls", help="the tenant/session tree with sizes")
@@ -499,14 +729,14 @@ def build_parser() -> argparse.ArgumentParser:
     du.add_argument("--tenant", help="only this tenant")
     du.set_defaults(handler=_du)
 
-    cat = commands.add_parser("cat", help="print one stored result (bytes as stored)")
+    cat = commands.add_parser("cat", help="print one stored result or document (bytes as stored)")
     _store_arguments(cat)
-    cat.add_argument("reference", help="tenant/session/name as `ls` shows it, or a name with --tenant and --session")
+    cat.add_argument("reference", help="tenant/session/name as `ls` prints it, or a name with --tenant and --session")
     cat.add_argument("--tenant")
     cat.add_argument("--session")
-    cat.add_argument("--offset", type=int, default=0, help="first byte (default: 0)")
-    cat.add_argument("--length", type=int, help="bytes to print (default: to the end)")
-    cat.add_argument("-o", "--output", help="write to this file instead of standard output")
+    cat.add_argument("--offset", type=_whole_number(0, 2**63 - 1), default=0, help="first byte (default: 0)")
+    cat.add_argument("--length", type=_whole_number(0, 2**63 - 1), help="bytes to print (default: to the end)")
+    cat.add_argument("-o", "--output", help="write the bytes to this file instead of standard output")
     cat.set_defaults(handler=_cat)
 
     purge = commands.add_parser("purge", help="delete a session, a tenant, or results older than an age")
@@ -533,10 +763,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     Run the ``offload-haystack`` command.
 
+    Every failure is one line on standard error; set ``OFFLOAD_HAYSTACK_TRACEBACK=1`` to get the traceback of an
+    unexpected one instead (for a bug report).
+
     :param argv: Arguments (default: ``sys.argv[1:]``).
-    :returns: The process exit code: 0, 1 when demo checks failed, 2 on errors.
+    :returns: The process exit code: 0, 1 when demo checks failed, 2 on errors (bad arguments included), 130 when
+        interrupted.
     """
-    arguments = build_parser().parse_args(argv)
+    try:
+        arguments = build_parser().parse_args(argv)
+    except SystemExit as stop:  # --help, --version, or a bad argument (already reported in one line)
+        return stop.code if isinstance(stop.code, int) else EXIT_ERROR if stop.code else 0
     handler: Callable[[argparse.Namespace], int] = arguments.handler
     try:
         return int(handler(arguments))
@@ -545,17 +782,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return EXIT_INTERRUPTED
     except CommandError as error:
-        print(f"offload-haystack: error: {error}", file=sys.stderr)
+        _error(str(error))
     except StoragePermissionError as error:
-        print(
-            f"offload-haystack: error: {error} Check the credentials (--storage-options key/secret, or the "
-            "AWS_* environment variables) and the bucket policy.",
-            file=sys.stderr,
+        _error(
+            f"{error} Check the credentials (--profile, --storage-options key/secret, or the AWS_* environment "
+            "variables) and the bucket policy."
         )
     except (ValueError, OSError, ImportError) as error:
-        print(f"offload-haystack: error: {error}{_cause(error)}", file=sys.stderr)
+        _error(f"{error}{_cause(error)}")
+    except Exception as error:
+        # Whatever else a backend raises (botocore's own errors, an option s3fs does not take): still one line.
+        if os.environ.get("OFFLOAD_HAYSTACK_TRACEBACK"):
+            raise
+        _error(f"{type(error).__name__}: {error}{_cause(error)}")
     return EXIT_ERROR
+
+
+def _error(message: str) -> None:
+    print(f"offload-haystack: error: {_one_line(message)}", file=sys.stderr)
 
 
 def _cause(error: BaseException) -> str:

@@ -11,22 +11,33 @@ HTTP), on one shared Agent with the offload, compaction and approval hooks:
 4. read back: the model searches its own offloaded search results with `read_tool_result`.
 
 Then the checks: every stored result equals what its tool returned, byte for byte; every approved invoice ran exactly
-once (per the audit) and every denied one never; and another tenant's session *with the same session id* sees none of
-this session's results, approvals, conversation or audit, through the service and through crafted store references,
-and a request for them answers exactly as a request for something that never existed.
+once (per the audit) and every denied one never; and another tenant's session *with the same session id*, and a
+sibling session of the same tenant, see none of this session's results, approvals, conversation or audit, through the
+service and through crafted store references, and a request for them answers exactly as a request for something that
+never existed.
+
+The conversation and content checks look for the session's *marker*, a token made from its tenant and session ids
+(`session_marker`) that its research question, and so its stored search results, carry. Topics and customers repeat
+every few sessions; markers never do, whatever the number of sessions and tenants, and no marker is part of another,
+so another session's conversation or results can only contain one by a real leak. Each session first checks that its
+own conversation and results do carry its marker, so the isolation checks cannot pass by looking for the wrong thing.
 """
 
 import asyncio
 import base64
+import hashlib
+import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from haystack.dataclasses import ChatMessage
+
 from haystack_integrations.offload.approvals import ApprovalRequest
 from haystack_integrations.offload.demo.model import SCRIPTED_CONTEXT_WINDOW, scripted_generator
 from haystack_integrations.offload.demo.tools import expected_blocks, invoice_number
-from haystack_integrations.offload.errors import InvalidReferenceError, ResultNotFoundError
+from haystack_integrations.offload.errors import InvalidReferenceError, ResultNotFoundError, StorageError
 from haystack_integrations.offload.hooks.compaction_rounds import COMPACTION_META_KEY
 from haystack_integrations.offload.hooks.pointers import OFFLOADED_META_KEY
 from haystack_integrations.offload.server.agent import build_agent
@@ -34,6 +45,7 @@ from haystack_integrations.offload.server.errors import NotFoundError
 from haystack_integrations.offload.server.service import ChatService, TurnOutcome
 from haystack_integrations.offload.stores import FsspecToolResultStore
 from haystack_integrations.offload.stores.names import new_object_name
+from haystack_integrations.offload.stores.scope import validate_scope_id
 
 DEFAULT_TENANTS = ("acme", "globex", "initech")
 STEPS = ("research", "logs", "invoice", "decision", "read back")
@@ -63,7 +75,8 @@ class SessionOutcome:
     # Kept for the isolation checks, which run once every session has finished.
     references: list[str] = field(default_factory=list)
     request_ids: list[str] = field(default_factory=list)
-    topic: str = ""
+    marker: str = ""
+    """The session's own token (`session_marker`): in its conversation and results, in no other session's."""
 
     def check(self, passed: bool, failure: str, *, isolation: bool = False) -> None:
         """
@@ -101,6 +114,22 @@ class DemoReport:
         return grouped
 
 
+def session_marker(tenant: str, session: str) -> str:
+    """
+    The token that marks one session's content, so that finding it anywhere else means a leak.
+
+    24 hex digits of SHA-256 over ``tenant/session`` (ids never contain ``/``, so different sessions hash different
+    strings; a collision is a 96-bit accident). Hex digits spell none of the words the scripted model reacts to, and
+    the brackets keep a marker from matching inside any other text.
+
+    :param tenant: The tenant id.
+    :param session: The session id.
+    :returns: A token like ``[case 3f9a0c...]``.
+    """
+    digest = hashlib.sha256(f"{tenant}/{session}".encode()).hexdigest()[:24]
+    return f"[case {digest}]"
+
+
 def build_demo_service() -> ChatService:
     """
     The service every tenant's sessions share: the server's Agent with the scripted model, labelled as scripted.
@@ -119,7 +148,7 @@ async def _run_session(
     number: int,
     progress: ProgressCallback | None,
 ) -> SessionOutcome:
-    outcome = SessionOutcome(tenant=tenant, session=session, topic=f"{_TOPICS[number % len(_TOPICS)]} for {tenant}")
+    outcome = SessionOutcome(tenant=tenant, session=session, marker=session_marker(tenant, session))
     try:
         await _converse(service, root.for_session(tenant, session), outcome, number, progress)
     except Exception as error:  # one broken session is reported with the others' results, not instead of them
@@ -134,7 +163,9 @@ async def _converse(
     number: int,
     progress: ProgressCallback | None,
 ) -> None:
-    tenant, session, topic = outcome.tenant, outcome.session, outcome.topic
+    tenant, session = outcome.tenant, outcome.session
+    # The topic repeats every few sessions; the marker makes the question, and the search results, this session's own.
+    topic = f"{_TOPICS[number % len(_TOPICS)]} {outcome.marker}"
     actor = f"{tenant}/demo-user"
 
     def done(step: str) -> None:
@@ -236,12 +267,29 @@ async def _check_contents(service: ChatService, store: FsspecToolResultStore, ou
     outcome.references = [record.reference for record in stored]
     outcome.check(bool(stored), "no result was offloaded")
     outcome.check(outcome.results_compacted > 0, "compaction never offloaded an older result")
+    marked = False
     for record in stored:
         content = await store.read_async(record.reference)
         outcome.check(
             record.reference in expected and content == expected[record.reference],
             f"{record.reference}: stored content differs from what the tool returned",
         )
+        marked = marked or _carries(content, outcome.marker)
+    # Without these two, a marker that never reached the store would let every isolation check pass unseen.
+    outcome.check(
+        any(outcome.marker in _message_text(message) for message in transcript.messages),
+        f"the conversation does not carry the session's marker {outcome.marker}",
+    )
+    outcome.check(marked, f"no stored result carries the session's marker {outcome.marker}")
+
+
+def _message_text(message: ChatMessage) -> str:
+    # Everything a message holds (text, tool calls and their arguments, tool results, meta), not only its text.
+    return json.dumps(message.to_dict(), ensure_ascii=False, default=str)
+
+
+def _carries(content: str | bytes, marker: str) -> bool:
+    return marker.encode() in content if isinstance(content, bytes) else marker in content
 
 
 def _payload_chars(blocks: list[str | bytes]) -> int:
@@ -273,8 +321,16 @@ async def _check_isolation(
                     outcome.check(True, "", isolation=True)
                 else:
                     outcome.check(False, f"{who} read {victim}'s result through {crafted!r}", isolation=True)
-        listed = {record.reference for record in await service.results(intruder)}
+        intruder_results = await service.results(intruder)
+        listed = {record.reference for record in intruder_results}
         outcome.check(not listed & set(outcome.references), f"{who} lists {victim}'s results", isolation=True)
+        for record in intruder_results:
+            content = await intruder.read_async(record.reference)
+            outcome.check(
+                not _carries(content, outcome.marker),
+                f"{who}'s result {record.reference} holds {victim}'s content",
+                isolation=True,
+            )
         for request_id in outcome.request_ids:
             refused = await _not_found_message(service.decide(intruder, request_id, approved=True, actor=who))
             outcome.check(refused is not None, f"{who} could decide {victim}'s approval {request_id}", isolation=True)
@@ -286,18 +342,47 @@ async def _check_isolation(
             )
         transcript = await service.transcript(intruder)
         outcome.check(
-            all(outcome.topic not in (message.text or "") for message in transcript.messages),
+            all(outcome.marker not in _message_text(message) for message in transcript.messages),
             f"{who}'s conversation contains {victim}'s messages",
             isolation=True,
         )
 
 
 async def _not_found_message(call: Any) -> str | None:
+    """The service's not-found message, or None when it answered anything else (as it does for what it found)."""
     try:
         await call
     except NotFoundError as error:
         return str(error)
+    except StorageError:
+        raise  # the store failed: reported as a failed check run, not as a leak
+    except Exception:  # "already decided", "expired", "invalid": each says the thing exists in this scope
+        return None
     return None
+
+
+def demo_sessions(tenants: tuple[str, ...], sessions_per_tenant: int, run_id: str) -> list[str]:
+    """
+    Check the demo's tenants and session count, and name its sessions: ``chat-<run_id>-1`` and on.
+
+    Every tenant uses the same session ids, so the isolation checks can try another tenant's *same-named* session.
+
+    :param tenants: Tenant ids.
+    :param sessions_per_tenant: Sessions per tenant.
+    :param run_id: The run's id.
+    :returns: The session ids.
+    :raises ValueError: If there are no tenants or sessions, a tenant is repeated, or an id is invalid.
+    """
+    if not tenants or sessions_per_tenant < 1:
+        raise ValueError("The demo needs at least one tenant and one session per tenant.")
+    if len(set(tenants)) != len(tenants):
+        raise ValueError(f"Each tenant may appear once, got {', '.join(tenants)}.")
+    sessions = [f"chat-{run_id}-{n}" for n in range(1, sessions_per_tenant + 1)]
+    for tenant in tenants:
+        validate_scope_id(tenant, field="tenant")
+    for session in sessions:
+        validate_scope_id(session, field="session")
+    return sessions
 
 
 async def run_demo_async(
@@ -323,18 +408,10 @@ async def run_demo_async(
     :raises StorageError: If the store cannot be listed (a missing bucket, a bad endpoint).
     :raises StoragePermissionError: If the store refuses the credentials.
     """
-    if not tenants or sessions_per_tenant < 1:
-        raise ValueError("The demo needs at least one tenant and one session per tenant.")
-    if len(set(tenants)) != len(tenants):
-        raise ValueError(f"Each tenant may appear once, got {', '.join(tenants)}.")
-    root = FsspecToolResultStore(store_url, storage_options=storage_options)
     run_id = run_id if run_id is not None else uuid.uuid4().hex[:8]
-    # Every tenant uses the same session ids, so the isolation checks can try another tenant's *same-named* session.
-    sessions = [f"chat-{run_id}-{n}" for n in range(1, sessions_per_tenant + 1)]
     # Fail on a bad id before any session runs, rather than in the middle of the concurrent runs.
-    for tenant in tenants:
-        for session in sessions:
-            root.for_session(tenant, session)
+    sessions = demo_sessions(tenants, sessions_per_tenant, run_id)
+    root = FsspecToolResultStore(store_url, storage_options=storage_options)
     await root.warm_up_async()
     # One LIST up front: a missing bucket or refused credentials fail here, clearly, not in every session at once.
     await root.for_tenant(tenants[0]).list_async(limit=1)
