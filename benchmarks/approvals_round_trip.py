@@ -47,7 +47,7 @@ from haystack_integrations.offload import (
     pending_approvals_async,
     resume_async,
 )
-from haystack_integrations.offload.local_s3 import LocalS3Server
+from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 
 CALL = ("send_invoice", {"customer": "acme", "amount": 10}, "call_1")
 

@@ -233,7 +233,7 @@ def session_plans(count: int, run: str) -> list[SessionPlan]:
 
 
 def _moto_process(connection: Connection) -> None:
-    from haystack_integrations.offload.local_s3 import LocalS3Server
+    from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 
     with LocalS3Server(bucket=BUCKET) as server:
         connection.send(server.storage_options())

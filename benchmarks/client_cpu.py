@@ -47,10 +47,10 @@ import s3fs
 from obstore.store import S3Store
 
 from haystack_integrations.offload import FsspecToolResultStore
-from haystack_integrations.offload.local_s3 import local_s3_process
 from haystack_integrations.offload.stores.fsspec_store import DEFAULT_RETRY, DEFAULT_S3_MAX_POOL_CONNECTIONS
 from haystack_integrations.offload.stores.obstore_io import obstore_settings
 from haystack_integrations.offload.stores.retry import s3_client_options
+from haystack_integrations.offload.testing.local_s3 import local_s3_process
 
 OPERATIONS = ("write", "page", "create")
 RESULT_BYTES = 50_000

@@ -123,7 +123,7 @@ class ProxyControl(ChildProcess):
 
 def _moto_process(connection: Connection) -> None:
     """Run moto's S3 server (this library's LocalS3Server) in this process, until told to stop."""
-    from haystack_integrations.offload.local_s3 import LocalS3Server
+    from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 
     with LocalS3Server(bucket=BUCKET) as server:
         connection.send(server.storage_options())

@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 from haystack.components.agents.state.state import State
 
 from haystack_integrations.offload import FsspecToolResultStore, ReadToolResult, offload_context
-from haystack_integrations.offload.local_s3 import LocalS3Server, RequestLog
+from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 
 PAGE_CHARS = 10_000
 NEEDLE = "the needle near the end"

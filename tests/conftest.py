@@ -18,7 +18,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 if TYPE_CHECKING:
     from haystack_integrations.offload import FsspecToolResultStore
-    from haystack_integrations.offload.local_s3 import LocalS3Server, RequestLog
+    from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 
 
 class Backend(NamedTuple):
@@ -72,7 +72,7 @@ def _cached_s3_filesystems() -> list[Any]:
 def s3_server() -> Iterator["LocalS3Server"]:
     """One moto S3 server for the whole session; tests keep apart by using fresh prefixes."""
     # Imported here so a run that never touches S3 does not import moto (about a second).
-    from haystack_integrations.offload.local_s3 import LocalS3Server
+    from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 
     with LocalS3Server() as server:
         yield server

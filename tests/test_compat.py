@@ -5,7 +5,9 @@ rely on. A new Haystack release that moves or changes one fails here, by name, r
 
 import inspect
 from importlib.metadata import version
+from typing import Any
 
+import pytest
 from haystack.components.agents.state.state import State
 from haystack.dataclasses import ChatMessage, ImageContent, TextContent, ToolCall
 from haystack.tools import Tool
@@ -89,3 +91,12 @@ def test_estimated_context_tokens_counts_what_the_provider_has_not() -> None:
     messages = [ChatMessage.from_user("a" * 400)]
     estimate = compat.estimated_context_tokens(messages, context_tokens=0, token_counter=ApproximateTokenCounter())
     assert isinstance(estimate, int) and estimate >= 100
+
+
+def test_resolve_in_root_maps_a_reference_into_the_store_and_refuses_escapes(tmp_path: Any) -> None:
+    from haystack.hooks.tool_result_offloading import FileSystemToolResultStore
+
+    store = FileSystemToolResultStore(root=tmp_path)
+    assert compat.resolve_in_root(store, "a/b.txt") == (tmp_path / "a" / "b.txt").resolve()
+    with pytest.raises(ValueError):
+        compat.resolve_in_root(store, "../escape.txt")

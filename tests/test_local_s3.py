@@ -12,7 +12,7 @@ import pytest
 import s3fs
 from botocore.exceptions import ClientError
 
-from haystack_integrations.offload.local_s3 import LocalS3Server, RecordedRequest, RequestLog
+from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RecordedRequest, RequestLog
 
 pytestmark = pytest.mark.s3
 
@@ -166,17 +166,31 @@ def test_servers_pick_free_ports_and_release_them() -> None:
 def test_missing_extra_names_the_fix() -> None:
     code = (
         "import sys; sys.modules['moto'] = None\n"
-        "from haystack_integrations.offload.local_s3 import LocalS3Server\n"
+        "from haystack_integrations.offload.testing.local_s3 import LocalS3Server\n"
         "try:\n    LocalS3Server()\nexcept ImportError as e:\n    print(e)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert 'pip install "offload-haystack[local-s3]"' in result.stdout
 
 
+def test_old_module_path_re_exports_the_moved_module() -> None:
+    from haystack_integrations.offload import local_s3 as shim
+    from haystack_integrations.offload.testing import local_s3
+
+    assert shim.LocalS3Server is LocalS3Server
+    assert shim.__all__ == sorted([*local_s3.__all__, "ADMIN_USER", "DEFAULT_BUCKET"])
+    for name in shim.__all__:
+        assert getattr(shim, name) is getattr(local_s3, name)
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="sends SIGINT to stop the server")
-def test_module_runs_a_server_until_interrupted() -> None:
+# The old path is a re-export shim kept for existing commands and docs; both must start a server.
+@pytest.mark.parametrize(
+    "module", ["haystack_integrations.offload.testing.local_s3", "haystack_integrations.offload.local_s3"]
+)
+def test_module_runs_a_server_until_interrupted(module: str) -> None:
     process = subprocess.Popen(
-        [sys.executable, "-m", "haystack_integrations.offload.local_s3", "--port", "0", "--quiet"],
+        [sys.executable, "-m", module, "--port", "0", "--quiet"],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},

@@ -48,8 +48,8 @@ from haystack_integrations.offload.approvals import (
     ResumeConversationError,
     ResumeInterruptedError,
 )
-from haystack_integrations.offload.local_s3 import LocalS3Server
 from haystack_integrations.offload.testing.latency_proxy import LatencyProxy
+from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 
 INVOICE = ("send_invoice", {"customer": "acme", "amount": 120}, "call_inv")
 SEARCH = ("web_search", {"query": "acme"}, "call_search")

@@ -25,11 +25,11 @@ from test_approval_composition import (
 
 from haystack_integrations.offload import FsspecToolResultStore, RetryPolicy
 from haystack_integrations.offload.approvals.ledger import ApprovalLedger
-from haystack_integrations.offload.local_s3 import LocalS3Server
 from haystack_integrations.offload.server.errors import ApprovalPendingConflict, RunFailedError
 from haystack_integrations.offload.server.history import SessionBusyError, SessionHistory
 from haystack_integrations.offload.server.service import ChatService
 from haystack_integrations.offload.testing.faults import Fault, FaultProxy
+from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 
 FAST_RETRY = RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05, attempt_timeout=2.0)
 

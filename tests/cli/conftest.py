@@ -15,9 +15,9 @@ from cli_stores import FilledStore, IamEndpoint
 
 from haystack_integrations.offload import FsspecToolResultStore
 from haystack_integrations.offload.demo.model import scripted_generator
-from haystack_integrations.offload.local_s3 import local_s3_process
 from haystack_integrations.offload.server.agent import build_agent
 from haystack_integrations.offload.server.service import ChatService
+from haystack_integrations.offload.testing.local_s3 import local_s3_process
 
 
 async def _fill(root: FsspecToolResultStore) -> None:
@@ -42,7 +42,7 @@ def filled(backend: Any) -> FilledStore:
 @pytest.fixture(scope="module")
 def iam_endpoint() -> Iterator[IamEndpoint]:
     """
-    ``python -m haystack_integrations.offload.local_s3 --enforce-iam`` in a subprocess.
+    ``python -m haystack_integrations.offload.testing.local_s3 --enforce-iam`` in a subprocess.
 
     A process of its own because moto's IAM switch is process-global: here it would lock out the shared S3 server.
     """

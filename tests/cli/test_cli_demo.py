@@ -19,7 +19,7 @@ import pytest
 from haystack_integrations.offload import FsspecToolResultStore
 from haystack_integrations.offload.cli import main
 from haystack_integrations.offload.demo import SessionOutcome, runner, session_marker
-from haystack_integrations.offload.local_s3 import LocalS3Server
+from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 
 
 def test_demo_with_no_arguments_as_a_real_process(tmp_path: Path) -> None:

@@ -17,8 +17,8 @@ from cli_stores import FilledStore, IamEndpoint
 
 from haystack_integrations.offload.cli import main
 from haystack_integrations.offload.demo.tools import chart_png, search_results
-from haystack_integrations.offload.local_s3 import LocalS3Server
 from haystack_integrations.offload.stores.names import new_object_name
+from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 
 RESEARCH = "Research solar panels, dump the invoices table and chart revenue"
 

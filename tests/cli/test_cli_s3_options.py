@@ -16,7 +16,7 @@ import pytest
 
 from haystack_integrations.offload import FsspecToolResultStore
 from haystack_integrations.offload.cli import main
-from haystack_integrations.offload.local_s3 import LocalS3Server, RequestLog
+from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 
 DEAD_ENDPOINT = "http://127.0.0.1:9"  # the discard port: a client sent there gets nothing back
 PROFILE_KEY = "AKIAPROFILEEXAMPLE01"

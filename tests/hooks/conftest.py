@@ -8,7 +8,7 @@ from haystack import tracing
 from tracing_spy import RecordingTracer
 
 from haystack_integrations.offload import FsspecToolResultStore
-from haystack_integrations.offload.local_s3 import LocalS3Server
+from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 
 
 @pytest.fixture(params=[pytest.param("s3", marks=pytest.mark.s3), "local"])

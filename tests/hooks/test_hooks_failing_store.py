@@ -10,7 +10,7 @@ from haystack.hooks.tool_result_offloading import AlwaysOffload
 from hook_scripts import ALLOW_EXPERIMENTAL, COMPACTED, OFFLOADED, make_agent, page, tool_results
 
 from haystack_integrations.offload import FsspecToolResultStore, OffloadCompactionHook, OffloadHook, offload_context
-from haystack_integrations.offload.local_s3 import LocalS3Server, RequestLog
+from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 
 
 @ALLOW_EXPERIMENTAL

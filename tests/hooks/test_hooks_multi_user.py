@@ -21,7 +21,7 @@ from haystack_integrations.offload import (
     ResultNotFoundError,
     offload_context,
 )
-from haystack_integrations.offload.local_s3 import LocalS3Server
+from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 
 pytestmark = pytest.mark.s3
 

@@ -31,7 +31,7 @@ from hook_scripts import (
 )
 
 from haystack_integrations.offload import FsspecToolResultStore, OffloadHook, offload_context
-from haystack_integrations.offload.local_s3 import RequestLog
+from haystack_integrations.offload.testing.local_s3 import RequestLog
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4).decode()
 PDF = base64.b64encode(b"%PDF-1.4 " + b"\x00\xff" * 300).decode()

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from haystack_integrations.offload.local_s3 import local_s3_process
+from haystack_integrations.offload.testing.local_s3 import local_s3_process
 
 INFRA_DIR = Path(__file__).resolve().parents[2] / "infra"
 
@@ -60,7 +60,7 @@ class IamServer:
 @pytest.fixture(scope="module")
 def iam_server() -> Iterator[IamServer]:
     """
-    ``python -m haystack_integrations.offload.local_s3 --enforce-iam`` in a subprocess.
+    ``python -m haystack_integrations.offload.testing.local_s3 --enforce-iam`` in a subprocess.
 
     A process of its own because moto's IAM switch is process-global: in this process it would also lock out the
     session's ``s3_server`` that other tests share.

@@ -16,7 +16,7 @@ import pytest
 from haystack_integrations.offload import FsspecToolResultStore, StoragePermissionError
 
 if TYPE_CHECKING:
-    from haystack_integrations.offload.local_s3 import LocalS3Server
+    from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 
 pytestmark = pytest.mark.s3
 

@@ -14,7 +14,7 @@ _SCRIPT = textwrap.dedent(
     import boto3
     from botocore.exceptions import ClientError
     from moto import settings
-    from haystack_integrations.offload.local_s3 import ADMIN_USER, LocalS3Server
+    from haystack_integrations.offload.testing.local_s3 import ADMIN_USER, LocalS3Server
 
     def refused(server):
         anonymous = boto3.session.Session(

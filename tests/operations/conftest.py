@@ -12,8 +12,8 @@ import pytest
 from ops_helpers import FAST_RETRY, Roots, proxied_options
 
 from haystack_integrations.offload import FsspecToolResultStore
-from haystack_integrations.offload.local_s3 import LocalS3Server
 from haystack_integrations.offload.testing.faults import FaultPlan, FaultProxy
+from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 
 
 @pytest.fixture(scope="session")

@@ -18,9 +18,9 @@ from haystack.hooks.tool_result_offloading import RESULT_STORE_CONTEXT_KEY
 from haystack.tools import Tool
 
 from haystack_integrations.offload import FsspecToolResultStore, RetryPolicy, offload_context
-from haystack_integrations.offload.local_s3 import LocalS3Server
 from haystack_integrations.offload.stores.names import new_object_name
 from haystack_integrations.offload.testing.faults import FaultProxy
+from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 
 OFFLOADED = "tool_result_offloaded"
 # Short timeouts so that a withheld answer costs a second, not s3fs's default 15.

@@ -11,9 +11,9 @@ import pytest
 from ops_helpers import proxied_options
 
 from haystack_integrations.offload import FsspecToolResultStore, RetryPolicy, StorageError, StorageUnavailableError
-from haystack_integrations.offload.local_s3 import LocalS3Server, RequestLog
 from haystack_integrations.offload.testing.faults import AMBIGUOUS_FAULTS, Fault, FaultPlan, FaultProxy
 from haystack_integrations.offload.testing.latency_proxy import ProxiedRequest
+from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 
 # One attempt, cut off before the proxy's 5 s hold ends, so a withheld answer always fails the attempt.
 ONE_ATTEMPT = RetryPolicy(attempts=1, attempt_timeout=1.0)

@@ -11,9 +11,9 @@ import pytest
 from haystack.dataclasses import ChatMessage
 from ops_helpers import Roots
 
-from haystack_integrations.offload.local_s3 import RequestLog
 from haystack_integrations.offload.server.history import SessionBusyError, SessionHistory
 from haystack_integrations.offload.testing.faults import Fault, FaultProxy
+from haystack_integrations.offload.testing.local_s3 import RequestLog
 
 pytestmark = pytest.mark.s3
 

@@ -32,8 +32,8 @@ from ops_helpers import (
 )
 
 from haystack_integrations.offload import FsspecToolResultStore, OffloadHook, RetryPolicy, offload_context
-from haystack_integrations.offload.local_s3 import LocalS3Server
 from haystack_integrations.offload.testing.faults import Fault, FaultPlan, FaultProxy
+from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 
 pytestmark = pytest.mark.s3
 

@@ -19,9 +19,9 @@ from haystack_integrations.offload import (
     StorageError,
     StorageUnavailableError,
 )
-from haystack_integrations.offload.local_s3 import LocalS3Server, RequestLog
 from haystack_integrations.offload.stores.retry import transient_cause
 from haystack_integrations.offload.testing.faults import Fault, FaultPlan, FaultProxy
+from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 
 pytestmark = pytest.mark.s3
 

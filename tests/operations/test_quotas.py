@@ -29,9 +29,9 @@ from haystack_integrations.offload import (
     end_session_async,
     offload_context,
 )
-from haystack_integrations.offload.local_s3 import LocalS3Server, RequestLog
 from haystack_integrations.offload.operations import scan, usage
 from haystack_integrations.offload.server.history import SessionHistory
+from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 
 
 def _root(backend: tuple[str, dict[str, Any]], quota: Quota, **kwargs: Any) -> FsspecToolResultStore:

@@ -20,9 +20,9 @@ from haystack_integrations.offload import (
     end_session_async,
     read_tool_result,
 )
-from haystack_integrations.offload.local_s3 import LocalS3Server, RequestLog
 from haystack_integrations.offload.server import history as history_module
 from haystack_integrations.offload.server.history import SessionHistory
+from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 
 WEEK = Retention(ttl=timedelta(days=7), tenants={"trial": timedelta(hours=1), "archive": None})
 

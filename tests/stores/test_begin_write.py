@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from haystack_integrations.offload import FsspecToolResultStore, QuotaExceededError, ResultNotFoundError
-from haystack_integrations.offload.local_s3 import LocalS3Server, RequestLog
 from haystack_integrations.offload.stores.pending import PendingWrite
 from haystack_integrations.offload.stores.quotas import Quota
 from haystack_integrations.offload.testing.latency_proxy import LatencyProxy
+from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 
 pytestmark = pytest.mark.engines  # also on the obstore engine (tests/conftest.py)
 

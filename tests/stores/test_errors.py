@@ -12,7 +12,7 @@ from haystack_integrations.offload import (
     StorageError,
     StoragePermissionError,
 )
-from haystack_integrations.offload.local_s3 import LocalS3Server
+from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 
 
 class _RefusingFilesystem(MemoryFileSystem):

@@ -437,7 +437,7 @@ def test_systems_without_descriptor_relative_calls_fall_back_to_checked_paths(
     store = FsspecToolResultStore(str(tmp_path / "results"))
     session = store.for_session("acme", "chat-1")
     reference = session.write(key="k.txt", content="ok")
-    assert isinstance(store._handle.io().inner, io.PathCheckedLocalIO)  # type: ignore[attr-defined]
+    assert isinstance(store._handle.io(), io.PathCheckedLocalIO)  # local disk is not wrapped in a RetryingIO
     assert session.read(reference) == "ok"
     assert session.read_range_and_size(reference, 0, 1) == (b"o", 2)
     session.documents("claims").create("claim.json", b"x")

@@ -14,8 +14,8 @@ import warnings
 import pytest
 
 from haystack_integrations.offload import FsspecToolResultStore
-from haystack_integrations.offload.local_s3 import LocalS3Server, RequestLog
 from haystack_integrations.offload.stores.loop_local import LoopLocal
+from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 
 
 class Recorder:

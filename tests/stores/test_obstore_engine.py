@@ -23,8 +23,8 @@ from haystack_integrations.offload import (
     StorageError,
     StoragePermissionError,
 )
-from haystack_integrations.offload.local_s3 import LocalS3Server
 from haystack_integrations.offload.stores.obstore_io import obstore_settings
+from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 
 A_NAME = "20261129T213400123456Z-5f3a9c1e.t.search.k.txt"
 

@@ -5,7 +5,7 @@ import uuid
 import pytest
 
 from haystack_integrations.offload import FsspecToolResultStore, InvalidReferenceError
-from haystack_integrations.offload.local_s3 import LocalS3Server, RequestLog
+from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 
 pytestmark = pytest.mark.s3
 

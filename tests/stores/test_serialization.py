@@ -8,7 +8,7 @@ from haystack.core.errors import SerializationError
 from haystack.utils import Secret
 
 from haystack_integrations.offload import FsspecToolResultStore
-from haystack_integrations.offload.local_s3 import LocalS3Server
+from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 
 pytestmark = pytest.mark.engines  # also on the obstore engine (tests/conftest.py)
 

@@ -6,8 +6,8 @@ import time
 import pytest
 
 from haystack_integrations.offload import FsspecToolResultStore
-from haystack_integrations.offload.local_s3 import LocalS3Server, RequestLog
 from haystack_integrations.offload.testing.latency_proxy import LatencyProxy, _InterimResponses, _RequestHeads
+from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 
 
 def _heads(*chunks: bytes) -> list[tuple[str, str]]:

@@ -22,7 +22,7 @@ from haystack_integrations.offload import (
     offload_context,
     read_tool_result,
 )
-from haystack_integrations.offload.local_s3 import LocalS3Server, RecordedRequest, RequestLog
+from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RecordedRequest, RequestLog
 
 pytestmark = pytest.mark.s3
 

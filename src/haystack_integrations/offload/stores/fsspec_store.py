@@ -41,7 +41,13 @@ from haystack_integrations.offload.stores.retention import (
     read_turn_times,
     read_turn_times_async,
 )
-from haystack_integrations.offload.stores.retry import RetryingIO, RetryPolicy, RetryStats, s3_client_options
+from haystack_integrations.offload.stores.retry import (
+    RetryingIO,
+    RetryPolicy,
+    RetryStats,
+    retries_can_help,
+    s3_client_options,
+)
 from haystack_integrations.offload.stores.scope import check_local_path, validate_scope_id
 from haystack_integrations.offload.stores.translate import storage_errors
 
@@ -918,7 +924,10 @@ class _FilesystemHandle:
                 root = os.path.realpath(root)
             self._resolved_root = root
             io = io or storage_io_for(fs)
-            self._io = RetryingIO(io, self._retry, self.retry_stats) if self._retry is not None else io
+            # Only a network backend is worth retrying; memory and local disk keep their (zero) retry_stats.
+            if self._retry is not None and retries_can_help(io):
+                io = RetryingIO(io, self._retry, self.retry_stats)
+            self._io = io
 
     def _s3_filesystem(self, options: dict[str, Any], *, asynchronous: bool = False) -> AbstractFileSystem:
         if asynchronous:

@@ -6,10 +6,11 @@ attempts), s3fs (``_error_wrapper``: 5 attempts, on top of botocore's, so one re
 (which resends an idempotent request once when its connection drops). A store with a `RetryPolicy` (the default)
 therefore turns botocore's and s3fs's retries off for the S3 client it creates, and retries here instead:
 
-- **What**: every storage call of the store, its documents and the operator commands (they share the store's I/O),
-  when the failure is transient (`transient_cause`): HTTP 500, 502, 503 (SlowDown), 504, 429 and S3's throttling
-  codes, connection failures and resets, read timeouts, answers cut short. Never a missing object, a refused
-  permission, a lost conditional create or a bad request.
+- **What**: every storage call of a store on a network backend, its documents and the operator commands (they share
+  the store's I/O), when the failure is transient (`transient_cause`): HTTP 500, 502, 503 (SlowDown), 504, 429 and
+  S3's throttling codes, connection failures and resets, read timeouts, answers cut short. Never a missing object, a
+  refused permission, a lost conditional create or a bad request. Never memory or local disk either
+  (`retries_can_help`): nothing there fails transiently, so a retry would only repeat a real failure, later.
 - **Bounded**: at most `RetryPolicy.attempts` attempts, each cut off after `RetryPolicy.attempt_timeout` seconds, and no
   new attempt after `RetryPolicy.deadline` seconds, with exponential backoff and full jitter (many clients failing
   together do not retry together). The attempt timeout is there because the client's own read timeout is not enough:
@@ -69,6 +70,23 @@ _TRANSIENT_CODES = frozenset(
 )
 # Failures that retrying cannot fix, whatever caused them further down the chain.
 _PERMANENT = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError, ValueError)
+# fsspec protocols served in this process: no network between the store and its bytes, so no transient failures.
+_IN_PROCESS_PROTOCOLS = frozenset({"memory", "file", "local"})
+
+
+def retries_can_help(io: StorageIO) -> bool:
+    """
+    Whether retrying `io`'s calls can get past a failure: only when its backend is reached over a network.
+
+    Memory and local disk do not fail transiently; their failures (a full disk, a refused permission) are answers that
+    a retry would only repeat, later.
+
+    :param io: The I/O strategy a store would wrap in a `RetryingIO`.
+    :returns: ``False`` for an in-process backend (fsspec's ``memory``, ``file`` or ``local`` protocol), else ``True``.
+    """
+    protocol = io.fs.protocol
+    protocols = {protocol} if isinstance(protocol, str) else set(protocol)
+    return not protocols <= _IN_PROCESS_PROTOCOLS
 
 
 class RetryPolicy(BaseModel):
@@ -316,8 +334,9 @@ class RetryingIO(StorageIO):
     """
     A `StorageIO` that retries another one's calls under a `RetryPolicy`.
 
-    It wraps whatever `storage_io_for` picked, so every user of a store's I/O (results, documents, operator commands)
-    retries the same way. Sync calls wait with `time.sleep` in their own thread; async calls with `asyncio.sleep`.
+    A store wraps the I/O `storage_io_for` picked when it reaches a network (`retries_can_help`), so every user of that
+    store's I/O (results, documents, operator commands) retries the same way. Sync calls wait with `time.sleep` in
+    their own thread; async calls with `asyncio.sleep`.
     """
 
     def __init__(self, inner: StorageIO, policy: RetryPolicy, stats: RetryStats) -> None:

@@ -24,7 +24,7 @@ log, so a test can prove the faults really happened.
 
 Example::
 
-    from haystack_integrations.offload.local_s3 import LocalS3Server
+    from haystack_integrations.offload.testing.local_s3 import LocalS3Server
     from haystack_integrations.offload.testing.faults import Fault, FaultPlan, FaultProxy
 
     with LocalS3Server() as s3, FaultProxy(s3.endpoint_url, plan=FaultPlan(rate=0.1, seed=7)) as proxy:

@@ -19,7 +19,7 @@ with a chunked body ends the counting on its connection (the bytes are still for
 
 Example::
 
-    from haystack_integrations.offload.local_s3 import LocalS3Server
+    from haystack_integrations.offload.testing.local_s3 import LocalS3Server
     from haystack_integrations.offload.testing.latency_proxy import LatencyProxy
 
     with LocalS3Server() as s3, LatencyProxy(s3.endpoint_url, latency=0.2) as proxy:

@@ -69,8 +69,9 @@ class ReadToolResult(ReadBackTool):
 
         ToolResultOffloadHook(store, {("read_tool_result", "list_tool_results"): NeverOffload(), "*": ...})
 
-    With a store other than `FsspecToolResultStore` (anything with Haystack's `read(reference)`), paging and search
-    work the same but every call reads the whole result.
+    With Haystack's `FileSystemToolResultStore` a page is one seek and read in the result's file, after the store's own
+    containment check. With any other store (anything with Haystack's `read(reference)`), paging and search work the
+    same but every call reads the whole result.
 
     Usage example:
 

@@ -28,7 +28,7 @@ from haystack_integrations.offload.tools.binary import (
 from haystack_integrations.offload.tools.errors import ReadBackToolError
 from haystack_integrations.offload.tools.paging import Page, cut_page, fetch_size, leading_continuations
 from haystack_integrations.offload.tools.search import SearchOutcome, StreamSearch
-from haystack_integrations.offload.tools.source import Kind, Reader
+from haystack_integrations.offload.tools.source import Kind, Reader, textual_mime
 
 # Bytes read per search chunk: large enough that a 200 MB result takes a few hundred requests, small enough to hold.
 SEARCH_CHUNK_BYTES = 1 << 20
@@ -183,7 +183,7 @@ def search_result(
     :returns: A reader that returns the matches as text.
     """
     key_mime = mime_from_key(key)
-    if kind == "bytes" and key_mime is not None and not _textual(key_mime):
+    if kind == "bytes" and key_mime is not None and not textual_mime(key_mime):
         raise ReadBackToolError("This result is binary data, which cannot be searched; read it to see what it is.")
     search = StreamSearch(
         pattern=pattern,
@@ -203,12 +203,6 @@ def search_result(
         first = False
         search.feed(data, total)
     return format_search(search.outcome(), shown_pattern=shown_pattern)
-
-
-def _textual(mime: str | None) -> bool:
-    return mime is not None and (
-        mime.startswith("text/") or mime in {"application/json", "application/xml", "application/x-ndjson"}
-    )
 
 
 def format_search(outcome: SearchOutcome, *, shown_pattern: str) -> str:

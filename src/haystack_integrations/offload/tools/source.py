@@ -3,6 +3,9 @@ Byte ranges of one stored result, from whichever store the run brought.
 
 - `RangedSource` serves an `FsspecToolResultStore`: every range is one `read_range_and_size` call (one ranged GET on
   S3), and the content kind (text or bytes) and the writer's key come from the reference itself, with no request.
+- `FileSource` serves Haystack's own `FileSystemToolResultStore`: its reference names a file under the store's root,
+  which the store's own containment check (the one its `read` uses) resolves on every range; a range is a seek and a
+  read of that many bytes, so a page of a 100 MB result reads a page, not 100 MB.
 - `WholeSource` serves any other Haystack `ToolResultStore`, which only has `read(reference)`: the result is read
   whole once per tool call and sliced in memory. Paging still works, it just moves the whole result each call.
 
@@ -12,13 +15,18 @@ once (as generators that yield ranges, see `drive` and `drive_async`).
 
 import asyncio
 import inspect
+import os
+import stat
 from collections.abc import Generator
 from typing import Any, Literal, TypeVar
 
+from haystack.hooks.tool_result_offloading import FileSystemToolResultStore
 from haystack.hooks.tool_result_offloading.types import ToolResultStore
 
+from haystack_integrations.offload.compat import resolve_in_root
 from haystack_integrations.offload.stores import FsspecToolResultStore
 from haystack_integrations.offload.stores.names import parse_object_name
+from haystack_integrations.offload.tools.binary import mime_from_key
 
 Kind = Literal["text", "bytes"]
 T = TypeVar("T")
@@ -102,6 +110,73 @@ class RangedSource(ResultSource):
         return await self._store.read_range_and_size_async(self._reference, start, end)
 
 
+class FileSource(ResultSource):
+    """
+    A result in Haystack's `FileSystemToolResultStore`, read range by range from its file.
+
+    The reference goes through the store's own containment check (`_resolve_in_root`, what its `read` uses) on every
+    range, so exactly the references its `read` accepts are read, from the same file. The file is then opened without
+    following a symlink in its last component and must be a regular file (a planted FIFO would otherwise block).
+
+    The kind comes from the reference's extension, as Haystack's hook writes them: text blocks as ``.txt``, binary
+    blocks with their MIME type's extension. Any extension of a non-text MIME type (``.png``, ``.bin``) is read as
+    bytes, which are still paged as text when they turn out to be UTF-8; everything else is paged as text.
+    """
+
+    def __init__(self, store: FileSystemToolResultStore, reference: str) -> None:
+        """
+        :param store: The run's store.
+        :param reference: The reference, as the model gave it; the store's containment check runs on every read.
+        """
+        self._store = store
+        self._reference = reference
+        self.key = reference
+        mime = mime_from_key(reference)
+        self.kind = "bytes" if mime is not None and not textual_mime(mime) else "text"
+
+    def read(self, start: int, end: int) -> RangeReply:
+        """
+        Read a byte range: one seek and one read of at most ``end - start`` bytes.
+
+        :param start: First byte.
+        :param end: One past the last byte.
+        :returns: The bytes and the result's total size.
+        :raises ValueError: If the reference resolves outside the store's root, or to something not a regular file.
+        :raises FileNotFoundError: If no file is stored under the reference.
+        """
+        # Haystack's own containment check (a private method, through compat), so ours cannot drift from its read's.
+        path = resolve_in_root(self._store, self._reference)
+        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+        with open(os.open(path, flags), "rb") as file:
+            status = os.fstat(file.fileno())
+            if not stat.S_ISREG(status.st_mode):
+                raise ValueError("Result reference does not name a regular file.")
+            file.seek(start)
+            return file.read(max(0, end - start)), status.st_size
+
+    async def read_async(self, start: int, end: int) -> RangeReply:
+        """
+        Async `read`, in a worker thread: disk reads block.
+
+        :param start: First byte.
+        :param end: One past the last byte.
+        :returns: The bytes and the result's total size.
+        """
+        return await asyncio.to_thread(self.read, start, end)
+
+
+def textual_mime(mime: str | None) -> bool:
+    """
+    Whether a MIME type names text that paging and search can show as it is.
+
+    :param mime: A MIME type, or None.
+    :returns: True for ``text/*``, JSON, XML and NDJSON.
+    """
+    return mime is not None and (
+        mime.startswith("text/") or mime in {"application/json", "application/xml", "application/x-ndjson"}
+    )
+
+
 class WholeSource(ResultSource):
     """A result in any other `ToolResultStore`, read whole once and sliced in memory."""
 
@@ -162,10 +237,15 @@ def source_for(store: ToolResultStore, reference: str) -> ResultSource:
 
     :param store: The run's store.
     :param reference: The reference the model gave.
-    :returns: A ranged source for an `FsspecToolResultStore`, a whole-read source for any other store.
+    :returns: A ranged source for an `FsspecToolResultStore` or Haystack's `FileSystemToolResultStore`, a whole-read
+        source for any other store.
     """
     if isinstance(store, FsspecToolResultStore):
         return RangedSource(store, reference)
+    # A subclass that changes how a result is read (decrypting, say) keeps its own read: only the file as written is
+    # known to be the result.
+    if isinstance(store, FileSystemToolResultStore) and type(store).read is FileSystemToolResultStore.read:
+        return FileSource(store, reference)
     return WholeSource(store, reference)
 
 
