@@ -213,8 +213,11 @@ def test_serve_passes_the_s3_flags_to_its_workers(
     from haystack_integrations.offload.server.settings import ServerSettings
 
     # `serve` hands its settings to the worker processes through OFFLOAD_SERVER_* variables: undo them afterwards.
+    # Set first, then delete: monkeypatch undoes only what it recorded, and deleting an unset variable records
+    # nothing, so what `serve` sets would otherwise leak into every later test's server processes.
     for name in ServerSettings.model_fields:
-        monkeypatch.delenv(f"OFFLOAD_SERVER_{name.upper()}", raising=False)
+        monkeypatch.setenv(f"OFFLOAD_SERVER_{name.upper()}", "")
+        monkeypatch.delenv(f"OFFLOAD_SERVER_{name.upper()}")
     for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_REGION", "eu-north-1")  # a default the flag overrides
