@@ -8,9 +8,15 @@ violation reported.
 
 Then the page's defences: it refuses to run injected inline script, another site cannot frame it, and a login link
 with another user's token asks before it replaces the stored one.
+
+Then a newcomer's first hour: the page fits 360 and 390 px phones and a 1366 px desktop (screenshots of 390 and 1366
+are copied to /tmp/page-390.png and /tmp/page-1366.png for review), a login link signs in after a token the server
+refused, Esc closes the result viewer, approvals and denials are events in the chat, images a tool made are shown
+inline, viewer pages end at line ends, and the chat list switches chats and starts new ones.
 """
 
 import os
+import re
 import shutil
 import sys
 from collections.abc import Iterator
@@ -22,7 +28,7 @@ from server_processes import ServerProcess, serve
 from server_tenants import ACME_TOKEN, GLOBEX_TOKEN, TOKENS
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser, ConsoleMessage, Page
+    from playwright.sync_api import Browser, BrowserContext, ConsoleMessage, Page
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -147,9 +153,10 @@ def test_chat_approve_and_view_results_in_a_real_browser(
         viewer = page.get_by_test_id("viewer")
         expect(viewer).to_be_visible()
         expect(page.get_by_test_id("viewer-text")).to_contain_text("[1] Research solar panels")
-        expect(page.get_by_test_id("viewer-range")).to_contain_text("bytes 0\u20134096 of")
+        # Pages end at a line's end (see test_viewer_pages_end_where_a_reader_can_follow).
+        expect(page.get_by_test_id("viewer-range")).to_contain_text(re.compile(r"bytes 0\u2013(\d+) of"))
         page.get_by_test_id("viewer-next").click()
-        expect(page.get_by_test_id("viewer-range")).to_contain_text("bytes 4096\u20138192 of")
+        expect(page.get_by_test_id("viewer-text")).to_contain_text(re.compile(r"^\[\d+\] Research solar panels"))
         page.screenshot(path=screenshots / "05-text-result-page-2.png")
         page.get_by_title("Close").click()
 
@@ -296,6 +303,356 @@ def test_a_login_link_asks_before_replacing_a_stored_token(live_server: ServerPr
         page.keyboard.press("Escape")
         expect(page.get_by_role("alertdialog")).to_be_hidden()
         assert page.evaluate(stored) == GLOBEX_TOKEN
+        assert errors == [] and _policy_errors(console) == []
+    finally:
+        context.close()
+
+
+# The page for a newcomer's first hour: phones and desktops, a chat list, approvals told as events, images inline,
+# readable pages in the viewer, the audit trail, and login links that work after a refused token.
+
+RESEARCH = "Research solar panels, dump the invoices table and chart revenue"
+INVOICE = "Send an invoice to Initech for 250 EUR"
+REVIEW_COPIES = {390: Path("/tmp/page-390.png"), 1366: Path("/tmp/page-1366.png")}  # noqa: S108 - for review
+
+
+def _signed_in(context: "BrowserContext", errors: list[str], console: list[str], base_url: str, session: str) -> "Page":
+    """A page of `context` signed in as acme with `session` open."""
+    from playwright.sync_api import expect
+
+    page = _watched(context.new_page(), errors, console)
+    page.goto(f"{base_url}/#token={ACME_TOKEN}&session={session}")
+    expect(page.get_by_test_id("tenant-badge")).to_have_text("tenant: acme")
+    expect(page.get_by_test_id("session")).to_have_value(session)
+    expect(page.get_by_test_id("message")).to_be_enabled()
+    return page
+
+
+def _send(page: "Page", text: str) -> None:
+    """Send `text` and wait until the page has shown the turn's outcome."""
+    from playwright.sync_api import expect
+
+    page.get_by_test_id("message").fill(text)
+    page.get_by_test_id("send").click()
+    expect(page.get_by_test_id("message")).to_have_value("")
+    expect(page.get_by_test_id("send")).to_be_enabled()
+    expect(page.get_by_test_id("status")).to_contain_text("Turn")
+
+
+def _store_of(server: ServerProcess) -> str:
+    arguments = list(server.process.args)
+    return str(arguments[arguments.index("--store") + 1])
+
+
+def _in_view(page: "Page", test_id: str) -> bool:
+    box = page.get_by_test_id(test_id).bounding_box()
+    viewport = page.viewport_size
+    assert box is not None and viewport is not None
+    return (
+        box["x"] >= 0
+        and box["y"] >= 0
+        and box["x"] + box["width"] <= viewport["width"]
+        and (box["y"] + box["height"] <= viewport["height"])
+    )
+
+
+@pytest.mark.parametrize(("width", "height"), [(390, 844), (360, 740), (1366, 768)])
+def test_the_page_fits_phones_and_desktops(
+    live_server: ServerProcess, browser: "Browser", tmp_path: Path, width: int, height: int
+) -> None:
+    from playwright.sync_api import expect
+
+    context = browser.new_context(viewport={"width": width, "height": height})
+    errors: list[str] = []
+    console: list[str] = []
+    try:
+        page = _signed_in(context, errors, console, live_server.base_url, f"fit-{width}")
+        _send(page, RESEARCH)  # long lines, long references and an image
+        _send(page, INVOICE)  # an approval waits, in the side panel
+        expect(page.get_by_test_id("approval")).to_have_count(1)
+        page.evaluate("() => window.scrollTo(0, 0)")
+        # Nothing runs off the side of the window...
+        assert page.evaluate("() => document.scrollingElement.scrollWidth <= window.innerWidth"), page.evaluate(
+            "() => [document.scrollingElement.scrollWidth, window.innerWidth]"
+        )
+        # ...and the message box and its button are on screen, the page scrolled to its top.
+        for test_id in ("message", "send"):
+            expect(page.get_by_test_id(test_id)).to_be_visible()
+            assert _in_view(page, test_id), test_id
+        expect(page.get_by_test_id("thumbnail")).to_have_count(1)
+        transcript = page.get_by_test_id("transcript").bounding_box()
+        chats = page.get_by_test_id("chats").bounding_box()
+        side = page.get_by_test_id("approvals").bounding_box()
+        assert transcript is not None and chats is not None and side is not None
+        if width < 760:
+            # One column: the chat takes the width (not one letter per line); the chats above it, the panels below.
+            assert transcript["width"] >= width - 40
+            assert chats["y"] < transcript["y"] < side["y"]
+            bubble = page.get_by_test_id("msg-user").first.bounding_box()
+            assert bubble is not None and bubble["width"] > 200
+        else:
+            # Three columns side by side, the chat the widest.
+            assert chats["x"] + chats["width"] < transcript["x"] < transcript["x"] + transcript["width"] < side["x"]
+            assert transcript["width"] > 600
+        screenshot = tmp_path / f"page-{width}.png"
+        page.screenshot(path=screenshot)
+        if width in REVIEW_COPIES:
+            shutil.copy(screenshot, REVIEW_COPIES[width])
+        assert errors == [] and _policy_errors(console) == []
+    finally:
+        context.close()
+
+
+def test_a_login_link_signs_in_after_a_token_the_server_refused(live_server: ServerProcess, browser: "Browser") -> None:
+    from playwright.sync_api import expect
+
+    context = browser.new_context()
+    errors: list[str] = []
+    console: list[str] = []
+    try:
+        # A token from an earlier run of the server is stored; the server refuses it now.
+        page = _watched(context.new_page(), errors, console)
+        page.goto(live_server.base_url)
+        page.evaluate("() => localStorage.setItem('offload-token', 'a-token-from-last-week-0123456789')")
+        page.reload()
+        expect(page.locator("#login-error")).to_have_text("Unknown token.")
+        expect(page.get_by_test_id("tenant-badge")).to_be_hidden()
+        # The new link, opened in the same tab: it signs in, without asking to replace a token that signs nobody in.
+        page.evaluate(f"() => {{ location.hash = 'token={ACME_TOKEN}&session=after-refusal'; }}")
+        expect(page.get_by_test_id("tenant-badge")).to_have_text("tenant: acme")
+        expect(page.get_by_test_id("session")).to_have_value("after-refusal")
+        expect(page.get_by_test_id("switch-user")).to_be_hidden()
+        expect(page.locator("#login-error")).to_have_text("")
+        assert page.evaluate("() => localStorage.getItem('offload-token')") == ACME_TOKEN
+        assert ACME_TOKEN not in page.url
+
+        # A refused token typed by hand, then a link in the same tab: the link signs in too.
+        page.evaluate("() => localStorage.clear()")
+        page.reload()
+        page.get_by_test_id("token").fill("typed-wrong-0123456789abcdef")
+        page.get_by_test_id("connect").click()
+        expect(page.locator("#login-error")).to_have_text("Unknown token.")
+        expect(page.get_by_test_id("tenant-badge")).to_be_hidden()
+        expect(page.get_by_test_id("message")).to_be_disabled()
+        page.evaluate(f"() => {{ location.hash = 'token={GLOBEX_TOKEN}'; }}")
+        expect(page.get_by_test_id("tenant-badge")).to_have_text("tenant: globex")
+        expect(page.get_by_test_id("switch-user")).to_be_hidden()
+
+        # A fresh tab opened from a link while a refused token is stored (the tabs share it): signed in at once too.
+        page.evaluate("() => localStorage.setItem('offload-token', 'a-token-from-last-week-0123456789')")
+        page = _watched(context.new_page(), errors, console)
+        page.goto(f"{live_server.base_url}/#token={ACME_TOKEN}")
+        expect(page.get_by_test_id("tenant-badge")).to_have_text("tenant: acme")
+        expect(page.get_by_test_id("switch-user")).to_be_hidden()
+        assert errors == [] and _policy_errors(console) == []
+    finally:
+        context.close()
+
+
+def test_escape_closes_the_result_viewer(live_server: ServerProcess, browser: "Browser") -> None:
+    from playwright.sync_api import expect
+
+    context = browser.new_context()
+    errors: list[str] = []
+    console: list[str] = []
+    try:
+        page = _signed_in(context, errors, console, live_server.base_url, "escape")
+        _send(page, "Research solar panels")
+        opener = page.get_by_test_id("view-result").first
+        opener.click()
+        expect(page.get_by_test_id("viewer")).to_be_visible()
+        expect(page.get_by_test_id("viewer-text")).to_contain_text("Research solar panels")
+        page.keyboard.press("Escape")
+        expect(page.get_by_test_id("viewer")).to_be_hidden()
+        expect(opener).to_be_focused()  # back where the reader was
+        # A modal dialog, for assistive technology too; Escape works whatever has the focus inside it.
+        opener.click()
+        expect(
+            page.get_by_role("dialog", name=page.get_by_test_id("view-result").first.get_attribute("title"))
+        ).to_be_visible()
+        page.get_by_test_id("viewer-next").focus()
+        page.keyboard.press("Escape")
+        expect(page.get_by_role("dialog")).to_be_hidden()
+        assert errors == [] and _policy_errors(console) == []
+    finally:
+        context.close()
+
+
+def test_approvals_and_denials_are_events_in_the_chat(
+    live_server: ServerProcess, browser: "Browser", tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    context = browser.new_context(viewport={"width": 1366, "height": 900})
+    errors: list[str] = []
+    console: list[str] = []
+    try:
+        page = _signed_in(context, errors, console, live_server.base_url, "approval-events")
+        transcript = page.get_by_test_id("transcript")
+
+        # The durable stop: a waiting event naming the call, not an assistant bubble "Approval required: <ids>".
+        _send(page, INVOICE)
+        waiting = page.get_by_test_id("event-waiting")
+        expect(waiting).to_contain_text("Waiting for approval: send_invoice with customer=Initech, amount=250")
+        expect(page.get_by_test_id("msg-assistant").filter(has_text="Approval required")).to_have_count(0)
+        waiting.get_by_test_id("review-approvals").click()
+        expect(page.get_by_test_id("approve")).to_be_focused()
+
+        # An edited approval: one event with the arguments as they ran, and no "YOU" bubble holding a Python dict.
+        page.get_by_test_id("approval-arguments").fill('{"customer": "Initech", "amount": 50}')
+        page.get_by_test_id("approve").click()
+        expect(transcript).to_contain_text("sent to Initech for 50 EUR")
+        expect(page.get_by_test_id("event-approved")).to_have_text(
+            "✓Approved send_invoice with customer=Initech, amount=50 (edited)"
+        )
+        expect(page.get_by_test_id("msg-user")).to_have_count(1)
+        expect(transcript).not_to_contain_text("were updated by the user")
+        expect(page.get_by_test_id("event-waiting")).to_have_count(0)
+
+        # A denial: "Denied send_invoice: <reason>", not the raw text the model was given.
+        _send(page, "Send an invoice to Globex for 9 EUR")
+        page.get_by_test_id("approval-reason").fill("over budget")
+        page.get_by_test_id("deny").click()
+        expect(page.get_by_test_id("event-denied")).to_have_text("✕Denied send_invoice: over budget")
+        expect(page.get_by_test_id("msg-tool").filter(has_text="rejected by the user")).to_have_count(0)
+        expect(page.get_by_test_id("msg-assistant").last).to_contain_text("scripted summary")
+        page.screenshot(path=tmp_path / "approval-events.png")
+
+        # The audit trail, in its collapsible panel: every step of both approvals.
+        expect(page.get_by_test_id("audit")).to_be_hidden()
+        page.get_by_test_id("audit-panel").locator("summary").click()
+        events = page.get_by_test_id("audit-event")
+        expect(events).to_have_count(8)
+        expect(events.nth(0)).to_contain_text("requested")
+        expect(events.nth(1)).to_contain_text("approved send_invoice (edited)")
+        expect(events.nth(3)).to_contain_text("send_invoice ran")
+        expect(events.nth(5)).to_contain_text("denied send_invoice: over budget")
+        expect(events.nth(5)).to_contain_text("by acme/")
+        assert errors == [] and _policy_errors(console) == []
+    finally:
+        context.close()
+
+
+def test_images_a_tool_made_are_shown_in_the_chat(live_server: ServerProcess, browser: "Browser") -> None:
+    from playwright.sync_api import expect
+
+    context = browser.new_context()
+    errors: list[str] = []
+    console: list[str] = []
+    try:
+        page = _signed_in(context, errors, console, live_server.base_url, "images")
+        _send(page, "Chart revenue")
+        thumbnail = page.get_by_test_id("msg-tool").get_by_test_id("thumbnail")
+        expect(thumbnail).to_have_count(1)
+        page.wait_for_function("() => document.querySelector('[data-testid=thumbnail] img').naturalWidth > 0")
+        image = thumbnail.locator("img")
+        assert image.evaluate("node => [node.naturalWidth, node.naturalHeight]") == [360, 180]
+        assert image.evaluate("node => node.src").startswith("blob:")
+        # The text of the same result still opens in the viewer; the image opens larger there.
+        expect(page.get_by_test_id("msg-tool").get_by_test_id("open-offloaded")).to_have_count(1)
+        thumbnail.click()
+        expect(page.get_by_test_id("viewer-image")).to_be_visible()
+        page.wait_for_function("() => document.getElementById('viewer-image').naturalWidth === 360")
+        assert errors == [] and page.evaluate("window.cspViolations") == [] and _policy_errors(console) == []
+    finally:
+        context.close()
+
+
+def test_viewer_pages_end_where_a_reader_can_follow(live_server: ServerProcess, browser: "Browser") -> None:
+    from playwright.sync_api import expect
+
+    from haystack_integrations.offload import FsspecToolResultStore
+
+    context = browser.new_context()
+    errors: list[str] = []
+    console: list[str] = []
+    # One result without a space or a newline in it: its pages must be cut mid-word, and say so.
+    store = FsspecToolResultStore(_store_of(live_server)).for_session("acme", "viewer-pages")
+    unbroken = store.write(key="token.txt", content="x" * 9000, tool_name="sql_query")
+    try:
+        page = _signed_in(context, errors, console, live_server.base_url, "viewer-pages")
+        _send(page, "Research solar panels")
+        row = page.get_by_test_id("result").filter(has_text="web_search")
+        row.get_by_test_id("view-result").click()
+        text = page.get_by_test_id("viewer-text")
+        expect(text).to_contain_text("[1] Research solar panels")
+        first = text.text_content() or ""
+        # Page 1 ends at a line's end; page 2 starts at the next line, where page 1 stopped.
+        assert first.endswith("\n") and 3000 < len(first.encode()) <= 4096
+        expect(page.get_by_test_id("viewer-range")).to_have_text(
+            re.compile(rf"^bytes 0\u2013{len(first.encode())} of ")
+        )
+        page.get_by_test_id("viewer-next").click()
+        expect(page.get_by_test_id("viewer-range")).to_contain_text(f"bytes {len(first.encode())}\u2013")
+        second = text.text_content() or ""
+        assert re.match(r"\[\d+\] Research solar panels", second), second[:80]
+        expect(page.get_by_test_id("viewer-continued")).to_be_hidden()
+        expect(page.get_by_test_id("viewer-continues")).to_be_hidden()
+        reference = row.get_by_test_id("view-result").get_attribute("title")
+        with live_server.client(ACME_TOKEN) as client:
+            whole = client.get(f"/api/sessions/viewer-pages/results/{reference}").text
+        assert whole.startswith(first + second)
+        page.get_by_test_id("viewer-prev").click()
+        expect(text).to_have_text(first)
+        page.keyboard.press("Escape")
+
+        # One long word: cut at the page's end, with a marker on both sides of the cut.
+        page.get_by_title(unbroken).click()
+        expect(page.get_by_test_id("viewer-continues")).to_be_visible()
+        expect(page.get_by_test_id("viewer-continued")).to_be_hidden()
+        page.get_by_test_id("viewer-next").click()
+        expect(page.get_by_test_id("viewer-range")).to_contain_text("bytes 4096\u20138192 of 9000")
+        expect(page.get_by_test_id("viewer-continued")).to_be_visible()
+        page.get_by_test_id("viewer-next").click()
+        expect(page.get_by_test_id("viewer-range")).to_have_text("bytes 8192\u20139000 of 9000")
+        expect(page.get_by_test_id("viewer-continues")).to_be_hidden()
+        assert errors == [] and _policy_errors(console) == []
+    finally:
+        context.close()
+
+
+def test_the_chat_list_switches_chats_and_starts_new_ones(live_server: ServerProcess, browser: "Browser") -> None:
+    from playwright.sync_api import expect
+
+    context = browser.new_context()
+    errors: list[str] = []
+    console: list[str] = []
+    try:
+        page = _signed_in(context, errors, console, live_server.base_url, "list-first")
+        _send(page, "Chart revenue")
+        items = page.get_by_test_id("session-item")
+        expect(items.filter(has_text="list-first")).to_have_count(1)
+        expect(items.filter(has_text="list-first")).to_have_attribute("aria-current", "true")
+        expect(items.filter(has_text="list-first")).to_contain_text("1 turn")
+
+        # "New chat": a fresh, empty chat, listed (as new) and current.
+        page.get_by_test_id("new-chat").click()
+        expect(page.get_by_test_id("chat-title")).to_have_text(re.compile(r"^chat-[0-9a-z]+$"))
+        fresh = page.get_by_test_id("chat-title").text_content() or ""
+        expect(page.get_by_test_id("transcript")).to_have_text("No messages yet.")
+        expect(page.get_by_test_id("result")).to_have_count(0)
+        expect(items.filter(has_text=fresh)).to_have_attribute("aria-current", "true")
+        expect(items.filter(has_text=fresh)).to_contain_text("new")
+        _send(page, "Check the logs of billing")
+        expect(items.filter(has_text=fresh)).to_contain_text("1 turn")
+
+        # Back to the first chat, from the list: its conversation and results.
+        items.filter(has_text="list-first").click()
+        expect(page.get_by_test_id("chat-title")).to_have_text("list-first")
+        expect(page.get_by_test_id("msg-user")).to_have_text(["youChart revenue"])
+        expect(page.get_by_test_id("result")).to_have_count(2)
+        assert page.evaluate("() => localStorage.getItem('offload-session')") == "list-first"
+
+        # Another tenant's list holds none of acme's chats.
+        other = browser.new_context()
+        try:
+            theirs = _watched(other.new_page(), errors, console)
+            theirs.goto(f"{live_server.base_url}/#token={GLOBEX_TOKEN}&session=globex-own")
+            expect(theirs.get_by_test_id("tenant-badge")).to_have_text("tenant: globex")
+            expect(theirs.get_by_test_id("session-item")).to_have_count(1)
+            expect(theirs.get_by_test_id("session-item")).to_contain_text("globex-own")
+        finally:
+            other.close()
         assert errors == [] and _policy_errors(console) == []
     finally:
         context.close()

@@ -4,7 +4,8 @@ The HTTP API: thin handlers that authenticate, scope the store to the caller's s
 Every handler below ``/api/sessions/{session}`` receives exactly one store, ``root.for_session(caller.tenant,
 session)``, from the `session_store` dependency: the tenant comes from the bearer token, never from the request, so a
 handler cannot reach another tenant even by mistake, and another tenant's session, result or approval answers exactly
-like one that does not exist (same status, same body).
+like one that does not exist (same status, same body). ``GET /api/sessions`` gets the caller's tenant's store,
+``root.for_tenant(caller.tenant)``, from `tenant_store` in the same way, so it lists that tenant's sessions only.
 """
 
 import json
@@ -28,6 +29,7 @@ from haystack_integrations.offload.server.views import (
     audit_view,
     decision_outcome_view,
     result_view,
+    session_view,
     transcript_view,
     turn_view,
 )
@@ -41,6 +43,8 @@ INLINE_MEDIA_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/w
 MAX_ARGUMENTS_BYTES = 64 * 1024
 MAX_ARGUMENTS_DEPTH = 32
 MAX_ARGUMENTS_VALUES = 1000
+DEFAULT_SESSIONS_LISTED = 100
+MAX_SESSIONS_LISTED = 1000
 
 
 class HttpError(Exception):
@@ -150,9 +154,23 @@ def session_store(request: Request, session: str, who: Annotated[Caller, Depends
         raise HttpError(400, "invalid_id", str(error)) from error
 
 
+def tenant_store(request: Request, who: Annotated[Caller, Depends(caller)]) -> FsspecToolResultStore:
+    """
+    The store of the caller's tenant: the only store the session list gets.
+
+    :raises HttpError: 400 when the tenant id is not a safe single path segment.
+    """
+    root: FsspecToolResultStore = request.app.state.root
+    try:
+        return root.for_tenant(who.tenant)
+    except (InvalidScopeIdError, TypeError) as error:
+        raise HttpError(400, "invalid_id", str(error)) from error
+
+
 Service = Annotated[ChatService, Depends(_service)]
 Who = Annotated[Caller, Depends(caller)]
 Store = Annotated[FsspecToolResultStore, Depends(session_store)]
+TenantStore = Annotated[FsspecToolResultStore, Depends(tenant_store)]
 
 router = APIRouter(prefix="/api")
 
@@ -173,6 +191,17 @@ async def health(request: Request) -> dict[str, Any]:
 async def me(who: Who) -> dict[str, str]:
     """The caller's tenant and actor label."""
     return {"tenant": who.tenant, "actor": who.actor}
+
+
+@router.get("/sessions")
+async def list_sessions(
+    store: TenantStore,
+    service: Service,
+    limit: Annotated[int, Query(ge=1, le=MAX_SESSIONS_LISTED)] = DEFAULT_SESSIONS_LISTED,
+) -> dict[str, Any]:
+    """The caller's sessions, most recently active first (one LIST of the tenant's scope), and how many there are."""
+    sessions = await service.sessions(store)
+    return {"sessions": [session_view(summary) for summary in sessions[:limit]], "total": len(sessions)}
 
 
 @router.get("/sessions/{session}/messages")

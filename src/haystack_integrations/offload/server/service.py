@@ -18,6 +18,7 @@ with `resume_async` (the approved call runs exactly once, whichever worker decid
 
 import logging
 import mimetypes
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -56,6 +57,7 @@ from haystack_integrations.offload.approvals.resume import (
 from haystack_integrations.offload.context import offload_context
 from haystack_integrations.offload.errors import InvalidReferenceError, ResultNotFoundError
 from haystack_integrations.offload.hooks.pointers import OFFLOADED_META_KEY
+from haystack_integrations.offload.operations.inventory import classify
 from haystack_integrations.offload.server.errors import (
     AlreadyDecidedError,
     ApprovalExpiredConflict,
@@ -76,6 +78,8 @@ from haystack_integrations.offload.server.history import (
 )
 from haystack_integrations.offload.stores import FsspecToolResultStore, StoredResult
 from haystack_integrations.offload.stores.names import parse_object_name
+from haystack_integrations.offload.stores.retention import HISTORY_NAMESPACE, name_time
+from haystack_integrations.offload.stores.translate import storage_errors
 from haystack_integrations.offload.tools.paging import complete_length, leading_continuations
 
 logger = logging.getLogger(__name__)
@@ -86,6 +90,7 @@ MAX_PAGE_BYTES = 1_048_576
 STREAM_CHUNK_BYTES = 1_048_576
 NOT_FOUND_RESULT = "No such result in this session."
 NOT_FOUND_APPROVAL = "No such approval request in this session."
+_TURN_DOCUMENT = re.compile(r"turn\.(?P<turn>\d{8})\.(?:start|end)\.json")
 
 
 @dataclass
@@ -123,6 +128,19 @@ class Transcript:
     busy: bool
     status: TurnStatus | None
     error: str | None
+
+
+@dataclass
+class SessionSummary:
+    """One of a tenant's sessions, as a listing of the tenant's scope tells it (no document is read)."""
+
+    session: str
+    last_activity: datetime | None = None
+    """The newest time the session's object names carry (results, approval audit events); None if none carries one."""
+    turns: int = 0
+    """Turns begun in the session's history."""
+    results: int = 0
+    """Results stored in the session."""
 
 
 @dataclass
@@ -370,6 +388,30 @@ class ChatService:
         """
         return await read_audit_async(store)
 
+    # Sessions
+
+    async def sessions(self, store: FsspecToolResultStore) -> list[SessionSummary]:
+        """
+        List a tenant's sessions, the most recently active first: one LIST of the tenant's scope, no document read.
+
+        Results and audit events carry their time in their names, so a session's last activity costs nothing; history
+        turns do not (they are numbered), so a session that stored no result and asked no approval has no
+        ``last_activity`` and is listed after the dated ones, by id. Reading each session's newest turn would date it,
+        at one GET per session.
+
+        :param store: The tenant's store, ``root.for_tenant(tenant)``: only that tenant's scope is listed.
+        :returns: The sessions that hold a result or a document.
+        :raises ValueError: If `store` is not scoped to a tenant alone.
+        :raises StorageError: If the backend fails.
+        """
+        tenant = store.tenant
+        if tenant is None or store.session is not None:
+            raise ValueError("Sessions are listed per tenant: pass root.for_tenant(tenant).")
+        scope_path = store._scope_path()
+        with storage_errors("list sessions", reference=None):
+            found = await store._handle.io().find_async(scope_path)
+        return _session_summaries(found, scope_path, tenant)
+
     # Results
 
     async def results(self, store: FsspecToolResultStore) -> list[StoredResult]:
@@ -565,6 +607,36 @@ class ChatService:
 def _settled(state: HistoryState) -> bool:
     """Whether the newest turn ran to completion: then no held step is open and no resumed step's turn was lost."""
     return state.open_start is None and (state.last_end is None or state.last_end.status == "completed")
+
+
+def _session_summaries(found: dict[str, int], scope_path: str, tenant: str) -> list[SessionSummary]:
+    prefix = scope_path + "/"
+    summaries: dict[str, SessionSummary] = {}
+    for path in found:
+        if not path.startswith(prefix):
+            continue  # a sibling prefix: another tenant 'acme2' when 'acme' was listed
+        item = classify(f"{tenant}/{path[len(prefix) :]}", 0)
+        if item.session is None or item.kind not in ("result", "document"):
+            continue  # temporary files and objects this library did not write make no session
+        summary = summaries.setdefault(item.session, SessionSummary(session=item.session))
+        name = path.rsplit("/", 1)[-1]
+        moment = item.created
+        if item.kind == "result":
+            summary.results += 1
+        elif item.namespace == HISTORY_NAMESPACE:
+            turn = _TURN_DOCUMENT.fullmatch(name)
+            summary.turns = max(summary.turns, int(turn["turn"]) if turn else 0)
+        else:
+            moment = name_time(name)
+        if moment is not None and (summary.last_activity is None or moment > summary.last_activity):
+            summary.last_activity = moment
+    dated = sorted((s for s in summaries.values() if s.last_activity is not None), key=_activity, reverse=True)
+    undated = sorted((s for s in summaries.values() if s.last_activity is None), key=lambda s: s.session)
+    return dated + undated
+
+
+def _activity(summary: SessionSummary) -> tuple[datetime, str]:
+    return (summary.last_activity or datetime.min.replace(tzinfo=UTC), summary.session)
 
 
 def _references(messages: list[ChatMessage]) -> set[str]:

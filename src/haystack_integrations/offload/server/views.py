@@ -4,16 +4,41 @@ The JSON the HTTP API answers with: plain dictionaries built from the service's 
 Nothing here names the bucket, the store's root, or another tenant: references are relative to the caller's session.
 """
 
+import json
 from typing import Any
 
 from haystack.dataclasses import ChatMessage, ChatRole
+from haystack.hooks.human_in_the_loop.strategies import (
+    MODIFICATION_FEEDBACK_TEMPLATE,
+    REJECTION_FEEDBACK_TEMPLATE,
+    USER_FEEDBACK_TEMPLATE,
+)
 
-from haystack_integrations.offload.approvals import ApprovalDecision, ApprovalRequest, AuditEvent, CallOutcome
+from haystack_integrations.offload.approvals import (
+    APPROVAL_DENIED,
+    APPROVAL_EXPIRED,
+    META_KEY,
+    ApprovalDecision,
+    ApprovalRequest,
+    AuditEvent,
+    CallOutcome,
+)
+from haystack_integrations.offload.approvals.outcomes import APPROVAL_REQUIRED_META_KEY
 from haystack_integrations.offload.hooks.pointers import OFFLOADED_META_KEY
-from haystack_integrations.offload.server.service import DecisionOutcome, Transcript, TurnOutcome, media_type_of
+from haystack_integrations.offload.server.service import (
+    DecisionOutcome,
+    SessionSummary,
+    Transcript,
+    TurnOutcome,
+    media_type_of,
+)
 from haystack_integrations.offload.stores import StoredResult
+from haystack_integrations.offload.stores.names import parse_object_name
 
 MAX_TOOL_TEXT_CHARS = 4000
+# How a person's denial reads in the structured result format (`approvals.outcomes.denied_by_person`).
+_DENIED_BY_PERSON = "The user denied this tool call."
+_DENIAL_KINDS: dict[str, str] = {APPROVAL_DENIED: "denied", APPROVAL_EXPIRED: "expired"}
 
 
 def approval_view(request: ApprovalRequest) -> dict[str, Any]:
@@ -95,19 +120,123 @@ def message_view(message: ChatMessage) -> dict[str, Any] | None:
             shown = text if len(text) <= MAX_TOOL_TEXT_CHARS else text[:MAX_TOOL_TEXT_CHARS] + "..."
         else:
             shown = f"({len(result.result)} content blocks: text and images)"
+        offloaded = [str(reference) for reference in message.meta.get(OFFLOADED_META_KEY) or []]
         view["tool_result"] = {
             "tool_name": result.origin.tool_name,
             "tool_call_id": result.origin.id,
             "text": shown,
             "error": result.error,
-            "offloaded": list(message.meta.get(OFFLOADED_META_KEY) or []),
+            "offloaded": offloaded,
+            "offloaded_results": [_offloaded_view(reference) for reference in offloaded],
         }
     return view
 
 
+def _offloaded_view(reference: str) -> dict[str, Any]:
+    # From the name alone (no request): what the page needs to show an image inline and a text in the viewer.
+    parsed = parse_object_name(reference) if "/" not in reference else None
+    if parsed is None:
+        return {"reference": reference, "kind": None, "media_type": None}
+    record = StoredResult(
+        reference=reference,
+        kind=parsed.kind,
+        size=0,
+        created=parsed.created,
+        tool_name=parsed.tool_name,
+        key=parsed.key,
+    )
+    return {"reference": reference, "kind": parsed.kind, "media_type": media_type_of(record)}
+
+
+def approval_event(messages: list[ChatMessage], index: int) -> dict[str, Any] | None:
+    """
+    What a message of a conversation says about approvals, for a chat page to show as an event rather than a bubble.
+
+    - ``approval_required``: the notice a durable stop leaves as the run's last message (``request_ids``);
+    - ``approved`` with ``edited: true``: the note Haystack adds as a *user* message when a person edited a call's
+      arguments (recognised by its exact wording for a call of the next assistant message; ``arguments`` are that
+      call's, as it ran);
+    - ``denied``, ``expired`` or ``not_run``: the error result of a call that did not run, with the person's
+      ``reason`` when there was one.
+
+    An approval without edits leaves no trace in the conversation (the call ran as the model asked it); the audit
+    record has it.
+
+    :param messages: The conversation.
+    :param index: The message to describe.
+    :returns: The event, or None for an ordinary message.
+    """
+    message = messages[index]
+    if message.is_from(ChatRole.ASSISTANT) and APPROVAL_REQUIRED_META_KEY in message.meta:
+        ids = message.meta.get(APPROVAL_REQUIRED_META_KEY)
+        return {"kind": "approval_required", "request_ids": [str(item) for item in ids or []]}
+    result = message.tool_call_result
+    marker = message.meta.get(META_KEY)
+    if result is not None and isinstance(marker, dict):
+        kind = str(marker.get("kind"))
+        text = result.result if isinstance(result.result, str) else ""
+        return {
+            "kind": _DENIAL_KINDS.get(kind, "not_run"),
+            "tool_name": result.origin.tool_name,
+            "tool_call_id": result.origin.id,
+            "request_id": marker.get("request_id"),
+            "reason": _denial_reason(result.origin.tool_name, kind, text),
+        }
+    if message.is_from(ChatRole.USER) and message.text:
+        return _edit_event(messages, index, message.text)
+    return None
+
+
+def _edit_event(messages: list[ChatMessage], index: int, text: str) -> dict[str, Any] | None:
+    # The notes of one step sit between the user's message (or the denied calls' results) and the assistant message
+    # holding the calls that run; a note matches one of those calls word for word.
+    following = index + 1
+    while following < len(messages) and messages[following].is_from(ChatRole.USER):
+        following += 1
+    if following == len(messages) or not messages[following].is_from(ChatRole.ASSISTANT):
+        return None
+    for call in messages[following].tool_calls:
+        if text == MODIFICATION_FEEDBACK_TEMPLATE.format(tool_name=call.tool_name, final_tool_params=call.arguments):
+            return {
+                "kind": "approved",
+                "edited": True,
+                "tool_name": call.tool_name,
+                "tool_call_id": call.id,
+                "arguments": call.arguments,
+            }
+    return None
+
+
+def _denial_reason(tool_name: str, kind: str, text: str) -> str | None:
+    """The person's reason (or the system's, for other kinds) out of the error result the model was given."""
+    rejected = REJECTION_FEEDBACK_TEMPLATE.format(tool_name=tool_name)
+    if text.startswith(rejected):  # Haystack's wording of a person's "no", with their feedback after it
+        feedback = USER_FEEDBACK_TEMPLATE.split("{feedback}")[0]
+        return text[len(rejected) :].strip().removeprefix(feedback).strip() or None
+    did_not_happen = f"Tool execution for '{tool_name}' did not happen."
+    if text.startswith(did_not_happen):
+        return text[len(did_not_happen) :].strip() or None
+    try:
+        structured = json.loads(text)["error"]["message"]
+    except (ValueError, TypeError, KeyError):
+        return text or None
+    reason = str(structured)
+    if kind == APPROVAL_DENIED and reason.startswith(_DENIED_BY_PERSON):
+        reason = reason[len(_DENIED_BY_PERSON) :].strip().removeprefix("Reason:").strip()
+    return reason or None
+
+
 def transcript_view(session: str, transcript: Transcript) -> dict[str, Any]:
     """A session's conversation and the state of its newest turn."""
-    messages = [view for view in (message_view(message) for message in transcript.messages) if view is not None]
+    messages = []
+    for index, message in enumerate(transcript.messages):
+        view = message_view(message)
+        if view is None:
+            continue
+        event = approval_event(transcript.messages, index)
+        if event is not None:
+            view["event"] = event
+        messages.append(view)
     return {
         "session": session,
         "turns": transcript.turns,
@@ -127,6 +256,16 @@ def result_view(record: StoredResult) -> dict[str, Any]:
         "created": record.created.isoformat(),
         "tool_name": record.tool_name,
         "media_type": media_type_of(record),
+    }
+
+
+def session_view(summary: SessionSummary) -> dict[str, Any]:
+    """One of the caller's sessions, as listed."""
+    return {
+        "session": summary.session,
+        "last_activity": summary.last_activity.isoformat() if summary.last_activity is not None else None,
+        "turns": summary.turns,
+        "results": summary.results,
     }
 
 
