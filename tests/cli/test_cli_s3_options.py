@@ -206,8 +206,10 @@ def test_the_demo_takes_the_s3_flags(
 
 
 def test_serve_passes_the_s3_flags_to_its_workers(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    aws: pytest.MonkeyPatch, s3_server: LocalS3Server, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # serve checks its store before it starts (one listing), so the flags name a live endpoint and a real profile.
+    monkeypatch = aws
     import uvicorn
 
     from haystack_integrations.offload.server.settings import ServerSettings
@@ -223,12 +225,30 @@ def test_serve_passes_the_s3_flags_to_its_workers(
     monkeypatch.setenv("AWS_REGION", "eu-north-1")  # a default the flag overrides
     started: list[dict[str, Any]] = []
     monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: started.append(kwargs))
-    flags = ["--endpoint-url", "http://127.0.0.1:5000", "--profile", "ops", "--region", "eu-west-1"]
-    assert main(["serve", "--store", "s3://bucket/prod", *flags]) == 0
+    flags = ["--endpoint-url", s3_server.endpoint_url, "--profile", "cli-test", "--region", "eu-west-1"]
+    assert main(["serve", "--store", f"{s3_server.bucket_url}/prod", *flags]) == 0
     assert started and "demo tokens" in capsys.readouterr().out
     settings = ServerSettings()  # what a worker reads back
     assert settings.resolved_storage_options() == {
-        "endpoint_url": "http://127.0.0.1:5000",
-        "profile": "ops",
+        "endpoint_url": s3_server.endpoint_url,
+        "profile": "cli-test",
         "client_kwargs": {"region_name": "eu-west-1"},
     }
+
+
+@pytest.mark.parametrize("bad", ["no-bucket", "memory-workers"])
+def test_serve_stops_in_one_line_on_a_store_it_cannot_use(
+    bad: str, aws: pytest.MonkeyPatch, s3_server: LocalS3Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import uvicorn
+
+    started: list[dict[str, Any]] = []
+    aws.setattr(uvicorn, "run", lambda *args, **kwargs: started.append(kwargs))
+    if bad == "no-bucket":
+        arguments = ["--store", "s3://no-such-bucket-here/prod", "--endpoint-url", s3_server.endpoint_url]
+    else:
+        arguments = ["--store", "memory://serve-check", "--workers", "2"]
+    assert main(["serve", *arguments]) == 2
+    error = capsys.readouterr().err.strip()
+    assert started == [] and len(error.splitlines()) == 1 and "Traceback" not in error
+    assert ("does not exist" in error) if bad == "no-bucket" else ("memory://" in error)

@@ -342,6 +342,7 @@ def _serve(arguments: argparse.Namespace) -> int:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in error.errors())
         raise CommandError(f"Invalid server settings: {problems}") from error
     settings = _serve_s3(settings, arguments)
+    _check_store(settings, arguments.workers)
     base = f"http://{arguments.host}:{arguments.port}/"
     made: dict[str, str] = {}
     if not settings.tokens:
@@ -367,6 +368,27 @@ def _serve(arguments: argparse.Namespace) -> int:
         log_config=_log_config(arguments.log_level),
     )
     return 0
+
+
+def _check_store(settings: Any, workers: int) -> None:
+    """
+    Stop before serving a store the server cannot use, in one line: one cheap request (a listing of one empty scope).
+
+    Otherwise a missing bucket or a wrong endpoint gives a server that answers every request 503, and ``memory://``
+    with several workers gives each worker a store of its own, so sessions would lose their history between requests.
+    """
+    if workers > 1 and str(settings.store).startswith("memory://"):
+        raise CommandError(
+            f"memory:// lives in one process, and --workers {workers} starts {workers}: each would have its own store. "
+            "Use a directory or s3:// for several workers."
+        )
+    from haystack_integrations.offload.stores import FsspecToolResultStore
+
+    try:
+        root = FsspecToolResultStore(settings.store, storage_options=settings.resolved_storage_options())
+        root.for_session("offload-haystack", "serve-check").list()
+    except Exception as error:
+        raise CommandError(f"Cannot use the store {_shown(settings.store)}: {error}") from error
 
 
 def _serve_s3(settings: Any, arguments: argparse.Namespace) -> Any:
