@@ -161,11 +161,6 @@ class OpenStep:
     waiting: list[ApprovalRequest]
     resuming_until: datetime | None
 
-    @property
-    def ready(self) -> bool:
-        """Whether it can be resumed now (decided, and no live lease on it)."""
-        return not self.waiting and self.resuming_until is None
-
 
 def _open_step(listing: ApprovalListing) -> int | None:
     sequence = listing.newest()

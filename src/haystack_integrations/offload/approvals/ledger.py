@@ -64,18 +64,6 @@ _SEQUENCE_RACES = 16
 _Model = TypeVar("_Model", bound=BaseModel)
 
 
-class SessionStore(Protocol):
-    """What the approval API needs from a store: a tenant and session scope and its documents."""
-
-    @property
-    def tenant(self) -> str | None: ...
-
-    @property
-    def session(self) -> str | None: ...
-
-    def documents(self, namespace: str) -> SessionDocuments: ...
-
-
 def session_scope(store: object) -> tuple[str, str]:
     """
     Return the store's ``(tenant, session)``.
