@@ -13,8 +13,8 @@ and `run_store` (strict: a malformed context is an error), the read-back tools w
 gets a message and the run goes on). Every read goes through `state.data`: `state.get` deep-copies, which would copy
 the store, and its client, on every call.
 
-This module imports only Haystack's contracts, so every layer can import it (approvals and tools import it, never the
-other way round).
+This module imports only Haystack's contracts and this library's Protocols (`types`), so every layer can import it
+(approvals and tools import it, never the other way round).
 """
 
 import logging
@@ -24,6 +24,8 @@ from typing import Any, cast
 from haystack.components.agents.state.state import State
 from haystack.hooks.tool_result_offloading import RESULT_STORE_CONTEXT_KEY
 from haystack.hooks.tool_result_offloading.types import ToolResultStore
+
+from haystack_integrations.offload.types import DocumentStore
 
 __all__ = [
     "APPROVAL_CHANNEL_KEY",
@@ -72,7 +74,7 @@ def offload_context(store: ToolResultStore, **extra: Any) -> dict[str, Any]:
 
 
 def resume_context(
-    store: object, hook_context: dict[str, Any] | None, *, default_channel: Callable[[], object]
+    store: DocumentStore, hook_context: dict[str, Any] | None, *, default_channel: Callable[[], object]
 ) -> dict[str, Any]:
     """
     Build the `hook_context` a resumed run goes on with: the caller's, bound to the store being resumed.
@@ -90,7 +92,8 @@ def resume_context(
         raise TypeError(f"hook_context must be a dictionary, got {type(hook_context).__name__}.")
     context = dict(hook_context)
     given = context.setdefault(RESULT_STORE_CONTEXT_KEY, store)
-    if getattr(given, "scope", None) != getattr(store, "scope", None):
+    # A store without a tenant and session (a plain Haystack one) is of another scope too: its writes would leave it.
+    if not isinstance(given, DocumentStore) or (given.tenant, given.session) != (store.tenant, store.session):
         raise ValueError("hook_context carries the store of another scope than the one being resumed.")
     return context
 

@@ -39,6 +39,21 @@ class TaggedWrites(Protocol):
 
 
 @runtime_checkable
+class AsyncWrites(Protocol):
+    """
+    A store with an async twin of Haystack's ``write`` that does not take a tool name (a third-party store's shape).
+
+    A runtime check sees method names only, so every `TaggedWrites` store passes it too (and is checked for
+    `TaggedWrites` the same way): whether ``tool_name`` may be passed is a parameter, which no runtime Protocol
+    check compares.
+    """
+
+    async def write_async(self, *, key: str, content: str | bytes) -> str:
+        """Async Haystack ``write``: store one result and return its reference."""
+        ...
+
+
+@runtime_checkable
 class WriteBehind(Protocol):
     """A store that can name a result's reference before its bytes are stored (write-behind offloading)."""
 
@@ -141,4 +156,12 @@ class DocumentStore(Protocol):
         ...
 
 
-__all__ = ["DocumentStore", "Documents", "ListableResults", "RangedResults", "TaggedWrites", "WriteBehind"]
+__all__ = [
+    "AsyncWrites",
+    "DocumentStore",
+    "Documents",
+    "ListableResults",
+    "RangedResults",
+    "TaggedWrites",
+    "WriteBehind",
+]

@@ -22,7 +22,7 @@ from typing import Any
 
 from haystack_integrations.offload.approvals.ledger import session_scope
 from haystack_integrations.offload.approvals.records import AuditEvent
-from haystack_integrations.offload.stores.documents import SessionDocuments
+from haystack_integrations.offload.types import Documents, DocumentStore
 
 NAMESPACE = "audit"
 _counter = itertools.count(1)
@@ -53,12 +53,12 @@ def _name(event: AuditEvent) -> str:
     return f"{event.at.strftime('%Y%m%dT%H%M%S%f')}Z-{next(_counter):012d}-{secrets.token_hex(4)}.json"
 
 
-def _documents(store: object) -> SessionDocuments:
-    session_scope(store)
-    return store.documents(NAMESPACE)  # type: ignore[attr-defined,no-any-return]
+def _documents(store: DocumentStore) -> Documents:
+    session_scope(store)  # the same checks, and errors, as the approval ledger's
+    return store.documents(NAMESPACE)
 
 
-def append_audit(store: object, *events: AuditEvent) -> None:
+def append_audit(store: DocumentStore, *events: AuditEvent) -> None:
     """
     Append events to the session's audit record.
 
@@ -71,13 +71,13 @@ def append_audit(store: object, *events: AuditEvent) -> None:
         documents.put(_name(event), event.model_dump_json().encode())
 
 
-async def append_audit_async(store: object, *events: AuditEvent) -> None:
+async def append_audit_async(store: DocumentStore, *events: AuditEvent) -> None:
     """Async `append_audit`; the events are written concurrently (their names already fix their order)."""
     documents = _documents(store)
     await asyncio.gather(*(documents.put_async(_name(event), event.model_dump_json().encode()) for event in events))
 
 
-def read_audit(store: object) -> list[AuditEvent]:
+def read_audit(store: DocumentStore) -> list[AuditEvent]:
     """
     Read a session's audit record, oldest first.
 
@@ -86,7 +86,7 @@ def read_audit(store: object) -> list[AuditEvent]:
         print(event.at, event.event, event.actor, event.tool_name)
     ```
 
-    :param store: The session's store (`FsspecToolResultStore.for_session`).
+    :param store: The session's store (a `DocumentStore`: `FsspecToolResultStore.for_session`).
     :returns: Every event, in time order. Documents other writers put in the namespace that are not approval audit
         events are skipped.
     :raises TypeError: If the store keeps no documents.
@@ -96,7 +96,7 @@ def read_audit(store: object) -> list[AuditEvent]:
     return _parsed([(name, documents.get(name)) for name in documents.list()])
 
 
-async def read_audit_async(store: object) -> list[AuditEvent]:
+async def read_audit_async(store: DocumentStore) -> list[AuditEvent]:
     """Async `read_audit`; the documents are read concurrently."""
     documents = _documents(store)
     names = await documents.list_async()

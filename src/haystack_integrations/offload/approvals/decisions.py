@@ -36,16 +36,17 @@ from haystack_integrations.offload.approvals.records import (
 )
 from haystack_integrations.offload.approvals.rules import remembered_approval
 from haystack_integrations.offload.approvals.validation import approved_arguments
+from haystack_integrations.offload.types import DocumentStore
 
 DEFAULT_DECISION_TTL = 3600.0
 """Seconds an approval stays usable by `resume` after it was made."""
 
 
-def pending_approvals(store: object) -> list[ApprovalRequest]:
+def pending_approvals(store: DocumentStore) -> list[ApprovalRequest]:
     """
     The session's requests that wait for a decision: those of its open held step, not decided, not expired.
 
-    :param store: The session's store (`FsspecToolResultStore.for_session`).
+    :param store: The session's store (a `DocumentStore`: `FsspecToolResultStore.for_session`).
     :returns: The requests, in the model's order; empty when nothing waits.
     :raises TypeError: If the store keeps no documents.
     :raises ValueError: If the store is not scoped to one session.
@@ -58,7 +59,7 @@ def pending_approvals(store: object) -> list[ApprovalRequest]:
     return _waiting(ledger.step(sequence), listing, now())
 
 
-async def pending_approvals_async(store: object) -> list[ApprovalRequest]:
+async def pending_approvals_async(store: DocumentStore) -> list[ApprovalRequest]:
     """Async `pending_approvals`."""
     ledger = ApprovalLedger(store)
     listing = await ledger.listing_async()
@@ -69,7 +70,7 @@ async def pending_approvals_async(store: object) -> list[ApprovalRequest]:
 
 
 def decide(
-    store: object, request_id: str, decision: Decision, *, ttl: float = DEFAULT_DECISION_TTL
+    store: DocumentStore, request_id: str, decision: Decision, *, ttl: float = DEFAULT_DECISION_TTL
 ) -> ApprovalDecision:
     """
     Record a person's decision on one request of this session.
@@ -103,7 +104,7 @@ def decide(
 
 
 async def decide_async(
-    store: object, request_id: str, decision: Decision, *, ttl: float = DEFAULT_DECISION_TTL
+    store: DocumentStore, request_id: str, decision: Decision, *, ttl: float = DEFAULT_DECISION_TTL
 ) -> ApprovalDecision:
     """Async `decide`."""
     ledger = ApprovalLedger(store)
@@ -118,7 +119,7 @@ async def decide_async(
     return record
 
 
-async def open_step_async(store: object) -> "OpenStep | None":
+async def open_step_async(store: DocumentStore) -> "OpenStep | None":
     """
     The session's held step that is not finished yet, and where it stands: the server's check before a new message.
 
@@ -140,7 +141,7 @@ async def open_step_async(store: object) -> "OpenStep | None":
     )
 
 
-async def newest_done_async(store: object) -> StepDone | None:
+async def newest_done_async(store: DocumentStore) -> StepDone | None:
     """
     What the session's newest finished step added to the conversation, or None.
 

@@ -75,6 +75,7 @@ from haystack_integrations.offload.approvals.rules import (
 )
 from haystack_integrations.offload.approvals.validation import approved_arguments, validated_arguments
 from haystack_integrations.offload.context import RESULT_STORE_CONTEXT_KEY, RESUMING_KEY, context_store, hook_context_of
+from haystack_integrations.offload.types import DocumentStore
 
 _STRATEGY_SPAN = "haystack.agent.hook.human_in_the_loop.strategy"
 # Agents serialized before the hook moved next to the rest of approvals name it here.
@@ -736,8 +737,7 @@ def _context_ledger(state: State) -> ApprovalLedger | None:
 
 def _optional_ledger(store: object) -> ApprovalLedger | None:
     # The in-process channel works without a session store; with one, it gets the audit and AskOncePerSession memory.
-    if store is None or not callable(getattr(store, "documents", None)):
-        return None
-    if getattr(store, "tenant", None) is None or getattr(store, "session", None) is None:
+    # `store` is whatever the run brought, unchecked: a plain Haystack store (no documents) or an unscoped one is fine.
+    if not isinstance(store, DocumentStore) or store.tenant is None or store.session is None:
         return None
     return ApprovalLedger(store)

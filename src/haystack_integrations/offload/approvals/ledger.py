@@ -16,7 +16,7 @@ Where approval records live: documents in the session's ``.approvals/`` namespac
 Order is by sequence, never by clock: a step's number is claimed with a conditional create of ``step.<n>.json`` (the
 next number after the newest listed; a race moves on to the next), so a worker whose clock is minutes off still
 holds the newest step. Decisions and claims use the same conditional create (S3 ``If-None-Match: *``, a hard link on
-disk), whose "already exists" is checked against the writer's token (`SessionDocuments.create`): two deciders or two
+disk), whose "already exists" is checked against the writer's token (`Documents.create`): two deciders or two
 workers racing get one winner and one clear error, and a lost reply is never taken for a lost race.
 
 A call keeps one key across the steps that hold its message again (another guard, a retry): the number of the step
@@ -48,7 +48,7 @@ from haystack_integrations.offload.approvals.records import (
     StepDone,
 )
 from haystack_integrations.offload.errors import DocumentExistsError, ResultNotFoundError
-from haystack_integrations.offload.stores.documents import SessionDocuments
+from haystack_integrations.offload.types import Documents, DocumentStore
 
 NAMESPACE = "approvals"
 _STEP_ID = r"\d{8}-[0-9a-f]{12}"
@@ -66,19 +66,19 @@ _Model = TypeVar("_Model", bound=BaseModel)
 
 def session_scope(store: object) -> tuple[str, str]:
     """
-    Return the store's ``(tenant, session)``.
+    Return the store's ``(tenant, session)``, checking that it can keep a session's approvals.
 
-    :param store: The run's store.
+    :param store: The run's store (whatever the run brought: this is where it is checked).
     :returns: Its tenant and session ids.
-    :raises TypeError: If the store keeps no documents (it is not an `FsspecToolResultStore`).
+    :raises TypeError: If the store keeps no documents (it is not a `DocumentStore`, such as a plain Haystack store).
     :raises ValueError: If it is not scoped to one session.
     """
-    if not callable(getattr(store, "documents", None)):
+    if not isinstance(store, DocumentStore):
         raise TypeError(
-            f"Approvals are kept in the session's store: it needs a documents() API (FsspecToolResultStore), "
-            f"got {type(store).__name__}."
+            f"Approvals are kept in the session's store: it needs a documents() API with its tenant and session "
+            f"(a DocumentStore such as FsspecToolResultStore.for_session), got {type(store).__name__}."
         )
-    tenant, session = getattr(store, "tenant", None), getattr(store, "session", None)
+    tenant, session = store.tenant, store.session
     if tenant is None or session is None:
         raise ValueError("Approvals belong to one session: use store.for_session(tenant, session).")
     return tenant, session
@@ -210,15 +210,15 @@ class ApprovalLedger:
     async twin that differ only in how they await the store.
     """
 
-    def __init__(self, store: object) -> None:
+    def __init__(self, store: DocumentStore) -> None:
         """
-        :param store: A session-scoped `FsspecToolResultStore`.
+        :param store: A session-scoped `DocumentStore` (`FsspecToolResultStore.for_session`, or a third-party one).
         :raises TypeError: If the store keeps no documents.
         :raises ValueError: If the store is not scoped to one session.
         """
         self.tenant, self.session = session_scope(store)
-        self.store = store
-        self.documents: SessionDocuments = store.documents(NAMESPACE)  # type: ignore[attr-defined]
+        self.store: DocumentStore = store
+        self.documents: Documents = store.documents(NAMESPACE)
 
     # Listing
 

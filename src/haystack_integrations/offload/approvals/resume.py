@@ -91,6 +91,7 @@ from haystack_integrations.offload.approvals.records import (
 from haystack_integrations.offload.approvals.resuming import ResumedDecisions, Verdict, verdict_of
 from haystack_integrations.offload.context import RESUMING_KEY, resume_context
 from haystack_integrations.offload.leases import renewing
+from haystack_integrations.offload.types import DocumentStore
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ def default_worker() -> str:
 def resume(
     agent: Agent,
     messages: Sequence[ChatMessage],
-    store: object,
+    store: DocumentStore,
     *,
     hook_context: dict[str, Any] | None = None,
     worker: str | None = None,
@@ -180,7 +181,7 @@ def resume(
 async def resume_async(
     agent: Agent,
     messages: Sequence[ChatMessage],
-    store: object,
+    store: DocumentStore,
     *,
     hook_context: dict[str, Any] | None = None,
     worker: str | None = None,

@@ -4,10 +4,16 @@ How one block is written to whatever store the run brought: sync, async, or star
 `pointers` writes a planned result's blocks with these and builds the pointer from what they return; the hook only
 asks `can_write_behind` to choose how a step is written.
 
-Haystack's `ToolResultStore` protocol has only ``write(*, key, content)``. Stores of this library add a ``tool_name``
-argument (recorded for `list_tool_results`) and an async twin, ``write_async``, that never blocks the event loop.
-Hooks accept any store: they pass ``tool_name`` only where the store's ``write`` takes it, await ``write_async``
-where it exists, and otherwise run the sync ``write`` in a worker thread so the loop stays free.
+Haystack's `ToolResultStore` protocol has only ``write(*, key, content)``. What a store offers beyond it is named by
+the Protocols of `types`: an async twin that never blocks the event loop (`AsyncWrites`, or `TaggedWrites`, whose
+writes also take the ``tool_name`` that `list_tool_results` shows) and write-behind (`WriteBehind`). Hooks accept any
+store: they await ``write_async`` where the store has it, otherwise run the sync ``write`` in a worker thread so the
+loop stays free, and pass ``tool_name`` only to a method that takes it.
+
+A runtime Protocol check compares method names, never parameters: a third-party store with ``write_async(*, key,
+content)`` passes ``isinstance(store, TaggedWrites)`` as well as `AsyncWrites`. So which of the two a store is (and
+whether its sync ``write`` takes the tool name) is the one thing read from a method's parameters, once per store
+class, as everything here is: runtime Protocol checks are too slow to repeat for every write of a busy server.
 """
 
 import asyncio
@@ -15,22 +21,33 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, Protocol, cast
 
 from haystack.hooks.tool_result_offloading.types import ToolResultStore
 
 from haystack_integrations.offload.stores.pending import PendingWrite
+from haystack_integrations.offload.types import AsyncWrites, TaggedWrites, WriteBehind
+
+
+class _TaggedWrite(Protocol):
+    """A sync ``write`` that records the tool (`TaggedWrites` without its async twin)."""
+
+    def write(self, *, key: str, content: str | bytes, tool_name: str | None = None) -> str: ...
 
 
 @dataclass(frozen=True)
 class _WriteCapabilities:
     sync_takes_tool_name: bool
     has_async: bool
+    """`AsyncWrites` (or `TaggedWrites`): ``write_async`` is awaited."""
     async_takes_tool_name: bool
+    """`TaggedWrites` proper: its ``write_async`` takes the tool name."""
     can_write_behind: bool
+    """`WriteBehind`."""
 
 
 def _takes_tool_name(method: Callable[..., Any] | None) -> bool:
+    # The part of TaggedWrites a runtime Protocol check cannot see: whether the method accepts ``tool_name``.
     if method is None:
         return False
     try:
@@ -44,15 +61,14 @@ def _takes_tool_name(method: Callable[..., Any] | None) -> bool:
 
 @lru_cache(maxsize=256)
 def _capabilities_of(store_type: type) -> _WriteCapabilities:
-    # Looked up once per store class: signature inspection is too slow to repeat for every write of a busy server.
-    write_async = getattr(store_type, "write_async", None)
-    has_async = write_async is not None and inspect.iscoroutinefunction(write_async)
-    begin_write_async = getattr(store_type, "begin_write_async", None)
+    # Checked against the class, once: these Protocols have methods only, so `issubclass` answers for every instance.
+    has_async = issubclass(store_type, AsyncWrites)
     return _WriteCapabilities(
         sync_takes_tool_name=_takes_tool_name(getattr(store_type, "write", None)),
         has_async=has_async,
-        async_takes_tool_name=has_async and _takes_tool_name(write_async),
-        can_write_behind=begin_write_async is not None and inspect.iscoroutinefunction(begin_write_async),
+        async_takes_tool_name=issubclass(store_type, TaggedWrites)
+        and _takes_tool_name(getattr(store_type, "write_async", None)),
+        can_write_behind=issubclass(store_type, WriteBehind),
     )
 
 
@@ -72,7 +88,7 @@ def write_block(store: ToolResultStore, *, key: str, content: str | bytes, tool_
     :raises Exception: Whatever the store raises; callers decide what a failed write means.
     """
     if _capabilities(store).sync_takes_tool_name:
-        return _reference(store.write(key=key, content=content, tool_name=tool_name))  # type: ignore[call-arg]
+        return _reference(cast(_TaggedWrite, store).write(key=key, content=content, tool_name=tool_name))
     return _reference(store.write(key=key, content=content))
 
 
@@ -90,11 +106,10 @@ async def write_block_async(store: ToolResultStore, *, key: str, content: str | 
     :raises Exception: Whatever the store raises; callers decide what a failed write means.
     """
     capabilities = _capabilities(store)
+    if capabilities.async_takes_tool_name:
+        return _reference(await cast(TaggedWrites, store).write_async(key=key, content=content, tool_name=tool_name))
     if capabilities.has_async:
-        write_async = store.write_async  # type: ignore[attr-defined]
-        if capabilities.async_takes_tool_name:
-            return _reference(await write_async(key=key, content=content, tool_name=tool_name))
-        return _reference(await write_async(key=key, content=content))
+        return _reference(await cast(AsyncWrites, store).write_async(key=key, content=content))
     return await asyncio.to_thread(write_block, store, key=key, content=content, tool_name=tool_name)
 
 
@@ -103,7 +118,7 @@ def can_write_behind(store: ToolResultStore) -> bool:
     Whether the store can start a write and name its reference before the bytes are stored.
 
     :param store: The run's store.
-    :returns: True for stores with an async ``begin_write_async`` (like `FsspecToolResultStore`).
+    :returns: True for `WriteBehind` stores (like `FsspecToolResultStore`).
     """
     return _capabilities(store).can_write_behind
 
@@ -119,7 +134,7 @@ async def begin_block_async(store: ToolResultStore, *, key: str, content: str | 
     :returns: The write in flight, with its reference.
     :raises Exception: Whatever the store raises before sending (a quota refusal, say).
     """
-    pending = await store.begin_write_async(key=key, content=content, tool_name=tool_name)  # type: ignore[attr-defined]
+    pending = await cast(WriteBehind, store).begin_write_async(key=key, content=content, tool_name=tool_name)
     if not isinstance(pending, PendingWrite):
         raise TypeError(f"The store returned {pending!r} from begin_write_async; expected a PendingWrite.")
     _reference(pending.reference)

@@ -14,6 +14,10 @@ The store's public API lists results (`list`) and documents per namespace; an op
 including sessions that only hold documents, so this module walks the scope through the store's own I/O handle (the
 same client, connection pool and symlink checks the store uses) and deletes in the backend's batches (DeleteObjects on
 S3, up to 1,000 keys a request).
+
+Reading one object needs only a `RangedResults` store. Walking and batch deletes need what only the root
+`FsspecToolResultStore` has, and has privately for now: its I/O handle and its resolved root path. Those reach-ins are
+kept to `_root_path`, `_find` and `_delete` below, to be replaced by the store's public methods when it has them.
 """
 
 from collections.abc import Callable, Iterable
@@ -26,6 +30,7 @@ from haystack_integrations.offload.stores import FsspecToolResultStore
 from haystack_integrations.offload.stores.names import is_temporary_name, parse_object_name
 from haystack_integrations.offload.stores.scope import validate_scope_id
 from haystack_integrations.offload.stores.translate import storage_errors
+from haystack_integrations.offload.types import RangedResults
 
 ObjectKind = Literal["result", "document", "temporary", "other"]
 DELETE_BATCH = 1000
@@ -101,7 +106,7 @@ def scan(root: FsspecToolResultStore, *, tenant: str | None = None, session: str
     below = _below(tenant, session)
     prefix = "/".join([base, *below])
     with storage_errors("list the store", reference=None):
-        found = root._handle.io().find(prefix)
+        found = _find(root, prefix)
     objects = []
     for path, size in found.items():
         if not path.startswith(base + "/"):
@@ -142,18 +147,18 @@ def delete(
     for start in range(0, len(chosen), DELETE_BATCH):
         batch = chosen[start : start + DELETE_BATCH]
         with storage_errors("delete objects", reference=None):
-            root._handle.io().delete([f"{base}/{item.path}" for item in batch])
+            _delete(root, [f"{base}/{item.path}" for item in batch])
         done += len(batch)
         if on_batch is not None:
             on_batch(len(batch))
     return done
 
 
-def read_object(root: FsspecToolResultStore, path: str, start: int, end: int) -> tuple[bytes, int]:
+def read_object(root: RangedResults, path: str, start: int, end: int) -> tuple[bytes, int]:
     """
     Read a byte range of one result by its path below the root (what `cat` prints).
 
-    :param root: An unscoped store.
+    :param root: An unscoped store that reads ranges (`FsspecToolResultStore`, or any `RangedResults`).
     :param path: ``<tenant>/<session>/<result name>``.
     :param start: First byte.
     :param end: One past the last byte.
@@ -167,7 +172,19 @@ def read_object(root: FsspecToolResultStore, path: str, start: int, end: int) ->
 def _root_path(root: FsspecToolResultStore) -> str:
     if root.scope:
         raise ValueError("Operator commands work on the root store; pass the root URL, not a scoped store.")
-    return root._scope_path()
+    return root._scope_path()  # private: the root's resolved path (no public equivalent yet)
+
+
+# Private: the store's own I/O handle, so a walk and a delete share its client, its connection pool and (on disk) its
+# symlink checks. Paths are full paths below `_root_path`.
+
+
+def _find(root: FsspecToolResultStore, prefix: str) -> dict[str, int]:
+    return root._handle.io().find(prefix)
+
+
+def _delete(root: FsspecToolResultStore, paths: list[str]) -> None:
+    root._handle.io().delete(paths)
 
 
 def _below(tenant: str | None, session: str | None) -> list[str]:
