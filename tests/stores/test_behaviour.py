@@ -14,7 +14,8 @@ from haystack_integrations.offload import (
     StoredResult,
 )
 
-pytestmark = pytest.mark.engines  # also on the obstore engine (tests/conftest.py)
+# Also on the obstore engine (tests/conftest.py), and through the async API as well as the sync one (conftest.py).
+pytestmark = [pytest.mark.engines, pytest.mark.usefixtures("api")]
 
 TEXTS = [
     "plain ascii",

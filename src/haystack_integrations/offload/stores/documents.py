@@ -44,6 +44,7 @@ from haystack_integrations.offload.stores.translate import storage_errors
 
 if TYPE_CHECKING:
     from haystack_integrations.offload.stores.fsspec_store import FsspecToolResultStore
+    from haystack_integrations.offload.stores.io import StorageIO
     from haystack_integrations.offload.stores.quotas import Reservation
 
 _NAMESPACE = re.compile(r"[a-z][a-z0-9_-]{0,31}")
@@ -95,11 +96,16 @@ class SessionDocuments:
     def _directory(self) -> str:
         return f"{self.store._scope_path()}/.{self.namespace}"
 
+    def _io(self) -> StorageIO:
+        return self.store._handle.io()
+
     def _path(self, name: object) -> str:
         return f"{self._directory()}/{_checked_name(name)}"
 
     def _label(self, name: object) -> str:
         return f"{self.namespace}/{name}"
+
+    # Each operation is written once, async; its sync twin waits for it (`stores.blocking`).
 
     def put(self, name: str, data: bytes, *, enforce_quota: bool = False) -> None:
         """
@@ -112,21 +118,15 @@ class SessionDocuments:
         :raises StorageError: If the backend fails.
         :raises QuotaExceededError: If `enforce_quota` is set and the write would pass a quota; nothing was sent.
         """
-        path, data = self._path(name), bytes(data)
-        reservation = self._charge(len(data), enforce_quota)
-        try:
-            with storage_errors(f"write document {self._label(name)!r}", reference=None):
-                self.store._handle.io().put(path, data)
-        finally:
-            _settle(reservation)
+        self.store._blocking(self.put_async, name, data, enforce_quota=enforce_quota)
 
     async def put_async(self, name: str, data: bytes, *, enforce_quota: bool = False) -> None:
         """Async `put`."""
         path, data = self._path(name), bytes(data)
-        reservation = await self._charge_async(len(data), enforce_quota)
+        reservation = await self.store._charge_document_async(len(data), enforce=enforce_quota)
         try:
             with storage_errors(f"write document {self._label(name)!r}", reference=None):
-                await self.store._handle.io().put_async(path, data)
+                await self._io().put_async(path, data)
         finally:
             _settle(reservation)
 
@@ -146,28 +146,15 @@ class SessionDocuments:
         :raises StorageError: If the backend fails.
         :raises QuotaExceededError: If `enforce_quota` is set and the create would pass a quota; nothing was sent.
         """
-        path, data = self._path(name), bytes(data)
-        reservation = self._charge(len(data), enforce_quota)
-        try:
-            with storage_errors(f"create document {self._label(name)!r}", reference=None):
-                self.store._handle.io().put_exclusive(path, data)
-        except DocumentExistsError as exists:
-            try:
-                found = self.get(name)
-            except (ResultNotFoundError, StorageError) as error:
-                raise _unknown(self._label(name)) from error
-            if found != data:
-                raise exists
-        finally:
-            _settle(reservation)
+        self.store._blocking(self.create_async, name, data, enforce_quota=enforce_quota)
 
     async def create_async(self, name: str, data: bytes, *, enforce_quota: bool = False) -> None:
         """Async `create`."""
         path, data = self._path(name), bytes(data)
-        reservation = await self._charge_async(len(data), enforce_quota)
+        reservation = await self.store._charge_document_async(len(data), enforce=enforce_quota)
         try:
             with storage_errors(f"create document {self._label(name)!r}", reference=None):
-                await self.store._handle.io().put_exclusive_async(path, data)
+                await self._io().put_exclusive_async(path, data)
         except DocumentExistsError as exists:
             try:
                 found = await self.get_async(name)
@@ -178,27 +165,6 @@ class SessionDocuments:
         finally:
             _settle(reservation)
 
-    def _charge(self, size: int, enforce: bool) -> Reservation | None:
-        # The store's own quota ledger, as for results: documents add bytes, not results.
-        store = self.store
-        if store.quota is None or store.tenant is None or store.session is None:
-            return None
-        ledger = store._handle.ledger()
-        if not enforce:
-            return ledger.charge(store.quota, store.tenant, store.session, size)
-        return ledger.admit(store.quota, store.tenant, store.session, size, store._list_usage, results=0)
-
-    async def _charge_async(self, size: int, enforce: bool) -> Reservation | None:
-        store = self.store
-        if store.quota is None or store.tenant is None or store.session is None:
-            return None
-        ledger = store._handle.ledger()
-        if not enforce:
-            return ledger.charge(store.quota, store.tenant, store.session, size)
-        return await ledger.admit_async(
-            store.quota, store.tenant, store.session, size, store._list_usage_async, results=0
-        )
-
     def get(self, name: str) -> bytes:
         """
         Read a document (one GET on S3).
@@ -207,15 +173,13 @@ class SessionDocuments:
         :returns: Its content.
         :raises ResultNotFoundError: If there is no such document.
         """
-        path = self._path(name)
-        with storage_errors(f"read document {self._label(name)!r}", reference=self._label(name)):
-            return self.store._handle.io().get(path)
+        return self.store._blocking(self.get_async, name)
 
     async def get_async(self, name: str) -> bytes:
         """Async `get`."""
         path = self._path(name)
         with storage_errors(f"read document {self._label(name)!r}", reference=self._label(name)):
-            return await self.store._handle.io().get_async(path)
+            return await self._io().get_async(path)
 
     def list(self) -> builtins.list[str]:
         """
@@ -223,17 +187,12 @@ class SessionDocuments:
 
         :returns: The names; empty if the namespace has none.
         """
-        with storage_errors(f"list documents in {self.namespace!r}", reference=None):
-            found = self.store._handle.io().find(self._directory())
-        return self._names(found)
+        return self.store._blocking(self.list_async)
 
     async def list_async(self) -> builtins.list[str]:
         """Async `list`."""
         with storage_errors(f"list documents in {self.namespace!r}", reference=None):
-            found = await self.store._handle.io().find_async(self._directory())
-        return self._names(found)
-
-    def _names(self, found: dict[str, int]) -> builtins.list[str]:
+            found = await self._io().find_async(self._directory())
         prefix = self._directory() + "/"
         names = (path[len(prefix) :] for path in found if path.startswith(prefix))
         return sorted(name for name in names if _DOCUMENT_NAME.fullmatch(name))
@@ -244,15 +203,13 @@ class SessionDocuments:
 
         :param name: The document's name within the namespace.
         """
-        path = self._path(name)
-        with storage_errors(f"delete document {self._label(name)!r}", reference=None):
-            self.store._handle.io().delete([path])
+        self.store._blocking(self.delete_async, name)
 
     async def delete_async(self, name: str) -> None:
         """Async `delete`."""
         path = self._path(name)
         with storage_errors(f"delete document {self._label(name)!r}", reference=None):
-            await self.store._handle.io().delete_async([path])
+            await self._io().delete_async([path])
 
 
 def _settle(reservation: Reservation | None) -> None:

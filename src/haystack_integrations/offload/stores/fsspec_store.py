@@ -7,9 +7,9 @@ import builtins
 import copy
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import fsspec
 from fsspec import AbstractFileSystem
@@ -19,6 +19,7 @@ from haystack.core.serialization import default_from_dict, default_to_dict
 from haystack.hooks.tool_result_offloading.types import ToolResultStore
 
 from haystack_integrations.offload.errors import InvalidReferenceError, ResultExpiredError
+from haystack_integrations.offload.stores.blocking import blocking, blocking_here
 from haystack_integrations.offload.stores.documents import SessionDocuments
 from haystack_integrations.offload.stores.io import StorageIO, s3_io_with_loop_twins, storage_io_for
 from haystack_integrations.offload.stores.names import (
@@ -38,7 +39,6 @@ from haystack_integrations.offload.stores.retention import (
     Retention,
     check_age,
     document_paths,
-    read_turn_times,
     read_turn_times_async,
 )
 from haystack_integrations.offload.stores.retry import (
@@ -59,6 +59,9 @@ _EXTRAS_BY_PROTOCOL = {"s3": "s3", "s3a": "s3"}
 # "obstore" (Rust object_store: the same requests for a fraction of the client CPU; see stores/obstore_io.py).
 ENGINES = ("fsspec", "obstore")
 DEFAULT_RETRY = RetryPolicy()
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 class FsspecToolResultStore(ToolResultStore):
@@ -259,6 +262,18 @@ class FsspecToolResultStore(ToolResultStore):
         """
         return SessionDocuments(self, namespace)
 
+    def _blocking(self, operation: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run an async method for its sync twin (`stores.blocking`): the sync API is the async one, waited for."""
+        if getattr(self._filesystem, "asynchronous", False):
+            raise TypeError(
+                "This store is built on an fsspec filesystem created with asynchronous=True, which has no loop of its "
+                "own to wait on: use the store's *_async methods, or build the store from a URL instead."
+            )
+        io = self._handle.io()
+        if io.blocking or not retries_can_help(io):  # disk or memory: no shared client to hop to
+            return blocking_here(operation, *args, **kwargs)
+        return blocking(operation, *args, **kwargs)
+
     # Paths
 
     def _scope_path(self) -> str:
@@ -295,22 +310,11 @@ class FsspecToolResultStore(ToolResultStore):
     def _usage_path(self, scope: tuple[str, ...]) -> str:
         return "/".join([self._handle.root_path(), *scope])
 
-    def _list_usage(self, scope: tuple[str, ...]) -> SessionUsage:
-        path = self._usage_path(scope)
-        with storage_errors("check the quota", reference=None):
-            found = self._handle.io().find(path)
-        return usage_by_session(found, scope, path, self._counts)
-
     async def _list_usage_async(self, scope: tuple[str, ...]) -> SessionUsage:
         path = self._usage_path(scope)
         with storage_errors("check the quota", reference=None):
             found = await self._handle.io().find_async(path)
         return usage_by_session(found, scope, path, self._counts)
-
-    def _admit(self, size: int) -> Reservation | None:
-        if self.quota is None or self.tenant is None or self.session is None:
-            return None
-        return self._handle.ledger().admit(self.quota, self.tenant, self.session, size, self._list_usage)
 
     async def _admit_async(self, size: int) -> Reservation | None:
         if self.quota is None or self.tenant is None or self.session is None:
@@ -318,6 +322,15 @@ class FsspecToolResultStore(ToolResultStore):
         return await self._handle.ledger().admit_async(
             self.quota, self.tenant, self.session, size, self._list_usage_async
         )
+
+    async def _charge_document_async(self, size: int, *, enforce: bool) -> Reservation | None:
+        """Count a document's bytes against the quota: charged (never refused) by default, or admitted if `enforce`."""
+        if self.quota is None or self.tenant is None or self.session is None:
+            return None
+        ledger = self._handle.ledger()
+        if not enforce:
+            return ledger.charge(self.quota, self.tenant, self.session, size)
+        return await ledger.admit_async(self.quota, self.tenant, self.session, size, self._list_usage_async, results=0)
 
     def _prepare_write(self, key: str, content: str | bytes, tool_name: str | None) -> tuple[str, str, bytes]:
         if len(self._scope) == 1:
@@ -408,15 +421,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises StoragePermissionError: If the backend refuses the write.
         :raises QuotaExceededError: If the write would pass the store's quota; nothing was sent.
         """
-        path, reference, data = self._prepare_write(key, content, tool_name)
-        reservation = self._admit(len(data))
-        try:
-            with storage_errors("store the result", reference=None):
-                self._handle.io().put(path, data)
-        finally:
-            if reservation is not None:
-                reservation.settle()
-        return reference
+        return self._blocking(self.write_async, key=key, content=content, tool_name=tool_name)
 
     async def write_async(self, *, key: str, content: str | bytes, tool_name: str | None = None) -> str:
         """
@@ -483,11 +488,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises RuntimeError: If a write-behind write of the result is still in flight on this thread's own event loop
             (waiting would block the loop it needs); use `read_async`. The same holds for every sync method.
         """
-        path, segments = self._readable_path_of(reference)
-        self._handle.in_flight.wait_for_sync(path)
-        with storage_errors("read the result", reference=reference):
-            data = self._handle.io().get(path)
-        return self._decode(segments, data)
+        return self._blocking(self.read_async, reference)
 
     async def read_async(self, reference: str) -> str | bytes:
         """
@@ -519,11 +520,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
         :raises ResultNotFoundError: If no result exists under the reference.
         """
-        _check_range(start, end)
-        path, _ = self._readable_path_of(reference)
-        self._handle.in_flight.wait_for_sync(path)
-        with storage_errors("read the result", reference=reference):
-            return self._handle.io().get_range(path, start, end)
+        return self._blocking(self.read_range_async, reference, start, end)
 
     async def read_range_async(self, reference: str, start: int, end: int) -> bytes:
         """
@@ -559,11 +556,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
         :raises ResultNotFoundError: If no result exists under the reference.
         """
-        _check_range(start, end)
-        path, _ = self._readable_path_of(reference)
-        self._handle.in_flight.wait_for_sync(path)
-        with storage_errors("read the result", reference=reference):
-            return self._handle.io().get_range_and_size(path, start, end)
+        return self._blocking(self.read_range_and_size_async, reference, start, end)
 
     async def read_range_and_size_async(self, reference: str, start: int, end: int) -> tuple[bytes, int]:
         """
@@ -594,11 +587,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
         :raises ResultNotFoundError: If no result exists under the reference.
         """
-        path, segments = self._readable_path_of(reference)
-        self._handle.in_flight.wait_for_sync(path)
-        with storage_errors("describe the result", reference=reference):
-            size = self._handle.io().size(path)
-        return self._record(reference, segments, size)
+        return self._blocking(self.info_async, reference)
 
     async def info_async(self, reference: str) -> StoredResult:
         """
@@ -624,10 +613,7 @@ class FsspecToolResultStore(ToolResultStore):
             are results past the store's retention (they cannot be read).
         :raises StorageError: If the backend fails (e.g. the bucket does not exist).
         """
-        self._handle.in_flight.wait_under_sync(self._scope_path() + "/")
-        with storage_errors("list results", reference=None):
-            found = self._handle.io().find(self._scope_path())
-        return self._records(found)[:limit]
+        return self._blocking(self.list_async, limit=limit)
 
     async def list_async(self, *, limit: int | None = None) -> builtins.list[StoredResult]:
         """
@@ -650,13 +636,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
         :raises StorageError: If the backend fails.
         """
-        path, segments = self._path_of(reference)
-        self._handle.in_flight.wait_for_sync(path)  # else the write could land after the delete
-        try:
-            with storage_errors("delete the result", reference=reference):
-                self._handle.io().delete([path])
-        finally:
-            self._handle.invalidate((*self._scope, *segments[:-1]))
+        self._blocking(self.delete_async, reference)
 
     async def delete_async(self, reference: str) -> None:
         """
@@ -701,25 +681,7 @@ class FsspecToolResultStore(ToolResultStore):
             (`MAX_AGE`), or `expired` is asked of a store without retention.
         :raises StorageError: If the backend fails; results not yet deleted stay (and stay readable, unless expired).
         """
-        return self._purge(older_than, expired, temporary_grace=TEMPORARY_GRACE)
-
-    def _purge(self, older_than: timedelta | None, expired: bool, *, temporary_grace: timedelta) -> int:
-        """`purge`, removing result writes' temporary files older than `temporary_grace` (`end_session`: all)."""
-        self._check_purge(older_than, expired)
-        self._handle.in_flight.wait_under_sync(self._scope_path() + "/")
-        with storage_errors("list results", reference=None):
-            found = self._handle.io().find(self._scope_path())
-        paths = self._purge_paths(found, older_than, expired)
-        idle = self._idle_sessions(found, older_than, expired)
-        if idle is not None:
-            idle.dated(read_turn_times(self._handle.io(), idle.to_read()))
-            paths += idle.documents()
-        try:
-            with storage_errors("purge results", reference=None):
-                self._handle.io().delete(paths + _stale_temporaries(found, temporary_grace))
-        finally:
-            self._handle.invalidate(self._scope)
-        return len(paths)
+        return self._blocking(self.purge_async, older_than=older_than, expired=expired)
 
     async def purge_async(self, *, older_than: timedelta | None = None, expired: bool = False) -> int:
         """
@@ -789,17 +751,6 @@ class FsspecToolResultStore(ToolResultStore):
             return IdleSessions(found, self._scope_path(), scope=self._scope, cutoff=by_tenant)
         return None
 
-    def _delete_documents(self) -> int:
-        """Delete the documents of this scope (``.<namespace>/<name>``); see `end_session`."""
-        scope_path = self._scope_path()
-        try:
-            with storage_errors("delete documents", reference=None):
-                paths = document_paths(self._handle.io().find(scope_path), scope_path)
-                self._handle.io().delete(paths)
-        finally:
-            self._handle.invalidate(self._scope)  # documents count against quotas: their bytes are free again
-        return len(paths)
-
     async def _delete_documents_async(self) -> int:
         scope_path = self._scope_path()
         try:
@@ -814,7 +765,7 @@ class FsspecToolResultStore(ToolResultStore):
 
     def warm_up(self) -> None:
         """Create the filesystem client now (and, on S3, its session) instead of on the first request."""
-        self._handle.io().warm_up()
+        self._blocking(self.warm_up_async)
 
     async def warm_up_async(self) -> None:
         """Async `warm_up`."""

@@ -15,6 +15,8 @@ import threading
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from haystack_integrations.offload.stores.blocking import BLOCKED_THREAD
+
 logger = logging.getLogger(__name__)
 
 
@@ -134,6 +136,7 @@ class InFlightWrites:
         Wait for the in-flight write of `path`, if there is one, whichever thread or loop runs it.
 
         :param path: The object's full path.
+        :raises RuntimeError: If a sync caller blocks the thread whose event loop runs the write (see `wait_under`).
         """
         await _wait_async(self._matching(path, under=False))
 
@@ -142,28 +145,12 @@ class InFlightWrites:
         Wait for every in-flight write below `prefix`, whichever threads or loops run them.
 
         :param prefix: A scope's path, ending with a separator.
+        :raises RuntimeError: If the operation runs for a sync caller (`blocking`) whose thread's event loop is still
+            running one of the writes: waiting would stop the loop that has to finish it (a deadlock). Not waiting is
+            no better: a purge would report results deleted that land afterwards, a read would find nothing. Call the
+            async twin instead, or wait for the write first.
         """
         await _wait_async(self._matching(prefix, under=True))
-
-    def wait_for_sync(self, path: str) -> None:
-        """
-        Block until the in-flight write of `path`, if there is one, has finished; for sync methods.
-
-        :param path: The object's full path.
-        :raises RuntimeError: If the write was started on this thread's event loop (see `wait_under_sync`).
-        """
-        _wait_blocking(self._matching(path, under=False))
-
-    def wait_under_sync(self, prefix: str) -> None:
-        """
-        Block until every in-flight write below `prefix` has finished; for sync methods.
-
-        :param prefix: A scope's path, ending with a separator.
-        :raises RuntimeError: If one of the writes was started on this thread's event loop: blocking here would stop
-            the loop that has to finish it (a deadlock). Not waiting is no better: a purge would report results
-            deleted that land afterwards, a read would find nothing. Use the async method, or wait for the write first.
-        """
-        _wait_blocking(self._matching(prefix, under=True))
 
     def __len__(self) -> int:
         with self._lock:
@@ -177,20 +164,15 @@ class _Write(NamedTuple):
 
 
 async def _wait_async(writes: list[_Write]) -> None:
+    blocked = BLOCKED_THREAD.get()
+    if any(write.thread == blocked for write in writes):
+        raise RuntimeError(
+            "A sync store method was called on the thread whose event loop is still uploading a result it "
+            "needs (a write-behind write). Blocking would stop that upload for good; call the method's async "
+            "twin (e.g. read_async, purge_async) or await the PendingWrite first."
+        )
     loop = asyncio.get_running_loop()
     # On its own loop a task is awaited as it is; from another loop, its future is (without blocking this loop).
     waits = [write.task if write.task.get_loop() is loop else asyncio.wrap_future(write.finished) for write in writes]
     if waits:
         await asyncio.wait(waits)
-
-
-def _wait_blocking(writes: list[_Write]) -> None:
-    here = threading.get_ident()
-    for write in writes:
-        if write.thread == here:
-            raise RuntimeError(
-                "A sync store method was called on the thread whose event loop is still uploading a result it "
-                "needs (a write-behind write). Blocking would stop that upload for good; call the method's async "
-                "twin (e.g. read_async, purge_async) or await the PendingWrite first."
-            )
-    concurrent.futures.wait([write.finished for write in writes])

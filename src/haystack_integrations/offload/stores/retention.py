@@ -240,12 +240,7 @@ def end_session(store: FsspecToolResultStore, *, documents: bool = False) -> int
     :raises ValueError: If `store` is not scoped to a session.
     :raises StorageError: If the backend fails; what was not deleted yet stays.
     """
-    _require_session(store)
-    # The session is over: a result write still unfinished (or whose writer died) goes with it, whatever its age.
-    deleted = store._purge(None, False, temporary_grace=timedelta(0))
-    if documents:
-        deleted += store._delete_documents()
-    return deleted
+    return store._blocking(end_session_async, store, documents=documents)
 
 
 async def end_session_async(store: FsspecToolResultStore, *, documents: bool = False) -> int:
@@ -259,6 +254,7 @@ async def end_session_async(store: FsspecToolResultStore, *, documents: bool = F
     :raises StorageError: If the backend fails.
     """
     _require_session(store)
+    # The session is over: a result write still unfinished (or whose writer died) goes with it, whatever its age.
     deleted = await store._purge_async(None, False, temporary_grace=timedelta(0))
     if documents:
         deleted += await store._delete_documents_async()

@@ -1,0 +1,101 @@
+"""
+The sync API, derived from the async one: each storage operation is written once, as a coroutine, and its sync twin
+runs that coroutine on fsspec's I/O loop while the caller's thread waits (fsspec's own pattern, `fsspec.asyn.sync`).
+
+So the two halves cannot drift: a sync `read` waits for in-flight write-behind uploads, retries, maps errors and
+charges quotas exactly as `read_async` does, because it *is* `read_async`.
+
+Where it runs: an engine that talks to a network (s3fs, obstore) runs the coroutine on fsspec's I/O loop, so every
+sync caller shares that loop's one client and connection pool. An engine whose calls block anyway (local disk,
+memory) runs it on an event loop private to the calling thread: no thread hop, and the disk call inline, since the
+sync caller's own thread is the one that waits. (A thread already running an event loop cannot run another, so it
+uses fsspec's loop too.)
+
+One thing only a sync caller can get wrong: blocking the thread whose event loop is still uploading a result the
+operation waits for would stop that upload for good. `blocking` records the waiting thread, and `InFlightWrites`
+refuses such a wait with a `RuntimeError` instead of hanging.
+"""
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine
+from contextvars import ContextVar
+from threading import get_ident
+from typing import Any, ParamSpec, TypeVar
+
+from fsspec.asyn import get_loop, sync
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+# The thread blocked on the operation running in this task (None: an async caller, whose thread keeps running).
+BLOCKED_THREAD: ContextVar[int | None] = ContextVar("offload_blocked_thread", default=None)
+
+
+def blocking(operation: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs) -> T:
+    """
+    Run one async storage operation to completion from sync code, on fsspec's I/O loop thread.
+
+    :param operation: The coroutine function (an ``*_async`` method).
+    :param args: Its positional arguments.
+    :param kwargs: Its keyword arguments.
+    :returns: What the operation returned.
+    :raises Exception: What the operation raised, unchanged.
+    :raises NotImplementedError: If called on fsspec's I/O loop thread itself (await the async twin there).
+    """
+    return sync(get_loop(), _as_blocked, get_ident(), operation, *args, **kwargs)  # type: ignore[no-any-return]
+
+
+def blocking_here(operation: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs) -> T:
+    """
+    `blocking` for engines whose calls block anyway: run the operation on this thread's private event loop.
+
+    :param operation: The coroutine function.
+    :param args: Its positional arguments.
+    :param kwargs: Its keyword arguments.
+    :returns: What the operation returned.
+    :raises Exception: What the operation raised, unchanged.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return _thread_loop().run_until_complete(_as_blocked(get_ident(), operation, *args, **kwargs))
+    return blocking(operation, *args, **kwargs)
+
+
+def blocked_here() -> bool:
+    """
+    Whether the running operation is a sync caller's, on that caller's own thread (`blocking_here`).
+
+    :returns: True if blocking calls may run inline: the thread they would block is waiting for them anyway.
+    """
+    return BLOCKED_THREAD.get() == get_ident()
+
+
+async def _as_blocked(
+    thread: int, operation: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs
+) -> T:
+    # Set inside the task (a context of its own), so it never leaks to other operations on the loop.
+    BLOCKED_THREAD.set(thread)
+    return await operation(*args, **kwargs)
+
+
+class _OwnLoop:
+    """A thread's private event loop, closed when the thread ends (so it is never reported as unclosed)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+
+    def __del__(self) -> None:
+        if not self.loop.is_closed():
+            self.loop.close()
+
+
+_THREAD_LOOPS = threading.local()
+
+
+def _thread_loop() -> asyncio.AbstractEventLoop:
+    own: _OwnLoop | None = getattr(_THREAD_LOOPS, "own", None)
+    if own is None or own.loop.is_closed():
+        own = _THREAD_LOOPS.own = _OwnLoop()
+    return own.loop
