@@ -10,14 +10,10 @@ One LIST over the scope (paginated by the backend) gives every object's path and
     anything else                                       other     (an operator's README): never deleted by the
                                                                   operator commands
 
-The store's public API lists results (`list`) and documents per namespace; an operator needs the whole tree at once,
-including sessions that only hold documents, so this module walks the scope through the store's own I/O handle (the
-same client, connection pool and symlink checks the store uses) and deletes in the backend's batches (DeleteObjects on
-S3, up to 1,000 keys a request).
-
-Reading one object needs only a `RangedResults` store. Walking and batch deletes need what only the root
-`FsspecToolResultStore` has, and has privately for now: its I/O handle and its resolved root path. Those reach-ins are
-kept to `_root_path`, `_find` and `_delete` below, to be replaced by the store's public methods when it has them.
+An operator needs the whole tree at once, including sessions that only hold documents: this module walks a scope with
+the store's `find_objects` (the same client, connection pool and symlink checks the store uses) and deletes with
+`delete_objects`, in the backend's batches (DeleteObjects on S3, up to 1,000 keys a request). Reading one object needs
+only a `RangedResults` store.
 """
 
 from collections.abc import Callable, Iterable
@@ -29,7 +25,6 @@ from haystack_integrations.offload.errors import InvalidScopeIdError
 from haystack_integrations.offload.stores import FsspecToolResultStore
 from haystack_integrations.offload.stores.names import is_temporary_name, parse_object_name
 from haystack_integrations.offload.stores.scope import validate_scope_id
-from haystack_integrations.offload.stores.translate import storage_errors
 from haystack_integrations.offload.types import RangedResults
 
 ObjectKind = Literal["result", "document", "temporary", "other"]
@@ -102,20 +97,12 @@ def scan(root: FsspecToolResultStore, *, tenant: str | None = None, session: str
     :raises StorageError: If the backend fails (a missing bucket, a bad endpoint).
     :raises StoragePermissionError: If the credentials are refused.
     """
-    base = _root_path(root)
+    _check_root(root)
     below = _below(tenant, session)
-    prefix = "/".join([base, *below])
-    with storage_errors("list the store", reference=None):
-        found = _find(root, prefix)
-    objects = []
-    for path, size in found.items():
-        if not path.startswith(base + "/"):
-            continue
-        relative = path[len(base) + 1 :]
-        if below and not relative.startswith("/".join(below) + "/"):
-            continue  # a sibling prefix: 't/ab' when asked for 't/a'
-        objects.append(classify(relative, size))
-    return sorted(objects, key=lambda item: item.path)
+    scope = root.for_session(*below) if len(below) == 2 else root.for_tenant(*below) if below else root
+    prefix = "".join(f"{segment}/" for segment in below)
+    found = scope.find_objects()
+    return sorted((classify(prefix + path, size) for path, size in found.items()), key=lambda item: item.path)
 
 
 def delete(
@@ -137,7 +124,7 @@ def delete(
     :raises ValueError: If an object is not a result or a document.
     :raises StorageError: If the backend fails; objects of earlier batches stay deleted.
     """
-    base = _root_path(root)
+    _check_root(root)
     chosen = list(objects)
     if any(item.kind == "other" for item in chosen):
         raise ValueError(
@@ -146,8 +133,7 @@ def delete(
     done = 0
     for start in range(0, len(chosen), DELETE_BATCH):
         batch = chosen[start : start + DELETE_BATCH]
-        with storage_errors("delete objects", reference=None):
-            _delete(root, [f"{base}/{item.path}" for item in batch])
+        root.delete_objects(item.path for item in batch)
         done += len(batch)
         if on_batch is not None:
             on_batch(len(batch))
@@ -169,22 +155,9 @@ def read_object(root: RangedResults, path: str, start: int, end: int) -> tuple[b
     return root.read_range_and_size(path, start, end)
 
 
-def _root_path(root: FsspecToolResultStore) -> str:
+def _check_root(root: FsspecToolResultStore) -> None:
     if root.scope:
         raise ValueError("Operator commands work on the root store; pass the root URL, not a scoped store.")
-    return root._scope_path()  # private: the root's resolved path (no public equivalent yet)
-
-
-# Private: the store's own I/O handle, so a walk and a delete share its client, its connection pool and (on disk) its
-# symlink checks. Paths are full paths below `_root_path`.
-
-
-def _find(root: FsspecToolResultStore, prefix: str) -> dict[str, int]:
-    return root._handle.io().find(prefix)
-
-
-def _delete(root: FsspecToolResultStore, paths: list[str]) -> None:
-    root._handle.io().delete(paths)
 
 
 def _below(tenant: str | None, session: str | None) -> list[str]:

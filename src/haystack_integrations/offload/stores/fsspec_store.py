@@ -7,7 +7,7 @@ import builtins
 import copy
 import os
 import threading
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
@@ -761,6 +761,69 @@ class FsspecToolResultStore(ToolResultStore):
             self._handle.invalidate(self._scope)
         return len(paths)
 
+    # Objects: the operator's view (every object below the scope, by path relative to it)
+
+    def find_objects(self) -> dict[str, int]:
+        """
+        Every object below this store's scope, by path relative to the scope, with its size in bytes.
+
+        The operator's view, for inventories and purges: results, documents, temporary files of local writes and
+        objects this library did not write alike (`operations.inventory.classify` tells them apart). One LIST walk on
+        S3; waits for write-behind uploads below the scope.
+
+        :returns: ``{"<tenant>/<session>/<name>": size, ...}`` for a root store (shorter paths for scoped stores).
+        :raises StorageError: If the backend fails (e.g. the bucket does not exist).
+        """
+        return self._blocking(self.find_objects_async)
+
+    async def find_objects_async(self) -> dict[str, int]:
+        """Async `find_objects`."""
+        prefix = self._scope_path() + "/"
+        await self._handle.in_flight.wait_under(prefix)
+        with storage_errors("list the store", reference=None):
+            found = await self._handle.io().find_async(self._scope_path())
+        # A sibling prefix ('t/ab' when 't/a' is listed) is not below the scope.
+        return {path[len(prefix) :]: size for path, size in found.items() if path.startswith(prefix)}
+
+    def delete_objects(self, paths: Iterable[str]) -> None:
+        """
+        Delete objects by their paths relative to this store's scope (as `find_objects` names them), in batches.
+
+        :param paths: Relative paths; a missing object is not an error.
+        :raises ValueError: If a path is absolute, empty, or has an empty, ``.`` or ``..`` segment: nothing is deleted.
+        :raises StorageError: If the backend fails.
+        """
+        self._blocking(self.delete_objects_async, paths)
+
+    async def delete_objects_async(self, paths: Iterable[str]) -> None:
+        """Async `delete_objects`."""
+        full = [f"{self._scope_path()}/{_checked_relative(path)}" for path in paths]
+        try:
+            with storage_errors("delete objects", reference=None):
+                await self._handle.io().delete_async(full)
+        finally:
+            self._handle.invalidate(self._scope)
+
+    def turn_times(self, paths: Iterable[str]) -> dict[str, datetime | None]:
+        """
+        Read history turn documents (relative paths, as `find_objects` names them) and the time each says.
+
+        For purges that keep a session's documents while its conversation is active (`retention.IdleSessions`).
+
+        :param paths: The documents' relative paths.
+        :returns: Each path's time; None for a document gone meanwhile or saying no time.
+        :raises ValueError: If a path is not relative (see `delete_objects`).
+        :raises StorageError: If the backend fails.
+        """
+        return self._blocking(self.turn_times_async, paths)
+
+    async def turn_times_async(self, paths: Iterable[str]) -> dict[str, datetime | None]:
+        """Async `turn_times`."""
+        relative = [_checked_relative(path) for path in paths]
+        base = self._scope_path()
+        times = await read_turn_times_async(self._handle.io(), [f"{base}/{path}" for path in relative])
+        return {path: times[f"{base}/{path}"] for path in relative}
+
     # Lifecycle and serialization
 
     def warm_up(self) -> None:
@@ -977,3 +1040,12 @@ def _stale_temporaries(found: Mapping[str, int], grace: timedelta) -> builtins.l
 def _check_range(start: int, end: int) -> None:
     if start < 0 or end < start:
         raise ValueError(f"Invalid byte range [{start}, {end}): start must be >= 0 and end >= start.")
+
+
+def _checked_relative(path: str) -> str:
+    # Operators' paths come from find_objects; anything that could leave the scope is a bug or an attack.
+    if not isinstance(path, str):
+        raise TypeError(f"An object path must be a string, got {type(path).__name__}.")
+    if any(segment in {"", ".", ".."} or "\\" in segment or "\0" in segment for segment in path.split("/")):
+        raise ValueError(f"{path!r} is not a path relative to the store's scope.")
+    return path
