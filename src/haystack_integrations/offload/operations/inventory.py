@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from haystack_integrations.offload.errors import InvalidScopeIdError
 from haystack_integrations.offload.stores import FsspecToolResultStore
+from haystack_integrations.offload.stores.layout import place
 from haystack_integrations.offload.stores.names import is_temporary_name, parse_object_name
 from haystack_integrations.offload.stores.scope import validate_scope_id
 from haystack_integrations.offload.types import RangedResults
@@ -57,31 +57,28 @@ def classify(relative: str, size: int) -> StoredObject:
     :returns: The classified object (``other`` when it is neither a result, a document nor a temporary file of a
         valid session).
     """
-    parts = relative.split("/")
-    if len(parts) not in (3, 4) or not _valid_scope(parts[0], parts[1]):
+    placed = place(relative)
+    if placed is None:
         return StoredObject(path=relative, size=size, kind="other")
-    tenant, session = parts[0], parts[1]
-    if is_temporary_name(parts[-1]) and (len(parts) == 3 or parts[2].startswith(".")):
+    tenant, session = placed.tenant, placed.session
+    if is_temporary_name(placed.name):
         return StoredObject(path=relative, size=size, kind="temporary", tenant=tenant, session=session)
-    if len(parts) == 3:
-        parsed = parse_object_name(parts[2])
-        if parsed is None:
-            return StoredObject(path=relative, size=size, kind="other", tenant=tenant, session=session)
+    if placed.namespace is not None and not placed.name.startswith("."):
         return StoredObject(
-            path=relative,
-            size=size,
-            kind="result",
-            tenant=tenant,
-            session=session,
-            created=parsed.created,
-            tool_name=parsed.tool_name,
+            path=relative, size=size, kind="document", tenant=tenant, session=session, namespace=placed.namespace
         )
-    directory, name = parts[2], parts[3]
-    if directory.startswith(".") and len(directory) > 1 and not name.startswith("."):
-        return StoredObject(
-            path=relative, size=size, kind="document", tenant=tenant, session=session, namespace=directory[1:]
-        )
-    return StoredObject(path=relative, size=size, kind="other", tenant=tenant, session=session)
+    parsed = parse_object_name(placed.name) if placed.namespace is None else None
+    if parsed is None:
+        return StoredObject(path=relative, size=size, kind="other", tenant=tenant, session=session)
+    return StoredObject(
+        path=relative,
+        size=size,
+        kind="result",
+        tenant=tenant,
+        session=session,
+        created=parsed.created,
+        tool_name=parsed.tool_name,
+    )
 
 
 def scan(root: FsspecToolResultStore, *, tenant: str | None = None, session: str | None = None) -> list[StoredObject]:
@@ -169,12 +166,3 @@ def _below(tenant: str | None, session: str | None) -> list[str]:
     if session is not None:
         below.append(validate_scope_id(session, field="session"))
     return below
-
-
-def _valid_scope(tenant: str, session: str) -> bool:
-    try:
-        validate_scope_id(tenant, field="tenant")
-        validate_scope_id(session, field="session")
-    except (InvalidScopeIdError, TypeError):
-        return False
-    return True

@@ -22,6 +22,7 @@ from haystack_integrations.offload.errors import InvalidReferenceError, ResultEx
 from haystack_integrations.offload.stores.blocking import blocking, blocking_here
 from haystack_integrations.offload.stores.documents import SessionDocuments
 from haystack_integrations.offload.stores.io import StorageIO, s3_io_with_loop_twins, storage_io_for
+from haystack_integrations.offload.stores.layout import scope_path
 from haystack_integrations.offload.stores.names import (
     TEMPORARY_GRACE,
     ContentKind,
@@ -277,7 +278,7 @@ class FsspecToolResultStore(ToolResultStore):
     # Paths
 
     def _scope_path(self) -> str:
-        return "/".join([self._handle.root_path(), *self._scope])
+        return scope_path(self._handle.root_path(), self._scope)
 
     def _path_of(self, reference: object) -> tuple[str, tuple[str, ...]]:
         segments = parse_reference(reference, scope_depth=len(self._scope))
@@ -308,7 +309,7 @@ class FsspecToolResultStore(ToolResultStore):
         )
 
     def _usage_path(self, scope: tuple[str, ...]) -> str:
-        return "/".join([self._handle.root_path(), *scope])
+        return scope_path(self._handle.root_path(), scope)
 
     async def _list_usage_async(self, scope: tuple[str, ...]) -> SessionUsage:
         path = self._usage_path(scope)

@@ -63,6 +63,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from haystack_integrations.offload.errors import QuotaExceededError
+from haystack_integrations.offload.stores.layout import below, place
 
 ScopeKey = tuple[str, ...]
 # What a listing of a tenant (or of one session) found: results and bytes per session.
@@ -553,22 +554,20 @@ def usage_by_session(
     :param live: Whether an object name counts, given the tenant: a result name, not past its retention.
     :returns: Results and bytes (of results and documents) per session.
     """
-    prefix = scope_path.rstrip("/") + "/"
-    depth = 3 - len(scope)  # results sit at <session>/<name> below a tenant, at <name> below a session
     usage: SessionUsage = {}
     for path, size in found.items():
-        if not path.startswith(prefix):
-            continue  # a sibling prefix: 't/ab' when 't/a' was listed
-        parts = path[len(prefix) :].split("/")
-        if len(parts) == depth and live(scope[0], parts[-1]):
+        relative = below(path, scope_path)
+        placed = place(relative, scope) if relative is not None else None
+        if placed is None:
+            continue
+        if placed.namespace is None and live(placed.tenant, placed.name):
             counted = 1
-        elif len(parts) == depth + 1 and is_document(parts[-2], parts[-1]):
+        elif placed.namespace is not None and is_document("." + placed.namespace, placed.name):
             counted = 0
         else:
             continue
-        session = parts[0] if len(scope) == 1 else scope[1]
-        results, total = usage.get(session, (0, 0))
-        usage[session] = (results + counted, total + size)
+        results, total = usage.get(placed.session, (0, 0))
+        usage[placed.session] = (results + counted, total + size)
     return usage
 
 

@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from haystack_integrations.offload.errors import ResultNotFoundError
+from haystack_integrations.offload.stores.layout import below, place
 from haystack_integrations.offload.stores.names import parse_object_name
 from haystack_integrations.offload.stores.quotas import is_document
 from haystack_integrations.offload.stores.scope import validate_scope_id
@@ -366,33 +367,26 @@ class IdleSessions:
         self._cutoff = cutoff
         self._sessions: dict[tuple[str, str], _Session] = {}
         self._times: dict[str, datetime | None] = {}
-        prefix = scope_path.rstrip("/") + "/"
-        above = 2 - len(scope)  # how many of (tenant, session) the relative path still names
         for path in found:
-            if not path.startswith(prefix):
-                continue  # a sibling prefix: 't/ab' when 't/a' was listed
-            parts = path[len(prefix) :].split("/")
-            if len(parts) not in (above + 1, above + 2):
-                continue
-            key = (*scope, *parts[:above])
-            if len(key) != 2 or not _valid_session(*key):
-                continue  # not a session's directory: an operator's own files are never touched
-            inside = parts[above:]
-            if len(inside) == 1:
-                parsed = parse_object_name(inside[0])
+            relative = below(path, scope_path)
+            placed = place(relative, scope) if relative is not None else None
+            if placed is None:
+                continue  # not a session's result or document: an operator's own files are never touched
+            key = (placed.tenant, placed.session)
+            if placed.namespace is None:
+                parsed = parse_object_name(placed.name)
                 if parsed is not None:
-                    self._sessions.setdefault((key[0], key[1]), _Session()).saw(parsed.created)
+                    self._sessions.setdefault(key, _Session()).saw(parsed.created)
                 continue
-            directory, name = inside
-            if not is_document(directory, name):
+            if not is_document("." + placed.namespace, placed.name):
                 continue
-            session = self._sessions.setdefault((key[0], key[1]), _Session())
+            session = self._sessions.setdefault(key, _Session())
             session.documents.append(path)
-            turn = _TURN_NAME.fullmatch(name) if directory == f".{HISTORY_NAMESPACE}" else None
+            turn = _TURN_NAME.fullmatch(placed.name) if placed.namespace == HISTORY_NAMESPACE else None
             if turn is not None:
                 session.turns[path] = (int(turn["turn"]), turn["part"])
             else:
-                session.saw(name_time(name))
+                session.saw(name_time(placed.name))
 
     def to_read(self) -> builtins.list[str]:
         """
@@ -435,15 +429,6 @@ class IdleSessions:
             if newest is not None and newest < cutoff:
                 paths.extend(session.documents)
         return paths
-
-
-def _valid_session(tenant: str, session: str) -> bool:
-    try:
-        validate_scope_id(tenant, field="tenant")
-        validate_scope_id(session, field="session")
-    except ValueError:
-        return False
-    return True
 
 
 def read_turn_times(io: StorageIO, paths: Iterable[str]) -> dict[str, datetime | None]:
