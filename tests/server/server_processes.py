@@ -45,7 +45,12 @@ def free_port() -> int:
 
 @contextmanager
 def serve(
-    *, store: str, tokens: Mapping[str, str], storage_options: Mapping[str, Any] | None = None, log: Path
+    *,
+    store: str,
+    tokens: Mapping[str, str],
+    storage_options: Mapping[str, Any] | None = None,
+    log: Path,
+    environment: Mapping[str, str] | None = None,
 ) -> Iterator[ServerProcess]:
     """
     Run ``offload-haystack serve`` in a subprocess until the block ends.
@@ -54,6 +59,7 @@ def serve(
     :param tokens: Bearer token -> tenant.
     :param storage_options: fsspec options for the store.
     :param log: Where the process's output goes (read it when a test fails).
+    :param environment: More variables for the process (``OFFLOAD_SERVER_*`` settings).
     :yields: The running server.
     """
     port = free_port()
@@ -62,9 +68,14 @@ def serve(
     if storage_options:
         command += ["--storage-options", json.dumps(dict(storage_options))]
     # The package comes from wherever this test process imports it (the installed wheel under tox).
-    environment = {**os.environ, "OFFLOAD_SERVER_TOKENS": json.dumps(dict(tokens)), "PYTHONUNBUFFERED": "1"}
+    variables = {
+        **os.environ,
+        **(environment or {}),
+        "OFFLOAD_SERVER_TOKENS": json.dumps(dict(tokens)),
+        "PYTHONUNBUFFERED": "1",
+    }
     with log.open("w") as output:
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, text=True, env=environment)
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, text=True, env=variables)
     base_url = f"http://127.0.0.1:{port}"
     try:
         worker = _wait_until_healthy(base_url, process, log)

@@ -9,6 +9,10 @@ violation reported.
 Then the page's defences: it refuses to run injected inline script, another site cannot frame it, and a login link
 with another user's token asks before it replaces the stored one.
 
+Then a turn's progress, live: with tools that take a while, the page shows each call as an event line while the turn
+runs (read from the message POST's server-sent events), before the reply, which then replaces the lines (screenshots
+of 390 and 1366 px with the lines showing are copied to /tmp/page-stream-390.png and /tmp/page-stream-1366.png).
+
 Then a newcomer's first hour: the page fits 360 and 390 px phones and a 1366 px desktop (screenshots of 390 and 1366
 are copied to /tmp/page-390.png and /tmp/page-1366.png for review), a login link signs in after a token the server
 refused, Esc closes the result viewer, approvals and denials are events in the chat, images a tool made are shown
@@ -654,5 +658,76 @@ def test_the_chat_list_switches_chats_and_starts_new_ones(live_server: ServerPro
         finally:
             other.close()
         assert errors == [] and _policy_errors(console) == []
+    finally:
+        context.close()
+
+
+# A turn's progress, live (server-sent events on the message POST).
+
+STREAM_REVIEW_COPIES = {390: Path("/tmp/page-stream-390.png"), 1366: Path("/tmp/page-stream-1366.png")}  # noqa: S108
+# What appears in the transcript, in order: progress lines, and the assistant's answer (injected like CSP_WATCH).
+APPEARANCES_WATCH = """
+window.appearances = [];
+new MutationObserver((records) => {
+  for (const record of records) for (const node of record.addedNodes) {
+    if (!(node instanceof Element)) continue;
+    if (node.matches("[data-testid=progress-event]")) window.appearances.push("progress");
+    if (node.matches("[data-testid=msg-assistant]")) window.appearances.push("assistant");
+  }
+}).observe(document, { childList: true, subtree: true });
+"""
+
+
+@pytest.fixture(scope="module")
+def slow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The server with scripted tools that take 3 s each, so a turn can be watched while it runs."""
+    directory = tmp_path_factory.mktemp("page-slow")
+    with serve(
+        store=str(directory / "results"),
+        tokens=TOKENS,
+        log=directory / "server.log",
+        environment={"OFFLOAD_SERVER_SCRIPTED_TOOL_DELAY": "3"},
+    ) as server:
+        yield server
+
+
+@pytest.mark.parametrize(("width", "height"), [(390, 844), (1366, 768)])
+def test_a_turns_progress_shows_live_before_the_reply(
+    slow_server: ServerProcess, browser: "Browser", tmp_path: Path, width: int, height: int
+) -> None:
+    from playwright.sync_api import expect
+
+    context = browser.new_context(viewport={"width": width, "height": height})
+    context.add_init_script(APPEARANCES_WATCH)
+    errors: list[str] = []
+    console: list[str] = []
+    try:
+        page = _signed_in(context, errors, console, slow_server.base_url, f"live-{width}")
+        page.get_by_test_id("message").fill(RESEARCH)
+        page.get_by_test_id("send").click()
+        # While the tools run: the message, and one line per call, running, with its arguments; no answer yet.
+        expect(page.get_by_test_id("msg-user-sending")).to_contain_text(RESEARCH)
+        lines = page.get_by_test_id("progress-event")
+        expect(lines).to_have_count(3)
+        search = lines.filter(has_text="web_search")
+        expect(search).to_be_visible()
+        expect(search).to_contain_text("(query=Research solar panels")
+        expect(search).to_contain_text("running…")
+        expect(lines.filter(has_text="render_chart")).to_contain_text("(metric=revenue) running…")
+        expect(page.get_by_test_id("msg-assistant")).to_have_count(0)
+        expect(page.get_by_test_id("status")).to_contain_text("The agent is working on turn 1")
+        assert page.evaluate("() => document.scrollingElement.scrollWidth <= window.innerWidth")
+        screenshot = tmp_path / f"page-stream-{width}.png"
+        page.screenshot(path=screenshot)
+        shutil.copy(screenshot, STREAM_REVIEW_COPIES[width])
+
+        # The turn ends: the stored conversation replaces the lines; they came first.
+        expect(page.get_by_test_id("msg-assistant").last).to_contain_text("scripted summary")
+        expect(lines).to_have_count(0)
+        expect(page.get_by_test_id("msg-user")).to_have_count(1)
+        expect(page.get_by_test_id("status")).to_contain_text("Turn 1 completed; 4 result(s) stored.")
+        appearances = page.evaluate("window.appearances")
+        assert appearances[:3] == ["progress"] * 3 and "assistant" in appearances, appearances
+        assert errors == [] and page.evaluate("window.cspViolations") == [] and _policy_errors(console) == []
     finally:
         context.close()

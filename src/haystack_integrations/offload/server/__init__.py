@@ -6,6 +6,7 @@ The reference multi-tenant server: one shared Agent, stateless workers, everythi
 - `ChatService` (``service``): what each request does, framework-free (the demo drives it directly);
 - `SessionHistory` (``history``): the conversation as numbered turns claimed with conditional creates;
 - `TokenTable` (``auth``): bearer token -> tenant;
+- `TurnProgress` (``progress``): one turn's progress events, for a client that watches it (server-sent events);
 - `build_agent` (``agent``): the shared Agent with the offload, compaction and approval hooks.
 
 The web parts need the ``server`` extra: ``pip install "offload-haystack[server]"``. The service, history and agent
@@ -22,6 +23,7 @@ _import_structure = {
     "app": ["create_app", "app_from_environment"],
     "auth": ["Caller", "TokenTable"],
     "history": ["SessionBusyError", "SessionHistory"],
+    "progress": ["TurnProgress"],
     "service": ["ChatService"],
     "settings": ["ServerSettings"],
 }
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
     from .auth import TokenTable as TokenTable
     from .history import SessionBusyError as SessionBusyError
     from .history import SessionHistory as SessionHistory
+    from .progress import TurnProgress as TurnProgress
     from .service import ChatService as ChatService
     from .settings import ServerSettings as ServerSettings
 else:

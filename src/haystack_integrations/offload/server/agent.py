@@ -2,18 +2,25 @@
 The one Agent the reference server (and the demo) shares between every tenant and session.
 
 It is the library's target setup, nothing demo-specific in the hooks: offload after tools, compaction before the model,
-approval before side effects, read-back tools for the model. The chat generator is the caller's choice: the scripted
-`MockChatGenerator` by default, or any OpenAI-compatible endpoint.
+approval before side effects, read-back tools for the model, and the progress hooks that tell a watching client what
+the run does (they do nothing for runs that bring no `TurnProgress`). The chat generator is the caller's choice: the
+scripted `MockChatGenerator` by default, or any OpenAI-compatible endpoint.
 """
 
+import dataclasses
+import functools
+import time
+from collections.abc import Callable
 from typing import Any
 
 from haystack.components.agents import Agent
 from haystack.hooks.human_in_the_loop import AlwaysAskPolicy
 from haystack.hooks.tool_result_offloading import AlwaysOffload, OffloadOverChars
+from haystack.tools.tool import Tool
 
 from haystack_integrations.offload.demo.tools import APPROVAL_TOOL_NAMES, DEMO_TOOLS
 from haystack_integrations.offload.hooks import ApprovalHook, OffloadCompactionHook, OffloadHook
+from haystack_integrations.offload.server.progress import OffloadProgressHook, ToolCallProgressHook
 from haystack_integrations.offload.tools import list_tool_results, read_tool_result
 
 DEFAULT_OFFLOAD_OVER_CHARS = 4000
@@ -26,6 +33,7 @@ def build_agent(
     offload_over_chars: int = DEFAULT_OFFLOAD_OVER_CHARS,
     context_window: int = DEFAULT_CONTEXT_WINDOW,
     max_agent_steps: int = 20,
+    tool_delay: float = 0.0,
 ) -> Agent:
     """
     Build the shared Agent: demo tools and read-back tools, with the offload, compaction and approval hooks.
@@ -45,6 +53,8 @@ def build_agent(
     :param offload_over_chars: Offload results longer than this.
     :param context_window: The model's context window in tokens, for compaction.
     :param max_agent_steps: The most model calls one request may make.
+    :param tool_delay: Seconds each demo tool takes before it answers (default 0): the scripted tools answer at once,
+        so a demo sets this to watch a turn's progress live in the page. The read-back tools are never slowed.
     :returns: The Agent, warmed up.
     """
     # Write-behind: a step's uploads overlap the next model call; the after_run registration waits for them.
@@ -53,14 +63,29 @@ def build_agent(
     )
     agent = Agent(
         chat_generator=chat_generator,
-        tools=[*DEMO_TOOLS, read_tool_result, list_tool_results],
+        tools=[*(_slowed(tool, tool_delay) for tool in DEMO_TOOLS), read_tool_result, list_tool_results],
         hooks={
-            "after_tool": [offload],
+            # The progress hooks come after the hooks whose work they report: offloaded results, approved calls.
+            "after_tool": [offload, OffloadProgressHook()],
             "before_llm": [OffloadCompactionHook(context_window=context_window)],
-            "before_tool": [ApprovalHook({APPROVAL_TOOL_NAMES: AlwaysAskPolicy()})],
+            "before_tool": [ApprovalHook({APPROVAL_TOOL_NAMES: AlwaysAskPolicy()}), ToolCallProgressHook()],
             "after_run": [offload],
         },
         max_agent_steps=max_agent_steps,
     )
     agent.warm_up()
     return agent
+
+
+def _slowed(tool: Tool, delay: float) -> Tool:
+    """`tool`, taking `delay` seconds longer (in the thread Haystack runs sync tools in: the loop never waits)."""
+    if delay <= 0 or tool.function is None:
+        return tool
+    function: Callable[..., Any] = tool.function
+
+    @functools.wraps(function)
+    def slowed(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(delay)
+        return function(*args, **kwargs)
+
+    return dataclasses.replace(tool, function=slowed)

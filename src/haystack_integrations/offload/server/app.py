@@ -29,17 +29,13 @@ from haystack_integrations.offload.errors import StorageError, StoragePermission
 from haystack_integrations.offload.server.agent import build_agent
 from haystack_integrations.offload.server.auth import TokenTable
 from haystack_integrations.offload.server.errors import (
-    AlreadyDecidedError,
-    ApprovalExpiredConflict,
+    ERROR_STATUSES,
+    NOT_FOUND_DETAIL,
+    STORAGE_UNAVAILABLE,
     ApprovalPendingConflict,
-    InvalidDecisionError,
-    InvalidMessageError,
     NotFoundError,
-    NothingToResumeError,
-    RunFailedError,
-    SessionBusyError,
-    TurnAbandonedError,
 )
+from haystack_integrations.offload.server.events import RunningTurns
 from haystack_integrations.offload.server.routes import HttpError, router
 from haystack_integrations.offload.server.service import ChatService
 from haystack_integrations.offload.server.settings import ServerSettings
@@ -50,7 +46,6 @@ logger = logging.getLogger("haystack_integrations.offload.server")
 
 # Beside this module, inside the package (wheels ship it): the page needs no build step and no CDN.
 STATIC_DIR = Path(__file__).resolve().parent / "static"
-NOT_FOUND_DETAIL = "Not found."
 PAGE_SECURITY_HEADERS = {
     # The page renders model output with textContent only; the policy is the second line of defence. It has no inline
     # script or style; images are results shown from blob: URLs; its one form is sent by script, so a form submission
@@ -96,6 +91,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         settings.chat_generator(),
         offload_over_chars=settings.offload_over_chars,
         context_window=settings.resolved_context_window(),
+        tool_delay=settings.scripted_tool_delay if settings.scripted else 0.0,
     )
     service = ChatService(
         agent,
@@ -116,10 +112,12 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             len(tokens.tenants()),
         )
         yield
+        await app.state.turns.drain()  # streamed turns whose clients left still run: let them end
 
     app = FastAPI(title="offload-haystack reference server", lifespan=lifespan, docs_url="/api/docs", redoc_url=None)
     app.state.root = root
     app.state.service = service
+    app.state.turns = RunningTurns()
     app.state.tokens = tokens
     app.state.model_label = settings.model_label()
     app.state.scripted = settings.scripted
@@ -266,18 +264,7 @@ def _body(code: str, detail: str, **extra: Any) -> dict[str, Any]:
 
 
 def _add_error_handlers(app: FastAPI) -> None:
-    simple: dict[type[Exception], tuple[int, str]] = {
-        SessionBusyError: (409, "session_busy"),
-        TurnAbandonedError: (409, "session_busy"),
-        NothingToResumeError: (409, "nothing_to_resume"),
-        AlreadyDecidedError: (409, "already_decided"),
-        ApprovalExpiredConflict: (409, "approval_expired"),
-        InvalidDecisionError: (422, "invalid_decision"),
-        InvalidMessageError: (422, "invalid_message"),
-        RunFailedError: (502, "run_failed"),
-    }
-
-    for error_type, (status, code) in simple.items():
+    for error_type, (status, code) in ERROR_STATUSES.items():
 
         async def handle(request: Request, error: Exception, status: int = status, code: str = code) -> JSONResponse:
             return JSONResponse(_body(code, str(error)), status_code=status)
@@ -300,7 +287,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     async def storage(request: Request, error: Exception) -> JSONResponse:
         logger.error("Storage failed while serving %s %s", request.method, request.url.path, exc_info=error)
-        return JSONResponse(_body("storage_unavailable", "The result store is unavailable."), status_code=503)
+        return JSONResponse(_body("storage_unavailable", STORAGE_UNAVAILABLE), status_code=503)
 
     async def invalid(request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, RequestValidationError)  # noqa: S101 - registered for this type only

@@ -16,13 +16,18 @@ What the chat service refuses, as exceptions a web layer maps to HTTP statuses (
     └── ApprovalExpiredConflict      409  the request expired before it was decided
     FileExistsError
     └── AlreadyDecidedError          409  the request already has a decision
+
+`ERROR_STATUSES` holds that table for the web layer; `error_status` answers it for any exception, storage failures
+included, so a JSON answer and an error event of a streamed turn say the same thing.
 """
 
 from typing import Any
 
+from haystack_integrations.offload.errors import StorageError, StoragePermissionError
 from haystack_integrations.offload.server.history import SessionBusyError, TurnAbandonedError
 
 __all__ = [
+    "ERROR_STATUSES",
     "AlreadyDecidedError",
     "ApprovalExpiredConflict",
     "ApprovalPendingConflict",
@@ -33,6 +38,7 @@ __all__ = [
     "RunFailedError",
     "SessionBusyError",
     "TurnAbandonedError",
+    "error_status",
 ]
 
 
@@ -74,3 +80,37 @@ class ApprovalExpiredConflict(ValueError):
 
 class AlreadyDecidedError(FileExistsError):
     """The approval request already has a decision; decisions are made once."""
+
+
+ERROR_STATUSES: dict[type[Exception], tuple[int, str]] = {
+    SessionBusyError: (409, "session_busy"),
+    TurnAbandonedError: (409, "session_busy"),
+    NothingToResumeError: (409, "nothing_to_resume"),
+    AlreadyDecidedError: (409, "already_decided"),
+    ApprovalExpiredConflict: (409, "approval_expired"),
+    InvalidDecisionError: (422, "invalid_decision"),
+    InvalidMessageError: (422, "invalid_message"),
+    RunFailedError: (502, "run_failed"),
+}
+"""The service's refusals with a plain ``{"error": code, "detail": str(error)}`` answer: status and code."""
+
+NOT_FOUND_DETAIL = "Not found."
+"""One body for every "not found": a missing result, another tenant's result and a bad path look the same."""
+STORAGE_UNAVAILABLE = "The result store is unavailable."
+
+
+def error_status(error: BaseException) -> tuple[int, str, str]:
+    """
+    How the HTTP API tells a failure: status, code and a sentence safe to show (never a backend's message).
+
+    :param error: What a request raised.
+    :returns: ``(status, code, detail)``; an unexpected error is a 500 ``internal_error`` that names nothing.
+    """
+    for error_type, (status, code) in ERROR_STATUSES.items():
+        if isinstance(error, error_type):
+            return status, code, str(error)
+    if isinstance(error, StorageError | StoragePermissionError):
+        return 503, "storage_unavailable", STORAGE_UNAVAILABLE
+    if isinstance(error, NotFoundError):
+        return 404, "not_found", NOT_FOUND_DETAIL
+    return 500, "internal_error", "The server failed to answer."

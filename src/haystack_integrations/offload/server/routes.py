@@ -23,6 +23,15 @@ except ImportError as import_error:  # pragma: no cover - depends on what is ins
 
 from haystack_integrations.offload.errors import InvalidScopeIdError
 from haystack_integrations.offload.server.auth import Caller, TokenTable
+from haystack_integrations.offload.server.events import (
+    EVENT_STREAM,
+    EVENT_STREAM_HEADERS,
+    RunningTurns,
+    turn_events,
+    until_started,
+    wants_event_stream,
+)
+from haystack_integrations.offload.server.progress import TurnProgress
 from haystack_integrations.offload.server.service import DEFAULT_PAGE_BYTES, MAX_PAGE_BYTES, ChatService, ResultPage
 from haystack_integrations.offload.server.views import (
     approval_view,
@@ -210,10 +219,32 @@ async def read_messages(session: str, store: Store, service: Service) -> dict[st
     return transcript_view(session, await service.transcript(store))
 
 
-@router.post("/sessions/{session}/messages")
-async def send_message(session: str, message: MessageIn, store: Store, service: Service, who: Who) -> dict[str, Any]:
-    """Answer a message: the reply, or the approvals the turn waits for."""
-    return turn_view(session, await service.send_message(store, message.text, actor=who.actor))
+@router.post(
+    "/sessions/{session}/messages",
+    response_model=None,
+    responses={200: {"content": {"application/json": {}, EVENT_STREAM: {"schema": {"type": "string"}}}}},
+)
+async def send_message(
+    request: Request, session: str, message: MessageIn, store: Store, service: Service, who: Who
+) -> dict[str, Any] | StreamingResponse:
+    """
+    Answer a message: the reply, or the approvals the turn waits for.
+
+    With ``Accept: text/event-stream`` the answer is a stream of server-sent events: the turn's progress as it happens
+    (tool calls, results and offloads, approval requests, the model replying), then ``done`` with the same JSON as
+    without a stream, or ``error``. Refusals before the turn starts are the usual JSON answers.
+    """
+    if not wants_event_stream(request.headers.get("accept")):
+        return turn_view(session, await service.send_message(store, message.text, actor=who.actor))
+    progress = TurnProgress()
+    running: RunningTurns = request.app.state.turns
+    turn = running.start(service.send_message(store, message.text, actor=who.actor, progress=progress))
+    await until_started(turn, progress)
+    return StreamingResponse(
+        turn_events(turn, progress, lambda outcome: turn_view(session, outcome)),
+        media_type=EVENT_STREAM,
+        headers=EVENT_STREAM_HEADERS,
+    )
 
 
 @router.post("/sessions/{session}/resume")

@@ -12,6 +12,10 @@ A message turn::
     -> agent.run_async(conversation + user message, hook_context=offload_context(store, approval_channel=Durable...))
     -> record turn n's end: "completed", or "approval_required" with the pending requests
 
+A client that watches the turn brings a `TurnProgress` (``send_message(..., progress=...)``): it hears when turn n is
+claimed, gets the run's events through Haystack's streaming callback and the progress hooks, and the approval requests
+the run stopped for. Without one the run is the same, minus the callback.
+
 A decision: `decide_async` (created once); when it was the step's last, a "resume" turn continues the conversation
 with `resume_async` (the approved call runs exactly once, whichever worker decided).
 """
@@ -76,6 +80,7 @@ from haystack_integrations.offload.server.history import (
     Turn,
     TurnStatus,
 )
+from haystack_integrations.offload.server.progress import PROGRESS_CONTEXT_KEY, TurnProgress, summarize_arguments
 from haystack_integrations.offload.stores import FsspecToolResultStore, StoredResult
 from haystack_integrations.offload.stores.names import parse_object_name
 from haystack_integrations.offload.stores.retention import HISTORY_NAMESPACE, name_time
@@ -207,13 +212,23 @@ class ChatService:
 
     # Conversation
 
-    async def send_message(self, store: FsspecToolResultStore, text: str, *, actor: str | None = None) -> TurnOutcome:
+    async def send_message(
+        self,
+        store: FsspecToolResultStore,
+        text: str,
+        *,
+        actor: str | None = None,
+        progress: TurnProgress | None = None,
+    ) -> TurnOutcome:
         """
         Answer one user message in the session.
 
         :param store: The session's store.
         :param text: The user's message.
         :param actor: Who sent it (recorded on approval requests and in the history).
+        :param progress: This request's publisher, when its client watches the turn as it runs: it is told when the
+            turn is claimed, gets the run's events (through Haystack's streaming callback and the progress hooks in
+            ``hook_context``) and the approval requests the turn stops for. None: the run is exactly as without it.
         :returns: The turn's outcome: a reply, or the approvals it waits for.
         :raises InvalidMessageError: If the message is empty or longer than `MAX_MESSAGE_CHARS`.
         :raises ApprovalPendingConflict: If the conversation waits for approval decisions.
@@ -230,17 +245,27 @@ class ChatService:
         state = await history.read()
         await self._refuse_while_held(store, state)
         turn = await history.begin(state, kind="message", text=text, actor=actor)
+        if progress is not None:
+            progress.turn_started(turn.start.turn)
         conversation = await self._with_lost_steps(store, state, list(turn.conversation))
         if not conversation and self.system_prompt:
             conversation.append(ChatMessage.from_system(self.system_prompt))
         messages = [*conversation, ChatMessage.from_user(text)]
+        hook_context = self._context(store, actor)
+        if progress is not None:
+            hook_context[PROGRESS_CONTEXT_KEY] = progress
         try:
             async with history.renewing(turn):
-                reply = await self.agent.run_async(messages, hook_context=self._context(store, actor))
+                reply = await self.agent.run_async(
+                    messages,
+                    # Only a watching client gets a callback: a generator streams (stream=true) only when given one.
+                    streaming_callback=progress.on_chunk if progress is not None else None,
+                    hook_context=hook_context,
+                )
         except Exception as error:
             await self._fail(history, turn, error, messages=None)
             raise RunFailedError(f"The agent failed to answer: {type(error).__name__}.") from error
-        return await self._finish(history, turn, store, reply, before=conversation)
+        return await self._finish(history, turn, store, reply, before=conversation, progress=progress)
 
     async def resume(self, store: FsspecToolResultStore, *, actor: str | None = None) -> TurnOutcome:
         """
@@ -562,6 +587,7 @@ class ChatService:
         reply: dict[str, Any],
         *,
         before: list[ChatMessage],
+        progress: TurnProgress | None = None,
     ) -> TurnOutcome:
         messages: list[ChatMessage] = list(reply["messages"])
         pending: list[ApprovalRequest] = []
@@ -569,6 +595,16 @@ class ChatService:
         if exit_reason != "text":
             # The Agent reports max_agent_steps instead when the held step was its last: the ledger is the check.
             pending = await pending_approvals_async(store)
+        if progress is not None:
+            # The run stopped for these: told from the ledger's records, which name the tool and the arguments.
+            for request in pending:
+                progress.publish(
+                    "approval_requested",
+                    request_id=request.request_id,
+                    tool_call_id=request.tool_call_id,
+                    tool_name=request.tool_name,
+                    arguments=summarize_arguments(request.arguments),
+                )
         held = exit_reason == APPROVAL_REQUIRED or bool(pending)
         status: TurnStatus = "approval_required" if held else "completed"
         last = reply.get("last_message")

@@ -3,7 +3,8 @@ The reference server's configuration: environment variables (``OFFLOAD_SERVER_*`
 
 Everything a deployment changes is here: where results go (a directory, or S3 with its endpoint and credentials),
 which bearer tokens map to which tenants (inline JSON or a JSON file), and which model answers (the built-in scripted
-one, or any OpenAI-compatible endpoint). Invalid values fail at start-up with a message naming the setting.
+one, or any OpenAI-compatible endpoint). Invalid values fail at start-up with a message naming the setting, and
+`ServerSettings.check_model` asks an OpenAI-compatible endpoint once whether it can serve before ``serve`` starts.
 """
 
 import json
@@ -23,6 +24,7 @@ except ImportError as import_error:  # pragma: no cover - depends on what is ins
     raise ImportError(SERVER_EXTRA_HINT) from import_error
 
 from haystack_integrations.offload.demo.model import SCRIPTED_CONTEXT_WINDOW, SCRIPTED_MODEL_LABEL, scripted_generator
+from haystack_integrations.offload.server.model_check import DEFAULT_CHECK_TIMEOUT, check_openai_endpoint
 from haystack_integrations.offload.stores.scope import validate_scope_id
 
 DEFAULT_SERVER_STORE = "./offload-server-results"
@@ -73,6 +75,9 @@ class ServerSettings(BaseSettings):
     openai_base_url: str | None = Field(default=None, description="An OpenAI-compatible endpoint; None: OpenAI's.")
     openai_model: str = "gpt-4o-mini"
     openai_api_key: SecretStr | None = Field(default=None, description="Falls back to the OPENAI_API_KEY variable.")
+    openai_check_timeout: float = Field(
+        default=DEFAULT_CHECK_TIMEOUT, ge=0, description="Seconds for the start-up check of the endpoint; 0 skips it."
+    )
     offload_over_chars: int = Field(default=4000, ge=1, description="Offload tool results longer than this.")
     context_window: int | None = Field(default=None, ge=256, description="Tokens; default 6,000 scripted, 128,000.")
     approval_ttl: float = Field(default=24 * 3600.0, gt=0, description="Seconds an approval request stays open.")
@@ -80,6 +85,12 @@ class ServerSettings(BaseSettings):
     system_prompt: str | None = Field(default=None, description="Default: a prompt explaining the read-back tools.")
     max_body_bytes: int = Field(
         default=DEFAULT_MAX_BODY_BYTES, ge=1024, description="Larger request bodies are refused (413) unread."
+    )
+    scripted_tool_delay: float = Field(
+        default=0.0,
+        ge=0,
+        le=60,
+        description="Seconds each scripted demo tool takes (the scripted model only), to watch a turn's progress live.",
     )
 
     @field_validator("store")
@@ -181,6 +192,22 @@ class ServerSettings(BaseSettings):
             else Secret.from_env_var("OPENAI_API_KEY")
         )
         return OpenAIChatGenerator(api_key=key, model=self.openai_model, api_base_url=self.openai_base_url)
+
+    def check_model(self) -> None:
+        """
+        Check, once at start-up, that the configured model can answer: for ``model=openai``, one request to the
+        endpoint's ``/models`` (see `check_openai_endpoint`); nothing for the scripted model, or with
+        `openai_check_timeout` 0.
+
+        :raises ModelEndpointError: In one line, if the endpoint is unreachable, refuses the key, or does not list the
+            model.
+        """
+        if self.scripted or self.openai_check_timeout == 0:
+            return
+        key = self.openai_api_key.get_secret_value() if self.openai_api_key else os.environ.get("OPENAI_API_KEY", "")
+        check_openai_endpoint(
+            self.openai_base_url, api_key=key, model=self.openai_model, timeout=self.openai_check_timeout
+        )
 
     def resolved_storage_options(self) -> dict[str, Any]:
         """

@@ -348,21 +348,154 @@ function renderTranscript(transcript) {
   box.scrollTop = box.scrollHeight;
 }
 
+// A turn's progress, live. The message is sent with Accept: text/event-stream, and the server answers with the turn's
+// events as they happen (tool calls, results, offloads, approval requests, the model replying), then "done" with the
+// same JSON a plain POST returns. The events are shown as small lines under the message; the stored conversation
+// replaces them when the turn ends. EventSource cannot send the bearer header (nor POST), so fetch reads the stream.
+
+async function streamTurn(path, json, onEvent) {
+  const response = await fetch(path, {
+    method: "POST",
+    headers: { Authorization: `Bearer ${state.token}`, "Content-Type": "application/json", Accept: "text/event-stream" },
+    body: JSON.stringify(json),
+  });
+  const type = response.headers.get("Content-Type") || "";
+  if (!response.ok || !type.startsWith("text/event-stream")) {
+    const body = await response.json().catch(() => null);
+    if (!response.ok) throw new ApiError(response.status, body);
+    return body;  // a server that answers JSON anyway
+  }
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const event = parseEvent(buffer.slice(0, end));
+      buffer = buffer.slice(end + 2);
+      if (!event) continue;
+      if (event.kind === "done") return event.data;
+      if (event.kind === "error") throw new ApiError(event.data.status, event.data);
+      onEvent(event);
+    }
+  }
+  throw new ApiError(0, { detail: "the connection closed before the turn ended (the chat shows what was stored)" });
+}
+
+// One server-sent event: "event:" and "data:" lines; comments (keep-alives) and frames without data are skipped.
+function parseEvent(frame) {
+  let kind = "message";
+  const data = [];
+  for (const line of frame.split("\n")) {
+    const colon = line.indexOf(":");
+    if (colon === 0) continue;
+    const field = colon < 0 ? line : line.slice(0, colon);
+    const value = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+    if (field === "event") kind = value;
+    else if (field === "data") data.push(value);
+  }
+  return data.length ? { kind, data: JSON.parse(data.join("\n")) } : null;
+}
+
+function startProgress(text) {
+  const box = $("transcript");
+  for (const empty of box.querySelectorAll(".empty")) empty.remove();
+  box.appendChild(element("div", { className: "msg user sending", testid: "msg-user-sending" }, [
+    element("div", { className: "who", text: "you" }),
+    element("div", { text }),
+  ]));
+  const list = element("div", { className: "progress", testid: "progress", attrs: { role: "log", "aria-label": "What the agent is doing" } });
+  box.appendChild(list);
+  box.scrollTop = box.scrollHeight;
+  return { session: state.session, list, lines: new Map() };
+}
+
+// One line per tool call (updated as it runs, returns and is stored), per approval request, and one for the reply.
+function progressLine(progress, key, kind, icon) {
+  let line = progress.lines.get(key);
+  if (!line) {
+    line = {
+      node: element("div", { className: `event progress-line ${kind}`, testid: "progress-event", attrs: { "data-kind": kind } }),
+      icon: element("span", { className: "event-icon", text: icon, attrs: { "aria-hidden": "true" } }),
+      body: element("div", { className: "event-body" }),
+      state: element("span", { className: "progress-state" }),
+    };
+    line.node.append(line.icon, line.body);
+    progress.lines.set(key, line);
+    progress.list.appendChild(line.node);
+  }
+  return line;
+}
+
+function showProgress(progress, event) {
+  if (progress.session !== state.session || !progress.list.isConnected) return;  // another chat is open now
+  const data = event.data;
+  const call = (line) => line.body.replaceChildren(
+    element("strong", { text: data.tool_name }),
+    element("code", { text: `(${data.arguments || ""})` }),
+    " ", line.state,
+  );
+  const settle = (line, kind, text) => {
+    line.node.classList.remove("running");
+    line.node.classList.add(kind);
+    line.node.dataset.kind = kind;
+    line.state.textContent = text;
+  };
+  if (event.kind === "turn") {
+    setStatus(`The agent is working on turn ${data.turn}…`);
+  } else if (event.kind === "tool_call") {
+    const line = progressLine(progress, `call:${data.tool_call_id}`, "tool_call", "⚙");
+    line.node.classList.add("running");
+    line.state.textContent = "running…";
+    call(line);
+  } else if (event.kind === "tool_result") {
+    const line = progressLine(progress, `call:${data.tool_call_id}`, "tool_call", "⚙");
+    if (!line.body.childNodes.length) call(line);
+    settle(line, data.error ? "tool_failed" : "tool_result", data.error ? "failed" : `returned ${formatBytes(data.size)}`);
+  } else if (event.kind === "offloaded") {
+    const line = progressLine(progress, `call:${data.tool_call_id}`, "tool_call", "⚙");
+    if (!line.body.childNodes.length) call(line);
+    const size = data.size === null || data.size === undefined ? "" : `${formatBytes(data.size)} `;
+    settle(line, "offloaded", `${size}stored in ${data.references.length} result${data.references.length === 1 ? "" : "s"}`);
+    line.node.title = data.references.join("\n");
+  } else if (event.kind === "approval_requested") {
+    const line = progressLine(progress, `approval:${data.request_id}`, "approval_requested", "◷");
+    line.body.replaceChildren(
+      element("strong", { text: data.tool_name }),
+      element("code", { text: `(${data.arguments || ""})` }),
+      " waits for approval",
+    );
+  } else if (event.kind === "reply") {
+    const line = progressLine(progress, "reply", "reply", "✎");
+    line.node.classList.add("running");
+    line.body.textContent = "The model is writing its answer…";
+  } else if (event.kind === "dropped") {
+    progressLine(progress, "dropped", "dropped", "…").body.textContent = `${data.count} progress update(s) skipped`;
+  }
+  const box = $("transcript");
+  box.scrollTop = box.scrollHeight;
+}
+
 async function send(event) {
   event.preventDefault();
   const text = $("message").value.trim();
   if (!text || !state.signedIn) return;
   $("send").disabled = true;
   setStatus("The agent is working…");
+  const progress = startProgress(text);
+  $("message").value = "";  // it is shown in the chat now; put back below if the turn fails
   try {
-    const turn = await api(sessionPath("/messages"), { method: "POST", json: { text } });
-    $("message").value = "";
+    const turn = await streamTurn(sessionPath("/messages"), { text }, (update) => showProgress(progress, update));
     setStatus(turn.status === "approval_required"
       ? `Turn ${turn.turn} waits for ${turn.pending.length} approval(s): see Pending approvals.`
       : `Turn ${turn.turn} completed; ${turn.new_results.length} result(s) stored.`);
   } catch (error) {
-    if (error.body.error === "approval_pending") setStatus("Decide the pending approvals first.", true);
-    else if (error.body.error === "session_busy") setStatus("This chat is busy with another message; try again.", true);
+    if (!$("message").value) $("message").value = text;
+    const code = error.body && error.body.error;
+    if (code === "approval_pending") setStatus("Decide the pending approvals first.", true);
+    else if (code === "session_busy") setStatus("This chat is busy with another message; try again.", true);
     else setStatus(`Error: ${error.message}`, true);
   } finally {
     $("send").disabled = false;
