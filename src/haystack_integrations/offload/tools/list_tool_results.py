@@ -1,7 +1,5 @@
 """`list_tool_results`: the model lists the results offloaded in its own conversation, newest first."""
 
-import asyncio
-import inspect
 import re
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
@@ -14,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from haystack_integrations.offload.constants import READ_BACK_TOOL_NAMES
 from haystack_integrations.offload.tools.base import ReadBackTool, ToolOutput
 from haystack_integrations.offload.tools.errors import ReadBackToolError
+from haystack_integrations.offload.types import ListableResults
 
 LIST_TOOL_RESULTS_NAME = "list_tool_results"
 if LIST_TOOL_RESULTS_NAME not in READ_BACK_TOOL_NAMES:  # pragma: no cover - a guard for future renames
@@ -56,8 +55,10 @@ class ListToolResults(ReadBackTool):
     tool name is inferred from the key by matching the names of this run's tools (marked "inferred from key"), and
     otherwise shown as not recorded, with the key.
 
-    The store must be able to list (`FsspecToolResultStore.list`); with any other store the model gets an error
-    result saying so. This tool's output is never worth offloading: see `READ_BACK_TOOL_NAMES`.
+    The store must be able to list: `FsspecToolResultStore`, or any store with ``list`` and ``list_async`` (the
+    `ListableResults` Protocol), whose records have the attributes of `StoredResult` (``reference``, ``key``,
+    ``tool_name``, ``kind``, ``size``, ``created``); with any other store the model gets an error result saying so.
+    This tool's output is never worth offloading: see `READ_BACK_TOOL_NAMES`.
 
     Usage example:
 
@@ -104,19 +105,14 @@ class ListToolResults(ReadBackTool):
         )
 
     def _run(self, store: ToolResultStore, arguments: Any, state: State | None) -> ToolOutput:
-        list_method = getattr(store, "list", None)
-        if not callable(list_method):
+        if not isinstance(store, ListableResults):
             raise _cannot_list()
-        return self._render(list_method(), arguments, state)
+        return self._render(store.list(), arguments, state)
 
     async def _run_async(self, store: ToolResultStore, arguments: Any, state: State | None) -> ToolOutput:
-        list_async = getattr(store, "list_async", None)
-        if list_async is not None and inspect.iscoroutinefunction(list_async):
-            return self._render(await list_async(), arguments, state)
-        list_method = getattr(store, "list", None)
-        if not callable(list_method):
+        if not isinstance(store, ListableResults):
             raise _cannot_list()
-        return self._render(await asyncio.to_thread(list_method), arguments, state)
+        return self._render(await store.list_async(), arguments, state)
 
     def _render(self, records: Iterable[Any], arguments: ListToolResultsArguments, state: State | None) -> str:
         tool_names = _run_tool_names(state)

@@ -52,11 +52,12 @@ class ReadToolResult(ReadBackTool):
 
     - **a page**: a header line (total size, the offsets this page covers, the offset of the next page), then up to
       `page_chars` characters exactly as stored. Pages are cut by characters, not lines, so a result of a few huge
-      lines pages too. Offsets are byte positions in the stored UTF-8; with an `FsspecToolResultStore` a page is one
-      ranged read (one ranged GET on S3, about `page_chars` bytes), never the whole result, and a multi-byte character
-      is never split (see `tools.paging`);
+      lines pages too. Offsets are byte positions in the stored UTF-8; with an `FsspecToolResultStore` (or any store
+      with ranged reads, see `types.RangedResults`) a page is one ranged read (one ranged GET on S3, about
+      `page_chars` bytes), never the whole result, and a multi-byte character is never split (see `tools.paging`);
     - **a search** (`search`, optionally a regular expression): the matches with a little context and their offsets,
-      read in 1 MiB ranged chunks and stopped at the match bound, so a 200 MB result is never held in memory whole;
+      matched in 1 MiB chunks and stopped at the match bound, so a 200 MB result is never held in memory whole. The
+      first MiB is read alone; past it, ranges of up to 8 MiB are read ahead, up to 4 at once (about 32 MiB held);
     - **an image** as image content a vision model can see (PNG, JPEG, GIF, WebP up to `max_image_bytes`); other
       binary results are described (kind, size, a hex preview) and bytes that are UTF-8 text are paged as text.
 

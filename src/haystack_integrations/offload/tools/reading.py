@@ -26,11 +26,20 @@ from haystack_integrations.offload.tools.binary import (
     mime_from_key,
 )
 from haystack_integrations.offload.tools.errors import ReadBackToolError
-from haystack_integrations.offload.tools.paging import Page, cut_page, fetch_size, leading_continuations
+from haystack_integrations.offload.tools.paging import (
+    MAX_UTF8_SEQUENCE,
+    Page,
+    cut_page,
+    fetch_size,
+    leading_continuations,
+)
+from haystack_integrations.offload.tools.readahead import ScanRange
 from haystack_integrations.offload.tools.search import SearchOutcome, StreamSearch
 from haystack_integrations.offload.tools.source import Kind, Reader, textual_mime
 
-# Bytes read per search chunk: large enough that a 200 MB result takes a few hundred requests, small enough to hold.
+# Bytes decoded and matched per search chunk. Storage is read in larger ranges ahead of the search (see `readahead`):
+# this only sets the search's own steps, and so the offsets it reports when it stops early, which do not depend on how
+# the bytes were fetched.
 SEARCH_CHUNK_BYTES = 1 << 20
 # A match shown to the model is cut to this many characters.
 MAX_SHOWN_MATCH_CHARS = 200
@@ -173,6 +182,8 @@ def search_result(
     """
     Search a result in ranged chunks and list the matches with some context (see `search.StreamSearch`).
 
+    Each chunk is asked for as a `ScanRange`, so the driver may serve it from larger ranges read ahead.
+
     :param kind: Whether the result was stored as text or bytes.
     :param key: The writer's key, if known.
     :param pattern: The compiled `regex` pattern.
@@ -195,9 +206,12 @@ def search_result(
         max_scan_bytes=options.max_scan_bytes,
         timeout=options.regex_timeout,
     )
+    # The search reads on sequentially until its scan limit (its last chunk may start just before the limit, and a
+    # character cut at `offset` is skipped): the driver may read ahead that far, never further.
+    until = offset + MAX_UTF8_SEQUENCE + options.max_scan_bytes + SEARCH_CHUNK_BYTES
     first = True
     while (byte_range := search.next_range()) is not None:
-        data, total = yield byte_range
+        data, total = yield ScanRange(*byte_range, until=until)
         if first and offset > total:
             raise _past_end(offset, total)
         first = False

@@ -68,7 +68,7 @@ class StreamSearch:
     :param max_match_chars: The longest match guaranteed to be found across a chunk edge.
     :param chunk_bytes: Bytes to read per chunk.
     :param max_scan_bytes: Stop after reading this many bytes (the model can resume from where it stopped).
-    :param timeout: Seconds the regular expression may run in total.
+    :param timeout: Seconds of CPU time the regular expression may run in total.
     """
 
     pattern: Any
@@ -154,7 +154,10 @@ class StreamSearch:
             return
         byte_cursor = (0, self._window_byte)  # (char index, byte position) to encode prefixes incrementally
         remaining = max(self.timeout - self._time_used, 0.001)
-        started = time.monotonic()
+        # The budget counts this thread's CPU time, not wall time: ranges read ahead in other threads (and other runs
+        # on a busy server) would otherwise use up a harmless pattern's budget while it waits for a core. The
+        # `regex` module's own per-call timeout (wall time, the remaining budget) still stops a runaway match.
+        started = time.thread_time()
         try:
             for found in self.pattern.finditer(window, self._scan_from, timeout=remaining):
                 begin, finish = found.span()
@@ -181,7 +184,7 @@ class StreamSearch:
             self._time_used = self.timeout
             self._stop("timeout", resume=self._byte_at(self._scan_from))
             return
-        self._time_used += time.monotonic() - started
+        self._time_used += time.thread_time() - started
         self._scan_from = max(self._scan_from, limit)
         self._scanned_to = self._byte_at(self._scan_from)
         if not final:

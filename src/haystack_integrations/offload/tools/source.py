@@ -1,38 +1,44 @@
 """
 Byte ranges of one stored result, from whichever store the run brought.
 
-- `RangedSource` serves an `FsspecToolResultStore`: every range is one `read_range_and_size` call (one ranged GET on
-  S3), and the content kind (text or bytes) and the writer's key come from the reference itself, with no request.
+- `RangedSource` serves any store with ranged reads (the `RangedResults` Protocol: `read_range_and_size` and its async
+  twin), `FsspecToolResultStore` or a third party's: every range is one `read_range_and_size` call (one ranged GET on
+  S3). The content kind (text or bytes) and the writer's key come from the reference itself, with no request.
 - `FileSource` serves Haystack's own `FileSystemToolResultStore`: its reference names a file under the store's root,
   which the store's own containment check (the one its `read` uses) resolves on every range; a range is a seek and a
   read of that many bytes, so a page of a 100 MB result reads a page, not 100 MB.
 - `WholeSource` serves any other Haystack `ToolResultStore`, which only has `read(reference)`: the result is read
   whole once per tool call and sliced in memory. Paging still works, it just moves the whole result each call.
 
-Both hand the readers in `read_tool_result` the same ``(bytes, total_size)`` pairs, so paging and search are written
-once (as generators that yield ranges, see `drive` and `drive_async`).
+All hand the readers in `read_tool_result` the same ``(bytes, total_size)`` pairs, so paging and search are written
+once (as generators that yield ranges, see `drive` and `drive_async`). A search yields `ScanRange`s, which the drivers
+serve from ranges read ahead (see `readahead`) when the source reads ranges from storage.
 """
 
 import asyncio
+import contextlib
 import inspect
 import os
 import stat
 from collections.abc import Generator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal, TypeVar
 
 from haystack.hooks.tool_result_offloading import FileSystemToolResultStore
 from haystack.hooks.tool_result_offloading.types import ToolResultStore
 
 from haystack_integrations.offload.compat import resolve_in_root
-from haystack_integrations.offload.stores import FsspecToolResultStore
 from haystack_integrations.offload.stores.names import parse_object_name
 from haystack_integrations.offload.tools.binary import mime_from_key
+from haystack_integrations.offload.tools.readahead import MAX_IN_FLIGHT, ReadAhead, ScanRange
+from haystack_integrations.offload.types import RangedResults
 
 Kind = Literal["text", "bytes"]
 T = TypeVar("T")
 
-# What the readers yield (a byte range to read) and are sent back (the bytes and the result's total size).
-RangeRequest = tuple[int, int]
+# What the readers yield (a byte range to read, or one range of a sequential scan) and are sent back (the bytes and
+# the result's total size).
+RangeRequest = tuple[int, int] | ScanRange
 RangeReply = tuple[bytes, int]
 Reader = Generator[RangeRequest, RangeReply, T]
 
@@ -46,6 +52,8 @@ class ResultSource:
 
     kind: Kind | None = None
     key: str | None = None
+    read_ahead = False
+    """Whether a range costs a request to storage, so a scan is worth reading ahead (not for a result in memory)."""
 
     def open(self) -> None:
         """Do whatever must happen before `kind` is known (nothing, for ranged sources)."""
@@ -75,9 +83,17 @@ class ResultSource:
 
 
 class RangedSource(ResultSource):
-    """A result in an `FsspecToolResultStore`, read range by range."""
+    """
+    A result in a store with ranged reads (`RangedResults`), read range by range.
 
-    def __init__(self, store: FsspecToolResultStore, reference: str) -> None:
+    The kind is a hint taken from the reference: `FsspecToolResultStore`'s names carry it (and the writer's key); any
+    other reference is read as bytes when its extension names a non-text MIME type (``.png``), else as text, as
+    `FileSource` does.
+    """
+
+    read_ahead = True
+
+    def __init__(self, store: RangedResults, reference: str) -> None:
         """
         :param store: The run's store.
         :param reference: The reference, as the model gave it; the store validates it on every read.
@@ -86,8 +102,12 @@ class RangedSource(ResultSource):
         self._reference = reference
         # Only a hint for what to fetch: the store refuses anything that is not one of its names on the first read.
         parsed = parse_object_name(reference.rsplit("/", 1)[-1])
-        self.kind = parsed.kind if parsed is not None else "text"
-        self.key = parsed.key if parsed is not None else None
+        if parsed is not None:
+            self.kind, self.key = parsed.kind, parsed.key
+        else:
+            mime = mime_from_key(reference)
+            self.kind = "bytes" if mime is not None and not textual_mime(mime) else "text"
+            self.key = reference
 
     def read(self, start: int, end: int) -> RangeReply:
         """
@@ -122,6 +142,8 @@ class FileSource(ResultSource):
     blocks with their MIME type's extension. Any extension of a non-text MIME type (``.png``, ``.bin``) is read as
     bytes, which are still paged as text when they turn out to be UTF-8; everything else is paged as text.
     """
+
+    read_ahead = True
 
     def __init__(self, store: FileSystemToolResultStore, reference: str) -> None:
         """
@@ -237,10 +259,10 @@ def source_for(store: ToolResultStore, reference: str) -> ResultSource:
 
     :param store: The run's store.
     :param reference: The reference the model gave.
-    :returns: A ranged source for an `FsspecToolResultStore` or Haystack's `FileSystemToolResultStore`, a whole-read
-        source for any other store.
+    :returns: A ranged source for a store with ranged reads (`RangedResults`: `FsspecToolResultStore`, or a third
+        party's) or Haystack's `FileSystemToolResultStore`, a whole-read source for any other store.
     """
-    if isinstance(store, FsspecToolResultStore):
+    if isinstance(store, RangedResults):
         return RangedSource(store, reference)
     # A subclass that changes how a result is read (decrypting, say) keeps its own read: only the file as written is
     # known to be the result.
@@ -261,33 +283,40 @@ def drive(reader: Reader[T], source: ResultSource) -> T:
     """
     Run a reader to completion, serving each range it asks for from `source`.
 
+    A scan's ranges are read ahead in a small thread pool (see `ThreadedScan`) while this thread decodes and matches.
+
     :param reader: A generator that yields byte ranges and returns its result.
     :param source: Where the bytes come from.
     :returns: What the reader returns.
     """
-    done, value = _first(reader)
-    while not done:
-        done, value = _step(reader, source.read(*value))
+    with ThreadedScan(source) as ranges:
+        done, value = _first(reader)
+        while not done:
+            done, value = _step(reader, ranges.read(value))
     result: T = value
     return result
 
 
 async def drive_async(reader: Reader[T], source: ResultSource) -> T:
     """
-    Async `drive`: each range is awaited, and large chunks (search) are decoded and matched in a worker thread, so the
-    event loop keeps serving other runs meanwhile.
+    Async `drive`: each range is awaited (a scan's ranges read ahead as tasks, see `TaskScan`), and large chunks
+    (search) are decoded and matched in a worker thread, so the event loop keeps serving other runs meanwhile.
 
     :param reader: A generator that yields byte ranges and returns its result.
     :param source: Where the bytes come from.
     :returns: What the reader returns.
     """
-    done, value = _first(reader)
-    while not done:
-        reply = await source.read_async(*value)
-        if len(reply[0]) >= OFF_LOOP_BYTES:
-            done, value = await asyncio.to_thread(_step, reader, reply)
-        else:
-            done, value = _step(reader, reply)
+    ranges = TaskScan(source)
+    try:
+        done, value = _first(reader)
+        while not done:
+            reply = await ranges.read(value)
+            if len(reply[0]) >= OFF_LOOP_BYTES:
+                done, value = await asyncio.to_thread(_step, reader, reply)
+            else:
+                done, value = _step(reader, reply)
+    finally:
+        ranges.close()
     result: T = value
     return result
 
@@ -297,3 +326,122 @@ def _first(reader: Reader[T]) -> tuple[bool, Any]:
         return False, next(reader)
     except StopIteration as stop:
         return True, stop.value
+
+
+class ThreadedScan(contextlib.AbstractContextManager["ThreadedScan"]):
+    """
+    Serve a reader's ranges in a sync run, a scan's from ranges read ahead in a thread pool of `MAX_IN_FLIGHT`.
+
+    Threads rather than sequential larger ranges: a ranged GET's time is mostly waiting (a round trip, then a
+    connection's share of bandwidth), which only overlapping requests hides, and the scan's decoding and matching runs
+    on this thread meanwhile. The store is already called from several threads at once (Haystack's `ToolInvoker` runs
+    a step's sync tool calls in a thread pool), and on s3fs a sync call only waits for fsspec's I/O thread. The pool
+    starts with the scan's second range, so a page or a one-chunk search starts no thread.
+    """
+
+    def __init__(self, source: ResultSource) -> None:
+        """
+        :param source: Where the bytes come from.
+        """
+        self._source = source
+        self._pool: ThreadPoolExecutor | None = None
+        self._window: ReadAhead[Future[RangeReply]] | None = None
+
+    def read(self, request: RangeRequest) -> RangeReply:
+        """
+        Read what a reader asked for.
+
+        :param request: A range, or a range of a scan.
+        :returns: The bytes and the result's total size.
+        """
+        if not isinstance(request, ScanRange):
+            return self._source.read(*request)
+        if not self._source.read_ahead:
+            return self._source.read(request.start, request.end)
+        segments = self._window.plan(request.start, request.end) if self._window is not None else None
+        if segments is None or self._window is None:
+            # The scan's first range (or one the window cannot serve): read alone; the reply gives the size.
+            self._cancel()
+            reply = self._source.read(request.start, request.end)
+            self._window = ReadAhead(self._submit, start=request.start, first=reply, done=_done, until=request.until)
+            return reply
+        return self._window.assemble(request.start, request.end, [(s, s.fetch.result()) for s in segments])
+
+    def _submit(self, start: int, end: int) -> "Future[RangeReply]":
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=MAX_IN_FLIGHT, thread_name_prefix="offload-read-ahead")
+        return self._pool.submit(self._source.read, start, end)
+
+    def _cancel(self) -> None:
+        if self._window is not None:
+            for fetch in self._window.pending():
+                fetch.cancel()  # a read already running finishes in its thread, unused
+            self._window = None
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._cancel()
+        if self._pool is not None:
+            # Do not wait for a read that is no longer needed: the tool's reply goes out now.
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+class TaskScan:
+    """Serve a reader's ranges in an async run, a scan's from ranges read ahead as tasks (`MAX_IN_FLIGHT` at most)."""
+
+    def __init__(self, source: ResultSource) -> None:
+        """
+        :param source: Where the bytes come from.
+        """
+        self._source = source
+        self._window: ReadAhead[asyncio.Future[RangeReply]] | None = None
+
+    async def read(self, request: RangeRequest) -> RangeReply:
+        """
+        Read what a reader asked for.
+
+        :param request: A range, or a range of a scan.
+        :returns: The bytes and the result's total size.
+        """
+        if not isinstance(request, ScanRange):
+            return await self._source.read_async(*request)
+        if not self._source.read_ahead:
+            return await self._source.read_async(request.start, request.end)
+        segments = self._window.plan(request.start, request.end) if self._window is not None else None
+        if segments is None or self._window is None:
+            self.close()
+            reply = await self._source.read_async(request.start, request.end)
+            self._window = ReadAhead(
+                self._start, start=request.start, first=reply, done=_done_async, until=request.until
+            )
+            return reply
+        return self._window.assemble(request.start, request.end, [(s, await s.fetch) for s in segments])
+
+    def _start(self, start: int, end: int) -> "asyncio.Future[RangeReply]":
+        return asyncio.ensure_future(self._source.read_async(start, end))
+
+    def close(self) -> None:
+        """Cancel the reads ahead that are no longer needed (the scan stopped, or failed)."""
+        if self._window is not None:
+            for task in self._window.pending():
+                task.cancel()
+                # A read that failed before it was cancelled must not warn "exception was never retrieved".
+                task.add_done_callback(_retrieve)
+            self._window = None
+
+
+def _retrieve(task: "asyncio.Future[RangeReply]") -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def _done(reply: RangeReply) -> "Future[RangeReply]":
+    future: Future[RangeReply] = Future()
+    future.set_result(reply)
+    return future
+
+
+def _done_async(reply: RangeReply) -> "asyncio.Future[RangeReply]":
+    future: asyncio.Future[RangeReply] = asyncio.get_running_loop().create_future()
+    future.set_result(reply)
+    return future
