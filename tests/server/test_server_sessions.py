@@ -227,18 +227,18 @@ def test_an_edit_note_is_an_event_only_before_the_call_it_describes() -> None:
 
 
 def test_a_listing_that_reaches_a_sibling_prefix_lists_none_of_it() -> None:
-    # Backends list by string prefix; S3 may answer "root/acme" with "root/acme2/..." keys too.
+    # Backends list by string prefix: S3 may answer "root/acme" with "root/acme2/..." keys too. The store's
+    # find_objects leaves those out (tests/stores/test_objects_api.py); here, what is left makes only real sessions.
+    from haystack_integrations.offload import FsspecToolResultStore
     from haystack_integrations.offload.server.service import _session_summaries
-    from haystack_integrations.offload.stores.names import new_object_name
 
-    result = new_object_name(key="a.txt", kind="text", tool_name="web_search")
-    found = {
-        f"root/acme/mine/{result}": 10,
-        "root/acme/mine/.history/turn.00000003.end.json": 10,
-        f"root/acme2/theirs/{result}": 10,
-        "root/acme2/theirs/.history/turn.00000001.start.json": 10,
-        "root/acme/README.txt": 10,  # an operator's file: no session
-        "root/acme/temp/.tmp-0123456789abcdef": 10,  # a write in progress: no session (yet)
-    }
-    [summary] = _session_summaries(found, "root/acme", "acme")
+    root = FsspecToolResultStore("memory://sessions-sibling")
+    result = root.for_session("acme", "mine").write(key="a.txt", content="x", tool_name="web_search")
+    root.for_session("acme", "mine").documents("history").put("turn.00000003.end.json", b"{}")
+    root.for_session("acme2", "theirs").write(key="a.txt", content="x")
+    root.for_session("acme2", "theirs").documents("history").put("turn.00000001.start.json", b"{}")
+    found = root.for_tenant("acme").find_objects()
+    found |= {"README.txt": 10, "temp/.tmp-0123456789abcdef": 10}  # an operator's file; a write in progress
+    [summary] = _session_summaries(found, "acme")
     assert (summary.session, summary.turns, summary.results) == ("mine", 3, 1)
+    assert result in {path.split("/")[-1] for path in found}

@@ -21,6 +21,7 @@ def test_find_objects_names_every_object_relative_to_the_scope(store: FsspecTool
         "acme/chat-1/.audit/event.json": 2,
         f"acme/chat-10/{sibling}": 1,
     }
+    store.for_session("acme2", "chat-1").write(key="k.txt", content="another tenant")
     assert store.for_tenant("acme").find_objects().keys() == {
         f"chat-1/{result}",
         "chat-1/.audit/event.json",

@@ -84,7 +84,6 @@ from haystack_integrations.offload.server.progress import PROGRESS_CONTEXT_KEY, 
 from haystack_integrations.offload.stores import FsspecToolResultStore, StoredResult
 from haystack_integrations.offload.stores.names import parse_object_name
 from haystack_integrations.offload.stores.retention import HISTORY_NAMESPACE, name_time
-from haystack_integrations.offload.stores.translate import storage_errors
 from haystack_integrations.offload.tools.paging import complete_length, leading_continuations
 
 logger = logging.getLogger(__name__)
@@ -432,10 +431,7 @@ class ChatService:
         tenant = store.tenant
         if tenant is None or store.session is not None:
             raise ValueError("Sessions are listed per tenant: pass root.for_tenant(tenant).")
-        scope_path = store._scope_path()
-        with storage_errors("list sessions", reference=None):
-            found = await store._handle.io().find_async(scope_path)
-        return _session_summaries(found, scope_path, tenant)
+        return _session_summaries(await store.find_objects_async(), tenant)
 
     # Results
 
@@ -645,13 +641,10 @@ def _settled(state: HistoryState) -> bool:
     return state.open_start is None and (state.last_end is None or state.last_end.status == "completed")
 
 
-def _session_summaries(found: dict[str, int], scope_path: str, tenant: str) -> list[SessionSummary]:
-    prefix = scope_path + "/"
+def _session_summaries(found: dict[str, int], tenant: str) -> list[SessionSummary]:
     summaries: dict[str, SessionSummary] = {}
     for path in found:
-        if not path.startswith(prefix):
-            continue  # a sibling prefix: another tenant 'acme2' when 'acme' was listed
-        item = classify(f"{tenant}/{path[len(prefix) :]}", 0)
+        item = classify(f"{tenant}/{path}", 0)
         if item.session is None or item.kind not in ("result", "document"):
             continue  # temporary files and objects this library did not write make no session
         summary = summaries.setdefault(item.session, SessionSummary(session=item.session))
