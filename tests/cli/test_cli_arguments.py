@@ -72,16 +72,40 @@ BAD_ARGUMENTS = [
     (["cat", STORE, "name.txt", "--tenant", "acme"], "Give both --tenant and --session"),
     (["cat", STORE, "acme/chat-1/../../globex/chat-1/x"], "No result or document"),
     (["cat", STORE, "acme/chat-1/.Not_A_Namespace/x"], "No result or document"),
-    (
-        ["purge", STORE, "--older-than", "1000000d", "--yes"],
-        "Invalid age '1000000d': it reaches back before the year 1",
-    ),
-    (["purge", STORE, "--older-than", "99999999999d", "--yes"], "before the year 1"),
-    (["purge", STORE, "--older-than", "9" * 400 + "w", "--yes"], "before the year 1"),
+    # Ages: at most MAX_AGE (36,500 days), the bound the store puts on purge(older_than=...), refused before any I/O.
+    (["purge", STORE, "--older-than", "1000000d", "--yes"], "Invalid age '1000000d': at most 36500 days (100 years)"),
+    (["purge", STORE, "--older-than", "36501d", "--yes"], "Invalid age '36501d': at most 36500 days"),
+    (["purge", STORE, "--older-than", "5300w", "--yes"], "at most 36500 days"),
+    (["purge", STORE, "--older-than", "876001h", "--dry-run"], "at most 36500 days"),
+    (["purge", STORE, "--older-than", "99999999999d", "--yes"], "at most 36500 days"),
+    (["purge", STORE, "--older-than", "1" * 30 + "s", "--yes"], "at most 36500 days"),  # past timedelta's own range
+    (["purge", STORE, "--older-than", "9" * 400 + "w", "--yes"], "at most 36500 days"),  # inf as a float
+    (["purge", STORE, "--older-than", "1e10d", "--yes"], "Invalid age '1e10d': use a number and a unit"),
+    (["purge", STORE, "--older-than", "inf", "--yes"], "Invalid age 'inf'"),
+    (["purge", STORE, "--older-than", "nand", "--yes"], "Invalid age 'nand'"),
+    (["purge", STORE, "--older-than=-5d", "--yes"], "Invalid age '-5d'"),
+    (["purge", STORE, "--older-than", "-5d", "--yes"], "argument --older-than: expected one argument"),
+    (["purge", STORE, "--older-than", "30D", "--yes"], "Invalid age '30D'"),
+    (["purge", STORE, "--older-than", "", "--yes"], "Invalid age ''"),
     (["purge", STORE, "--older-than", "0d", "--yes"], "more than zero"),
+    (["purge", STORE, "--older-than", "0.0000001s", "--yes"], "more than zero"),
     (["purge", STORE, "--older-than", "soon", "--yes"], "Invalid age 'soon'"),
     (["purge", STORE, "--session", "chat-1", "--yes"], "--session needs --tenant"),
     (["audit", STORE, "--tenant", "acme"], "the following arguments are required: --session"),
+    # --engine: a choice, obstore for s3:// stores only, and without AWS profiles (obstore reads keys, not profiles).
+    (["ls", STORE, "--engine", "boto"], "argument --engine: invalid choice: 'boto'"),
+    (["du", STORE, "--engine", "obstore"], "--engine obstore serves s3:// stores only"),
+    (["ls", "memory://x", "--engine", "obstore"], "--engine obstore serves s3:// stores only"),
+    (["purge", "file:///tmp/x", "--tenant", "a", "--engine", "obstore"], "--engine obstore serves s3:// stores only"),
+    (["ls", "s3://bucket/x", "--engine", "obstore", "--profile", "prod"], "--profile names an AWS profile"),
+    (
+        ["ls", "s3://bucket/x", "--engine", "obstore", "--storage-options", '{"config_kwargs": {"proxies": {}}}'],
+        "not supported by the obstore engine",
+    ),
+    # --progress: a switch of ls, du and purge only.
+    (["ls", STORE, "--progress=yes"], "ignored explicit argument 'yes'"),
+    (["cat", STORE, "acme/chat-1/x", "--progress"], "unrecognized arguments: --progress"),
+    (["audit", STORE, "--tenant", "a", "--session", "b", "--progress"], "unrecognized arguments: --progress"),
 ]
 
 
@@ -123,6 +147,28 @@ def test_a_bad_aws_variable_is_one_line_and_a_non_zero_exit(
     assert len(captured.err.splitlines()) == 1 and message in captured.err, captured.err
 
 
+def test_aws_profile_with_the_obstore_engine_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("AWS_PROFILE", "prod")
+    code = main(["ls", "s3://bucket/x", "--engine", "obstore", "--endpoint-url", DEAD_ENDPOINT])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert captured.err.splitlines() == [captured.err.strip()]
+    assert "AWS_PROFILE names an AWS profile, which --engine obstore cannot read" in captured.err
+
+
+def test_the_obstore_engine_without_obstore_installed_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "obstore", None)  # `import obstore` now fails as if it were not installed
+    code = main(["ls", "s3://bucket/x", "--engine", "obstore", "--endpoint-url", DEAD_ENDPOINT])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert captured.err.splitlines() == [captured.err.strip()] and "Traceback" not in captured.err
+    assert '--engine obstore needs obstore, which is not installed: install the "fast" extra' in captured.err
+
+
 def test_aws_variables_do_not_disturb_a_local_store(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -143,6 +189,8 @@ def test_bad_arguments_in_a_real_process_print_one_line(tmp_path: Path) -> None:
     (tmp_path / "store").mkdir()
     for arguments in (
         ["purge", str(tmp_path / "store"), "--older-than", "1000000d", "--yes"],
+        ["purge", str(tmp_path / "store"), "--older-than", "1e10d", "--yes"],
+        ["ls", str(tmp_path / "store"), "--engine", "obstore"],
         ["demo", "--sessions", "abc"],
         ["ls", "s3://bucket/x", "--endpoint-url", DEAD_ENDPOINT, "--storage-options", '{"bogus": 1}'],
     ):

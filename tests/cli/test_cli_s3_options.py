@@ -1,5 +1,6 @@
 """
-``--endpoint-url``, ``--profile`` and ``--region``, and their AWS environment defaults, against the local S3 server.
+``--endpoint-url``, ``--profile`` and ``--region``, and their AWS environment defaults, against the local S3 server;
+and ``--engine``, which client serves an ``s3://`` store (s3fs, or obstore: its User-Agent tells them apart).
 
 What reaches the server shows what the client was given: the request arrived at all (the endpoint), and its SigV4
 ``Authorization`` header names the access key (the profile's credentials) and the region it was signed for
@@ -252,3 +253,71 @@ def test_serve_stops_in_one_line_on_a_store_it_cannot_use(
     error = capsys.readouterr().err.strip()
     assert started == [] and len(error.splitlines()) == 1 and "Traceback" not in error
     assert ("does not exist" in error) if bad == "no-bucket" else ("memory://" in error)
+
+
+def _user_agents(requests: RequestLog) -> set[str]:
+    return {(request.header("user-agent") or "").split("/", 1)[0] for request in requests.snapshot()}
+
+
+@pytest.mark.s3
+def test_every_store_command_runs_on_the_engine_asked_for(
+    aws: pytest.MonkeyPatch,
+    url: str,
+    s3_server: LocalS3Server,
+    s3_requests: RequestLog,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    # Which client sent a request shows in its User-Agent: obstore's Rust client, or aiobotocore (s3fs).
+    [record] = FsspecToolResultStore(url, storage_options=s3_server.storage_options()).list()
+    for engine, client in (("obstore", "object_store"), ("fsspec", "aiobotocore")):
+        s3_requests.clear()
+        # The S3 flags reach either engine: every request is signed for the region given.
+        flags = ["--endpoint-url", s3_server.endpoint_url, "--region", "eu-west-3", "--engine", engine]
+        assert _ls(capsys, url, *flags)["results"] == 1
+        assert main(["du", url, *flags, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["results"] == 1
+        assert main(["cat", url, record.reference, *flags, "-o", str(tmp_path / f"{engine}.txt")]) == 0
+        assert (tmp_path / f"{engine}.txt").read_text() == "hello from S3"
+        assert main(["audit", url, *flags, "--tenant", "acme", "--session", "chat-1", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out) == []
+        assert main(["purge", url, *flags, "--tenant", "acme", "--dry-run", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["results"] == 1
+        assert _user_agents(s3_requests) == {client}
+        assert {region for _, region in _signed(s3_requests)} == {"eu-west-3"}
+    # And a purge through obstore deletes.
+    flags = ["--endpoint-url", s3_server.endpoint_url, "--engine", "obstore"]
+    s3_requests.clear()
+    assert main(["purge", url, *flags, "--tenant", "acme", "--yes", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["deleted"] == 1
+    assert _user_agents(s3_requests) == {"object_store"}
+    assert FsspecToolResultStore(url, storage_options=s3_server.storage_options()).list() == []
+
+
+@pytest.mark.s3
+def test_the_obstore_engine_takes_its_endpoint_from_the_environment(
+    aws: pytest.MonkeyPatch, url: str, s3_server: LocalS3Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    aws.setenv("AWS_ENDPOINT_URL", s3_server.endpoint_url)
+    assert _ls(capsys, url, "--engine", "obstore")["results"] == 1
+
+
+@pytest.mark.s3
+def test_the_obstore_engine_shows_progress_on_standard_error(
+    aws: pytest.MonkeyPatch, url: str, s3_server: LocalS3Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["du", url, "--endpoint-url", s3_server.endpoint_url, "--engine", "obstore", "--json", "--progress"])
+    captured = capsys.readouterr()
+    assert code == 0 and json.loads(captured.out)["results"] == 1
+    started, ended = captured.err.splitlines()
+    assert started == f"listing {url}/ ..." and ended.startswith(f"listed 1 object(s) of {url}/ in ")
+
+
+@pytest.mark.s3
+def test_a_missing_bucket_on_the_obstore_engine_is_one_line(
+    aws: pytest.MonkeyPatch, s3_server: LocalS3Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["ls", "s3://no-such-bucket-here/x", "--endpoint-url", s3_server.endpoint_url, "--engine", "obstore"])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert len(captured.err.splitlines()) == 1 and "Traceback" not in captured.err, captured.err

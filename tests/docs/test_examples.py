@@ -14,8 +14,11 @@ comment on the line before a block (invisible on the site), change that:
 import importlib.util
 import re
 import traceback
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -248,3 +251,68 @@ def test_included_files_are_tested_too() -> None:
     examples = _examples(DOCS_DIR / "infrastructure.md")
     assert any("LocalS3Server" in example.code for example in examples)
     assert expand_snippets('--8<-- "infra/README.md"\n').startswith("# Infrastructure and local S3")
+
+
+def _hayhooks_example() -> Example:
+    [example] = [
+        example
+        for example in OPTIONAL_EXAMPLES
+        if example.page == "multi-user.md" and "hayhooks" in example.requires and "PipelineWrapper" in example.code
+    ]
+    return example
+
+
+@pytest.fixture
+def hayhooks_client() -> Iterator[Any]:
+    """
+    The hayhooks example of docs/multi-user.md deployed the way hayhooks deploys a pipeline_wrapper.py, on an app of
+    its own: the file is the block up to its "Try it" part, and requests go through hayhooks' own /<name>/run route.
+    """
+    pytest.importorskip("hayhooks")
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+    from hayhooks.server.utils.deploy_utils import deploy_pipeline_files, undeploy_pipeline
+
+    code = _hayhooks_example().code.split("# Try it in-process:")[0]
+    app = FastAPI()
+    name = f"docs-assistant-{uuid.uuid4().hex[:8]}"
+    deploy_pipeline_files(name, {"pipeline_wrapper.py": code}, app=app, save_files=False)
+    try:
+        with TestClient(app) as client:
+            yield lambda headers, session="chat-42": client.post(
+                f"/{name}/run", json={"question": "hi", "session_id": session}, headers=headers
+            )
+    finally:
+        undeploy_pipeline(name, app)
+
+
+def test_the_hayhooks_example_answers_a_tenants_request(hayhooks_client: Any) -> None:
+    response = hayhooks_client({"X-Tenant-Id": "acme"})
+    assert response.status_code == 200 and response.json() == {"result": "Hello!"}
+
+
+@pytest.mark.parametrize("headers", [{}, {"X-Tenant-Id": ""}, {"X-Tenant-Id": "   "}], ids=["none", "empty", "blank"])
+def test_the_hayhooks_example_refuses_a_request_without_a_tenant_with_401(
+    hayhooks_client: Any, headers: dict[str, str]
+) -> None:
+    response = hayhooks_client(headers)
+    assert response.status_code == 401, response.text  # not 500, and no shared "anonymous" tenant
+    assert response.headers["www-authenticate"] == "Bearer"
+
+
+@pytest.mark.parametrize(
+    ("tenant", "session", "field"),
+    [
+        ("../globex", "chat-42", "tenant"),
+        ("acme/globex", "chat-42", "tenant"),
+        ("..", "chat-42", "tenant"),
+        ("acme", "../chat-1", "session"),
+    ],
+    ids=["traversal", "separator", "dot-dot", "bad session"],
+)
+def test_the_hayhooks_example_refuses_a_malformed_id_with_400(
+    hayhooks_client: Any, tenant: str, session: str, field: str
+) -> None:
+    response = hayhooks_client({"X-Tenant-Id": tenant}, session)
+    assert response.status_code == 400, response.text
+    assert f"{field} id" in response.json()["detail"]

@@ -9,7 +9,12 @@ The ``offload-haystack`` command line.
 S3 as the AWS CLI has it: ``--endpoint-url``, ``--profile`` and ``--region`` on every command with a store, defaulting
 to ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, and ``AWS_REGION`` or ``AWS_DEFAULT_REGION``. They
 become s3fs storage options (``endpoint_url``, ``profile``, ``client_kwargs.region_name``): a flag overrides the same
-key in ``--storage-options``, which overrides the environment. They apply to ``s3://`` stores only.
+key in ``--storage-options``, which overrides the environment. They apply to ``s3://`` stores only. ``--engine obstore``
+serves an ``s3://`` store through obstore (the ``fast`` extra) instead of s3fs.
+
+Progress goes to standard error, never to standard output (scripts parse it): on a terminal, ``ls``, ``du`` and
+``purge`` show a line while a long listing runs and a bar while a purge deletes; ``--progress`` shows them wherever
+standard error goes, ``--no-progress`` never.
 
 Every failure, a bad argument included, is one line on standard error and a non-zero exit (2; the demo exits 1 when
 a check fails), never a traceback.
@@ -19,12 +24,15 @@ The logic lives in `demo`, `server` and `operations`; this module only parses ar
 
 import argparse
 import base64
+import importlib.util
 import itertools
 import json
 import os
 import re
 import secrets
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -49,6 +57,11 @@ S3_ENVIRONMENT = {
 }
 """Where each S3 flag's default comes from, first set variable first (the service-specific endpoint before the global
 one, as the AWS CLI reads them)."""
+ENGINES = ("fsspec", "obstore")
+PROGRESS_DELAY = 1.0
+"""Seconds a listing runs before its progress line appears on a terminal (with ``--progress``: at once)."""
+PROGRESS_INTERVAL = 0.5
+"""Seconds between updates of a listing's progress line on a terminal."""
 # botocore's own rule for region names, checked here so a bad one is named before any connection is tried.
 _REGION = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?")
 
@@ -183,11 +196,15 @@ def _root(arguments: argparse.Namespace) -> Any:
     from haystack_integrations.offload.stores import FsspecToolResultStore
 
     url: str = arguments.url
+    engine: str = arguments.engine
     options = _storage_options(arguments, url)
+    if engine == "obstore":
+        _check_obstore(arguments, url)
     try:
-        root = FsspecToolResultStore(url, storage_options=options)
+        root = FsspecToolResultStore(url, storage_options=options, engine=engine)
     except ValueError as error:
-        raise CommandError(f"Invalid store URL {url!r}: {error}") from error
+        what = "Invalid store URL" if engine == "fsspec" else "Cannot use --engine obstore for"
+        raise CommandError(f"{what} {url!r}: {error}") from error
     if "://" not in url or url.startswith("file://"):
         directory = url.removeprefix("file://")
         if not Path(directory).is_dir():
@@ -195,11 +212,127 @@ def _root(arguments: argparse.Namespace) -> Any:
     return root
 
 
-def _progress(total: int, unit: str, quiet: bool, description: str) -> Any:
+def _check_obstore(arguments: argparse.Namespace, url: str) -> None:
+    """
+    Refuse ``--engine obstore`` where it cannot work, in one line, before anything is built.
+
+    :raises CommandError: If the store is not on S3, obstore is not installed, or an AWS profile is asked for (obstore
+        reads keys, not profiles).
+    """
+    if not _is_s3(url):
+        raise CommandError(f"--engine obstore serves s3:// stores only, and {url!r} is not one: use --engine fsspec.")
+    if importlib.util.find_spec("obstore") is None:
+        raise CommandError(
+            '--engine obstore needs obstore, which is not installed: install the "fast" extra (pip install ".[fast]" '
+            "in a checkout, or a built wheel with [fast]), or use --engine fsspec."
+        )
+    profile = _s3_choices(arguments, url).get("profile")
+    if profile is not None:
+        raise CommandError(
+            f"{profile[1]} names an AWS profile, which --engine obstore cannot read: give keys (AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY, or --storage-options), or use --engine fsspec."
+        )
+
+
+def _show_progress(arguments: argparse.Namespace) -> bool | None:
+    """``--progress``: True; ``--no-progress``: False; neither: None (on a terminal, and not with ``--json``)."""
+    chosen: bool | None = getattr(arguments, "progress", None)
+    if chosen is None and getattr(arguments, "json", False):
+        return False
+    return chosen
+
+
+def _progress(total: int, unit: str, show: bool | None, description: str) -> Any:
+    """
+    A progress bar on standard error.
+
+    :param show: True: always; False: never; None: when standard error is a terminal (not a pipe or a file).
+    """
     from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]  # tqdm ships no type information
 
-    # disable=None: a bar on a terminal, nothing when stderr is a pipe or a file.
-    return tqdm(total=total, unit=unit, desc=description, disable=True if quiet else None, file=sys.stderr)
+    return tqdm(total=total, unit=unit, desc=description, disable=None if show is None else not show, file=sys.stderr)
+
+
+def _stderr_is_a_terminal() -> bool:
+    return sys.stderr.isatty()
+
+
+class _ListingProgress:
+    """
+    A progress line on standard error while a store is listed, then how many objects the listing found.
+
+    The listing is one LIST, paginated inside the backend, so while it runs the line shows the time it has taken;
+    the count comes when it ends. On a terminal the line appears once the listing has run `PROGRESS_DELAY` seconds
+    (short listings show nothing) and is rewritten in place; forced (``--progress``), it shows from the start, as
+    plain lines where standard error is not a terminal. Never on standard output, which scripts parse.
+    """
+
+    def __init__(self, label: str, show: bool | None) -> None:
+        self._label = label
+        self._terminal = _stderr_is_a_terminal()
+        self._forced = show is True
+        self._enabled = self._terminal if show is None else show
+        self._started = time.monotonic()
+        self._written = False  # anything at all
+        self._open = False  # a line on the terminal, not ended yet
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._ticker: threading.Thread | None = None
+
+    def __enter__(self) -> "_ListingProgress":
+        if not self._enabled:
+            return self
+        if self._forced:
+            self._write(f"listing {self._label} ...", end=not self._terminal)
+        if self._terminal:
+            self._ticker = threading.Thread(target=self._tick, name="offload-haystack-progress", daemon=True)
+            self._ticker.start()
+        return self
+
+    def _tick(self) -> None:
+        if self._stop.wait(0 if self._forced else PROGRESS_DELAY):
+            return
+        while True:
+            with self._lock:
+                if self._stop.is_set():
+                    return
+                self._write(f"listing {self._label} ... {time.monotonic() - self._started:.0f}s", end=False)
+            if self._stop.wait(PROGRESS_INTERVAL):
+                return
+
+    def _write(self, text: str, *, end: bool) -> None:
+        # On a terminal, back to the start of the line and clear it: each update replaces the one before.
+        sys.stderr.write(f"\r\x1b[K{text}" if self._terminal else text)
+        if end:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+        self._written = True
+        self._open = self._terminal and not end
+
+    def _halt(self) -> None:
+        with self._lock:
+            self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join()
+            self._ticker = None
+
+    def found(self, count: int) -> None:
+        """
+        End the line with how many objects the listing found (when a line was shown: a long listing, or forced).
+
+        :param count: The objects listed.
+        """
+        self._halt()
+        if self._written:
+            seconds = time.monotonic() - self._started
+            self._write(f"listed {count:,} object(s) of {self._label} in {seconds:.1f}s", end=True)
+
+    def __exit__(self, *failure: object) -> None:
+        self._halt()
+        if self._open:  # the listing failed: clear the line, so the error starts on a clean one
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+            self._open = False
 
 
 def _size(count: int) -> str:
@@ -245,7 +378,9 @@ def _demo(arguments: argparse.Namespace) -> int:
         print(f"  model: {SCRIPTED_MODEL_LABEL}")
         print(f"  store: {_shown(store)}")
         print("  hooks: OffloadHook, OffloadCompactionHook, ApprovalHook (send_invoice asks a person)")
-    bar = _progress(len(tenants) * arguments.sessions * len(STEPS), "step", arguments.json, "sessions")
+    bar = _progress(
+        len(tenants) * arguments.sessions * len(STEPS), "step", False if arguments.json else None, "sessions"
+    )
     try:
         report = run_demo(
             store,
@@ -343,6 +478,7 @@ def _serve(arguments: argparse.Namespace) -> int:
         raise CommandError(f"Invalid server settings: {problems}") from error
     settings = _serve_s3(settings, arguments)
     _check_store(settings, arguments.workers)
+    settings.check_model()  # --model openai: one request to the endpoint; a ModelEndpointError (ValueError) is one line
     base = f"http://{arguments.host}:{arguments.port}/"
     made: dict[str, str] = {}
     if not settings.tokens:
@@ -422,11 +558,23 @@ def _log_config(level: str) -> dict[str, Any]:
 # Operator commands
 
 
+def _scan(arguments: argparse.Namespace, root: Any, tenant: str | None, session: str | None = None) -> list[Any]:
+    """`operations.scan` with a progress line on standard error (see `_ListingProgress`)."""
+    from haystack_integrations.offload.operations import scan
+
+    scope = "/".join(part for part in (tenant, session) if part)
+    label = f"{_shown(arguments.url).rstrip('/')}/{scope + '/' if scope else ''}"
+    with _ListingProgress(label, _show_progress(arguments)) as progress:
+        objects = scan(root, tenant=tenant, session=session)
+        progress.found(len(objects))
+    return objects
+
+
 def _ls(arguments: argparse.Namespace) -> int:
-    from haystack_integrations.offload.operations import scan, usage
+    from haystack_integrations.offload.operations import usage
 
     root = _root(arguments)
-    objects = scan(root, tenant=arguments.tenant, session=arguments.session)
+    objects = _scan(arguments, root, arguments.tenant, arguments.session)
     found = usage(objects)
     if arguments.json:
         payload = found.to_dict()
@@ -473,9 +621,9 @@ def _ls(arguments: argparse.Namespace) -> int:
 
 
 def _du(arguments: argparse.Namespace) -> int:
-    from haystack_integrations.offload.operations import scan, usage
+    from haystack_integrations.offload.operations import usage
 
-    found = usage(scan(_root(arguments), tenant=arguments.tenant))
+    found = usage(_scan(arguments, _root(arguments), arguments.tenant))
     if arguments.json:
         _print_json(found.to_dict())
         return 0
@@ -521,7 +669,8 @@ def _cat(arguments: argparse.Namespace) -> int:
     stop = total if end is None else min(end, total)
     output = open(arguments.output, "wb") if arguments.output else sys.stdout.buffer  # noqa: SIM115 - closed below
     try:
-        with _progress(max(stop - start, 0), "B", arguments.output is None, "cat") as bar:
+        # Not while the bytes go to standard output: on a terminal, the bar would mix with them.
+        with _progress(max(stop - start, 0), "B", False if arguments.output is None else None, "cat") as bar:
             for piece in pieces:
                 output.write(piece)
                 bar.update(len(piece))
@@ -586,30 +735,26 @@ def _cat_json(output: str | None, path: str, kind: str, total: int, start: int, 
 
 
 def _purge(arguments: argparse.Namespace) -> int:
-    from haystack_integrations.offload.operations import delete, parse_age, scan, select_older_than, select_scope
+    from haystack_integrations.offload.operations import delete, parse_age, select_older_than, select_scope
 
     if arguments.session and not arguments.tenant:
         raise CommandError("--session needs --tenant.")
-    if not arguments.tenant and not arguments.older_than:
+    if not arguments.tenant and arguments.older_than is None:
         raise CommandError("Say what to purge: --tenant T [--session S], and/or --older-than AGE (e.g. 30d).")
     now = datetime.now(UTC)
     age = None
-    if arguments.older_than:
-        # Checked before the store is touched. OverflowError: too large for a timedelta, or a cutoff before year 1.
-        try:
+    if arguments.older_than is not None:
+        try:  # before the store is touched; ages past MAX_AGE (100 years) are refused, as the store refuses them
             age = parse_age(arguments.older_than)
-            _ = now - age  # the cutoff must be a date
-        except OverflowError as error:
-            raise CommandError(f"Invalid age {arguments.older_than!r}: it reaches back before the year 1.") from error
         except ValueError as error:
             raise CommandError(str(error)) from error
     root = _root(arguments)
-    objects = scan(root, tenant=arguments.tenant, session=arguments.session)
+    objects = _scan(arguments, root, arguments.tenant, arguments.session)
     if age is not None:
         plan = select_older_than(objects, age, now=now, root=root)
         what = f"results older than {arguments.older_than}, and documents of sessions inactive that long"
     else:
-        plan = select_scope(objects)
+        plan = select_scope(objects, now=now)
         what = "results and documents"
     scope = "/".join(part for part in (arguments.tenant, arguments.session) if part) or "every tenant"
     summary = {
@@ -617,15 +762,19 @@ def _purge(arguments: argparse.Namespace) -> int:
         "selection": what,
         "results": plan.results,
         "documents": plan.documents,
+        "temporary_files": plan.temporary_files,
         "bytes": plan.bytes,
         "sessions": plan.sessions(),
         "dry_run": arguments.dry_run,
         "deleted": 0,
     }
+    # Every purge also takes the temporary files of local writes whose writer died, as the store's own purge does.
+    stale = f"{plan.temporary_files} stale temporary file(s)" if plan.temporary_files else ""
     if not arguments.json:
         print(
-            f"purge {scope}: {what}: {plan.results} result(s) and {plan.documents} document(s), {_size(plan.bytes)}, "
-            f"in {len(plan.sessions())} session(s)"
+            f"purge {scope}: {what}: {plan.results} result(s) and {plan.documents} document(s)"
+            f"{', and ' + stale if stale else ''}, "
+            f"{_size(plan.bytes)}, in {len(plan.sessions())} session(s)"
         )
     if arguments.dry_run or not plan.objects:
         if arguments.json:
@@ -635,12 +784,12 @@ def _purge(arguments: argparse.Namespace) -> int:
         return 0
     if not arguments.yes and not _confirmed(f"Delete {len(plan.objects)} object(s)?"):
         raise CommandError("Nothing deleted: confirm with --yes (or preview with --dry-run).")
-    with _progress(len(plan.objects), "obj", arguments.json, "deleting") as bar:
+    with _progress(len(plan.objects), "obj", _show_progress(arguments), "deleting") as bar:
         summary["deleted"] = delete(root, plan.objects, on_batch=bar.update)
     if arguments.json:
         _print_json(summary)
     else:
-        print(f"deleted {summary['deleted']} object(s)")
+        print(f"deleted {summary['deleted']} object(s)" + (f" ({stale} among them)" if stale else ""))
     return 0
 
 
@@ -698,6 +847,22 @@ def _store_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage-options", help='fsspec options as JSON, e.g. {"endpoint_url": "http://..."}')
     parser.add_argument("--json", action="store_true", help="print JSON for scripts instead of text")
     _s3_arguments(parser)
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="fsspec",
+        help='S3 client for s3:// stores: fsspec (s3fs, the default) or obstore (the "fast" extra)',
+    )
+
+
+def _progress_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show progress on standard error even when it is not a terminal (--no-progress: never); "
+        "by default, only on a terminal and not with --json",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -744,11 +909,13 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--tenant", help="list this tenant's sessions")
     ls.add_argument("--session", help="list this session's results and documents (needs --tenant)")
     ls.add_argument("-R", "--recursive", action="store_true", help="list every result and document")
+    _progress_argument(ls)
     ls.set_defaults(handler=_ls)
 
     du = commands.add_parser("du", help="usage per tenant and session")
     _store_arguments(du)
     du.add_argument("--tenant", help="only this tenant")
+    _progress_argument(du)
     du.set_defaults(handler=_du)
 
     cat = commands.add_parser("cat", help="print one stored result or document (bytes as stored)")
@@ -771,6 +938,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     purge.add_argument("--dry-run", action="store_true", help="show what would be deleted, delete nothing")
     purge.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    _progress_argument(purge)
     purge.set_defaults(handler=_purge)
 
     audit = commands.add_parser("audit", help="a session's approval audit record")

@@ -10,6 +10,13 @@ activity is older than the age goes, and a session active since keeps all of its
 conversation's old turns would corrupt it: its history is a checkpoint plus appended turns). A session's newest
 activity is read from its object names where they carry a time, and from its newest history turn otherwise (one GET
 per such session; see `stores.retention`).
+
+Temporary files of local writes (``.tmp-<time>-<random>``) go with every purge, as `FsspecToolResultStore.purge` removes
+them: those of its scope whose writer died (older than `TEMPORARY_GRACE`, judged by the time in their names). A write
+still running keeps its temporary file.
+
+Ages are bounded by `MAX_AGE` (100 years), the bound the store puts on ``purge(older_than=...)``, so an absurd age
+(``1000000d``) is refused when it is parsed instead of failing in date arithmetic later.
 """
 
 import re
@@ -19,10 +26,12 @@ from datetime import datetime, timedelta
 
 from haystack_integrations.offload.operations.inventory import StoredObject
 from haystack_integrations.offload.stores import FsspecToolResultStore
-from haystack_integrations.offload.stores.retention import IdleSessions, read_turn_times
+from haystack_integrations.offload.stores.names import is_stale_temporary
+from haystack_integrations.offload.stores.retention import MAX_AGE, IdleSessions
 
 _AGE = re.compile(r"\s*(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>s|m|h|d|w)\s*")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
 
 
 def parse_age(text: str) -> timedelta:
@@ -31,14 +40,19 @@ def parse_age(text: str) -> timedelta:
 
     :param text: A number and a unit: s, m, h, d or w.
     :returns: The age.
-    :raises ValueError: If the text is not an age, or the age is zero.
+    :raises ValueError: If the text is not an age, or the age is zero or longer than `MAX_AGE` (100 years).
     """
     match = _AGE.fullmatch(text)
+    shown = text if len(text) <= 40 else f"{text[:20]}...{text[-10:]}"  # an error line stays one short line
     if match is None:
-        raise ValueError(f"Invalid age {text!r}: use a number and a unit (s, m, h, d, w), e.g. 30d or 12h.")
-    age = timedelta(**{_UNITS[match["unit"]]: float(match["number"])})
+        raise ValueError(f"Invalid age {shown!r}: use a number and a unit (s, m, h, d, w), e.g. 30d or 12h.")
+    number = float(match["number"])  # digits only, so never NaN; "9" * 400 is inf, which the bound below refuses
+    # Compared as seconds before a timedelta is built: past about 2.7 million years timedelta itself overflows.
+    if number * _UNIT_SECONDS[match["unit"]] > MAX_AGE.total_seconds():
+        raise ValueError(f"Invalid age {shown!r}: at most {MAX_AGE.days} days (100 years).")
+    age = timedelta(**{_UNITS[match["unit"]]: number})
     if age <= timedelta(0):
-        raise ValueError(f"Invalid age {text!r}: it must be more than zero.")
+        raise ValueError(f"Invalid age {shown!r}: it must be more than zero.")
     return age
 
 
@@ -59,6 +73,11 @@ class PurgePlan:
         return sum(1 for item in self.objects if item.kind == "document")
 
     @property
+    def temporary_files(self) -> int:
+        """How many temporary files of local writes whose writer died."""
+        return sum(1 for item in self.objects if item.kind == "temporary")
+
+    @property
     def bytes(self) -> int:
         """Their total size."""
         return sum(item.size for item in self.objects)
@@ -68,21 +87,29 @@ class PurgePlan:
         return sorted({f"{item.tenant}/{item.session}" for item in self.objects})
 
 
-def select_scope(objects: Iterable[StoredObject]) -> PurgePlan:
+def select_scope(objects: Iterable[StoredObject], *, now: datetime | None = None) -> PurgePlan:
     """
-    Select every result and document of a scan (a session's or a tenant's: scope the scan itself).
+    Select every result and document of a scan (a session's or a tenant's: scope the scan itself), and the temporary
+    files of local writes whose writer died.
 
     :param objects: What `scan` found for the tenant or session.
+    :param now: The time to judge temporary files at; the current time by default.
     :returns: The plan.
     """
-    return PurgePlan([item for item in objects if item.kind in ("result", "document")])
+    return PurgePlan([item for item in objects if item.kind in ("result", "document") or _stale(item, now)])
+
+
+def _stale(item: StoredObject, now: datetime | None) -> bool:
+    """Whether an object is a temporary file whose writer died (a write still running keeps its file)."""
+    return item.kind == "temporary" and is_stale_temporary(item.path.rsplit("/", 1)[-1], now=now)
 
 
 def select_older_than(
     objects: Iterable[StoredObject], age: timedelta, *, now: datetime, root: FsspecToolResultStore | None = None
 ) -> PurgePlan:
     """
-    Select the results created before ``now - age``, and every document of each session inactive since then.
+    Select the results created before ``now - age``, every document of each session inactive since then, and the
+    temporary files of local writes whose writer died (whatever `age`, as every store purge removes them).
 
     :param objects: What `scan` found.
     :param age: How old a result, or a session's newest activity, must be to go.
@@ -93,18 +120,19 @@ def select_older_than(
     :raises StorageError: If reading a history turn fails.
     """
     cutoff = now - age
-    chosen = [item for item in objects if item.kind in ("result", "document")]
-    base = root._scope_path() if root is not None else "."
-    idle = IdleSessions(
-        {f"{base}/{item.path}": item.size for item in chosen}, base, scope=(), cutoff=lambda tenant: cutoff
-    )
+    listed = list(objects)
+    chosen = [item for item in listed if item.kind in ("result", "document")]
+    # Paths relative to the root, as the store names them (`find_objects`, `turn_times`).
+    idle = IdleSessions({item.path: item.size for item in chosen}, "", scope=(), cutoff=lambda tenant: cutoff)
     if root is not None:
-        idle.dated(read_turn_times(root._handle.io(), idle.to_read()))
-    documents = {path[len(base) + 1 :] for path in idle.documents()}
+        idle.dated(root.turn_times(idle.to_read()))
+    documents = set(idle.documents())
     return PurgePlan(
         [
             item
-            for item in chosen
-            if (item.kind == "result" and item.created is not None and item.created < cutoff) or item.path in documents
+            for item in listed
+            if (item.kind == "result" and item.created is not None and item.created < cutoff)
+            or item.path in documents
+            or _stale(item, now)
         ]
     )
