@@ -41,9 +41,11 @@ def below(found_path: str, directory: str) -> str | None:
     Backends list by string prefix: the separator keeps a sibling prefix out (``t/ab`` when ``t/a`` was listed).
 
     :param found_path: A path from a listing.
-    :param directory: The listed directory, without a trailing separator.
+    :param directory: The listed directory, without a trailing separator; ``""`` when the paths are relative already.
     :returns: The relative path, or None.
     """
+    if not directory:
+        return found_path
     prefix = directory.rstrip("/") + "/"
     return found_path[len(prefix) :] if found_path.startswith(prefix) else None
 

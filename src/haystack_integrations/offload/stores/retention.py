@@ -44,7 +44,6 @@ import builtins
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
@@ -341,11 +340,12 @@ class IdleSessions:
     """
     Which sessions of one listing have been inactive since a cutoff, so that their documents go whole.
 
-    Build it from a listing, read the documents `to_read` names (`read_turn_times`), then take `documents()`.
+    Build it from a listing, read the documents `to_read` names (`FsspecToolResultStore.turn_times`), then take
+    `documents()`.
 
     ```python
-    idle = IdleSessions(found, scope_path, scope=("acme",), cutoff=lambda tenant: now - timedelta(days=30))
-    idle.dated(read_turn_times(io, idle.to_read()))
+    idle = IdleSessions(store.find_objects(), "", scope=("acme",), cutoff=lambda tenant: now - timedelta(days=30))
+    idle.dated(store.turn_times(idle.to_read()))
     paths = idle.documents()
     ```
     """
@@ -360,7 +360,8 @@ class IdleSessions:
     ) -> None:
         """
         :param found: Paths and sizes from one listing of `scope_path`.
-        :param scope_path: The listed directory: the root's, a tenant's or a session's.
+        :param scope_path: The listed directory: the root's, a tenant's or a session's (``""``: `found` is relative
+            to it already).
         :param scope: What `scope_path` is below the root: ``()``, ``(tenant,)`` or ``(tenant, session)``.
         :param cutoff: Given a tenant, the time before which its sessions count as inactive (None: keep them).
         """
@@ -405,7 +406,7 @@ class IdleSessions:
 
     def dated(self, times: Mapping[str, datetime | None]) -> None:
         """
-        :param times: What `read_turn_times` found for (some of) the paths `to_read` named.
+        :param times: What `turn_times` found for (some of) the paths `to_read` named.
         """
         self._times.update(times)
 
@@ -431,7 +432,7 @@ class IdleSessions:
         return paths
 
 
-def read_turn_times(io: StorageIO, paths: Iterable[str]) -> dict[str, datetime | None]:
+async def read_turn_times_async(io: StorageIO, paths: Iterable[str]) -> dict[str, datetime | None]:
     """
     Read history turn documents and the time each says (a few at once).
 
@@ -440,23 +441,6 @@ def read_turn_times(io: StorageIO, paths: Iterable[str]) -> dict[str, datetime |
     :returns: Each path's time; None for a document gone meanwhile or saying no time.
     :raises StorageError: If the backend fails.
     """
-
-    def one(path: str) -> datetime | None:
-        try:
-            with storage_errors("read a history document", reference=path):
-                return turn_time(io.get(path))
-        except ResultNotFoundError:
-            return None
-
-    chosen = builtins.list(paths)
-    if not chosen:
-        return {}
-    with ThreadPoolExecutor(max_workers=min(_CONCURRENT_READS, len(chosen))) as pool:
-        return dict(zip(chosen, pool.map(one, chosen), strict=True))
-
-
-async def read_turn_times_async(io: StorageIO, paths: Iterable[str]) -> dict[str, datetime | None]:
-    """Async `read_turn_times`."""
     limit = asyncio.Semaphore(_CONCURRENT_READS)
 
     async def one(path: str) -> datetime | None:
