@@ -263,3 +263,23 @@ async def test_a_running_turn_keeps_an_old_session(
     assert root.purge(older_than=timedelta(days=30)) == 0  # the newest turn started minutes ago
     await history.finish(turn, status="completed", messages=[*conversation, ChatMessage.from_user("now")])
     assert (await history.read()).conversation == [*conversation, ChatMessage.from_user("now")]
+
+
+async def test_a_time_stamped_far_ahead_does_not_keep_an_old_session_for_ever(
+    backend: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A writer whose clock ran 50 years ahead (or a planted name) left one audit event and one result. Believed, they
+    # would make the session look active until 2076; a time further ahead than the cutoff is behind now says nothing.
+    root = _root(backend, retention=None)
+    old, skewed = root.for_session("acme", "old"), root.for_session("acme", "skewed")
+    await _talk(old, monkeypatch, age=timedelta(days=40), turns=1)
+    old.documents("audit").put(f"{_stamp(-timedelta(days=50 * 365))}-000000000001-0b7d2e11.json", b"{}")
+    put_aged(old, age=-timedelta(days=50 * 365), content="from the future")
+    # A clock only a few hours fast is believed: this session is active, and kept.
+    await _talk(skewed, monkeypatch, age=timedelta(days=40), turns=1)
+    skewed.documents("audit").put(f"{_stamp(-timedelta(hours=3))}-000000000001-0b7d2e11.json", b"{}")
+
+    assert await root.for_tenant("acme").purge_async(older_than=timedelta(days=30)) == 2 + 1
+    assert _documents(old) == {"history": [], "approvals": [], "audit": []}
+    assert len(old.list()) == 1  # the result itself is not older than 30 days by its name: results go by their own age
+    assert len(skewed.documents("history").list()) == 2 and len(skewed.documents("audit").list()) == 1

@@ -743,13 +743,13 @@ class FsspecToolResultStore(ToolResultStore):
         retention = self.retention
         if older_than is not None:
             cutoff = now - older_than
-            return IdleSessions(found, self._scope_path(), scope=self._scope, cutoff=lambda tenant: cutoff)
+            return IdleSessions(found, self._scope_path(), scope=self._scope, cutoff=lambda tenant: cutoff, now=now)
         if expired and retention is not None:
 
             def by_tenant(tenant: str) -> datetime | None:
                 return retention.cutoff(tenant, now=now)
 
-            return IdleSessions(found, self._scope_path(), scope=self._scope, cutoff=by_tenant)
+            return IdleSessions(found, self._scope_path(), scope=self._scope, cutoff=by_tenant, now=now)
         return None
 
     async def _delete_documents_async(self) -> int:

@@ -321,13 +321,18 @@ def turn_time(data: bytes) -> datetime | None:
 @dataclass
 class _Session:
     documents: builtins.list[str] = field(default_factory=builtins.list)
-    newest: datetime | None = None
+    moments: builtins.list[datetime] = field(default_factory=builtins.list)
+    """The times its object names carry (writers' clocks)."""
     turns: dict[str, tuple[int, str]] = field(default_factory=dict)
     """History turn documents: path -> (turn, part)."""
 
     def saw(self, moment: datetime | None) -> None:
-        if moment is not None and (self.newest is None or moment > self.newest):
-            self.newest = moment
+        if moment is not None:
+            self.moments.append(moment)
+
+    def newest(self, believable: datetime) -> datetime | None:
+        # A time past `believable` is a clock far ahead (or a planted name): it must not keep the session for ever.
+        return max((moment for moment in self.moments if moment <= believable), default=None)
 
     def newest_turn(self) -> str | None:
         # The newest turn's end if it has one (it ended after it started), else its start (a turn still running).
@@ -357,15 +362,21 @@ class IdleSessions:
         *,
         scope: tuple[str, ...],
         cutoff: Callable[[str], datetime | None],
+        now: datetime | None = None,
     ) -> None:
         """
+        Times are writers' clocks: one further ahead of `now` than the cutoff is behind it is not believed (it says
+        nothing about the session), so a clock far ahead, or a planted name, cannot keep a session's documents for ever.
+
         :param found: Paths and sizes from one listing of `scope_path`.
         :param scope_path: The listed directory: the root's, a tenant's or a session's (``""``: `found` is relative
             to it already).
         :param scope: What `scope_path` is below the root: ``()``, ``(tenant,)`` or ``(tenant, session)``.
         :param cutoff: Given a tenant, the time before which its sessions count as inactive (None: keep them).
+        :param now: The current time (timezone-aware; default: the clock's).
         """
         self._cutoff = cutoff
+        self._now = now or datetime.now(UTC)
         self._sessions: dict[tuple[str, str], _Session] = {}
         self._times: dict[str, datetime | None] = {}
         for path in found:
@@ -389,6 +400,10 @@ class IdleSessions:
             else:
                 session.saw(name_time(placed.name))
 
+    def _believable(self, cutoff: datetime) -> datetime:
+        # As far ahead of now as the cutoff is behind it (for an age purge, the age): the mirror of what counts as old.
+        return self._now + (self._now - cutoff)
+
     def to_read(self) -> builtins.list[str]:
         """
         :returns: The history documents to read: the newest turn of each session with documents whose names do not
@@ -397,7 +412,10 @@ class IdleSessions:
         paths = []
         for (tenant, _), session in self._sessions.items():
             cutoff = self._cutoff(tenant)
-            if not session.documents or cutoff is None or (session.newest is not None and session.newest >= cutoff):
+            if not session.documents or cutoff is None:
+                continue
+            newest = session.newest(self._believable(cutoff))
+            if newest is not None and newest >= cutoff:
                 continue
             newest_turn = session.newest_turn()
             if newest_turn is not None and newest_turn not in self._times:
@@ -420,13 +438,15 @@ class IdleSessions:
             cutoff = self._cutoff(tenant)
             if not session.documents or cutoff is None:
                 continue
-            newest = session.newest
+            believable = self._believable(cutoff)
+            newest = session.newest(believable)
             newest_turn = session.newest_turn()
             if newest_turn is not None:
                 if newest_turn not in self._times:
                     continue
                 turn = self._times[newest_turn]
-                newest = turn if newest is None or (turn is not None and turn > newest) else newest
+                if turn is not None and turn <= believable and (newest is None or turn > newest):
+                    newest = turn
             if newest is not None and newest < cutoff:
                 paths.extend(session.documents)
         return paths
