@@ -10,6 +10,9 @@ results one step after another; every result is offloaded to the session's own `
 - Ours, write-behind: `OffloadHook(write_behind=True)` under after_tool and after_run; a step's writes overlap the
   session's next steps, and after_run waits for all of them before the run returns.
 
+Ours run on each store engine given with ``--engines`` (``fsspec``: s3fs, the default; ``obstore``: the fast engine);
+the stock hook runs on the default engine (it is bound by its thread pool, whatever the client).
+
 S3 is moto's server in its own process, behind `LatencyProxy` (in a process of its own too) adding the service time
 real S3 has. moto alone serves only a couple of hundred requests a second here, so its capacity is measured in the
 same run, and the ideal wall time is the larger of K x (latency + service time) (each session's K writes are
@@ -21,6 +24,7 @@ Run from the repository root (takes about a minute)::
 
     PYTHONPATH=src python benchmarks/offload_hooks.py                 # N=32, K=4, 200 ms and 20 ms
     PYTHONPATH=src python benchmarks/offload_hooks.py --runs 8 --results 2 --latency-ms 50 --repeat 1
+    PYTHONPATH=src python benchmarks/offload_hooks.py --latency-ms 200 --engines fsspec obstore
 
 Prints a Markdown table (the one in benchmarks/README.md) and, with ``--json PATH``, writes the raw numbers.
 """
@@ -187,20 +191,12 @@ def offloaded_results(result: dict[str, Any]) -> int:
 @dataclass
 class Row:
     latency_ms: int
-    stock_s: float
-    ours_s: float
-    behind_s: float
+    hook: str
+    wall_s: float
     speedup: float
-    behind_speedup: float
-    ideal_s: float
-    lockstep_s: float
-    ours_over_ideal: float
-    behind_over_ideal: float
-    stock_requests_per_result: float
-    ours_requests_per_result: float
-    behind_requests_per_result: float
-    ours_puts_per_result: float
-    behind_puts_per_result: float
+    over_ideal: float
+    requests_per_result: float
+    puts_per_result: float
 
 
 async def timed(awaitable: Awaitable[T]) -> tuple[float, T]:
@@ -277,6 +273,7 @@ async def measure_hook(
 
 
 async def benchmark(args: argparse.Namespace) -> tuple[dict[str, Any], list[Row]]:
+    load_before = os.getloadavg()
     payload = ("lorem ipsum dolor sit amet " * (args.size // 27 + 1))[: args.size]
     moto = MotoControl()
     endpoint = moto.endpoint_url
@@ -290,21 +287,42 @@ async def benchmark(args: argparse.Namespace) -> tuple[dict[str, Any], list[Row]
         # moto's capacity is measured before and after the hooks run, so the ideal uses its best in this run.
         capacities, services = zip(*[await moto_capacity(direct, payload, burst, args.repeat)], strict=True)
 
-        stock_hook = ToolResultOffloadHook(store=proxied, offload_strategies={"fetch": AlwaysOffload()})
-        stock_agent = make_agent(payload, args.results, {"after_tool": [stock_hook]})
-        ours_agent = make_agent(payload, args.results, {"after_tool": [OffloadHook({"fetch": AlwaysOffload()})]})
+        stores = {
+            engine: FsspecToolResultStore(
+                f"s3://{BUCKET}/proxied-{engine}", storage_options=moto.s3_options(proxy.endpoint_url), engine=engine
+            )
+            for engine in args.engines
+        }
+        for store in stores.values():
+            await store.warm_up_async()
+        policy = {"fetch": AlwaysOffload()}
+        stock_hook = ToolResultOffloadHook(store=proxied, offload_strategies=policy)
         # Write-behind: the same hook under after_run waits for the run's writes before the run returns.
-        behind_hook = OffloadHook({"fetch": AlwaysOffload()}, write_behind=True)
-        behind_agent = make_agent(payload, args.results, {"after_tool": [behind_hook], "after_run": [behind_hook]})
-        measured = []
+        behind_hook = OffloadHook(policy, write_behind=True)
+        contenders: list[tuple[str, Agent, FsspecToolResultStore]] = [
+            ("stock `ToolResultOffloadHook`", make_agent(payload, args.results, {"after_tool": [stock_hook]}), proxied)
+        ]
+        for engine, store in stores.items():
+            contenders += [
+                (
+                    f"`OffloadHook`, engine={engine}",
+                    make_agent(payload, args.results, {"after_tool": [OffloadHook(policy)]}),
+                    store,
+                ),
+                (
+                    f"`OffloadHook(write_behind=True)`, engine={engine}",
+                    make_agent(payload, args.results, {"after_tool": [behind_hook], "after_run": [behind_hook]}),
+                    store,
+                ),
+            ]
+        measured: list[tuple[int, str, tuple[float, float, float]]] = []
         for latency_ms in args.latency_ms:
             proxy.set_latency(latency_ms / 1000)
             point = (args.runs, args.results, args.repeat)
-            stock = await measure_hook(stock_agent, proxied, (moto, proxy), *point, f"stock{latency_ms}")
-            ours = await measure_hook(ours_agent, proxied, (moto, proxy), *point, f"ours{latency_ms}")
-            behind = await measure_hook(behind_agent, proxied, (moto, proxy), *point, f"behind{latency_ms}")
-            measured.append((latency_ms, stock, ours, behind))
-            print(f"# {latency_ms} ms: stock {stock}, ours {ours}, behind {behind}", file=sys.stderr, flush=True)
+            for number, (label, agent, store) in enumerate(contenders):
+                outcome = await measure_hook(agent, store, (moto, proxy), *point, f"c{number}-{latency_ms}")
+                measured.append((latency_ms, label, outcome))
+                print(f"# {latency_ms} ms: {label}: {outcome}", file=sys.stderr, flush=True)
 
         after = await moto_capacity(direct, payload, burst, args.repeat)
         capacity, service = max(*capacities, after[0]), statistics.median([*services, after[1]])
@@ -318,29 +336,26 @@ async def benchmark(args: argparse.Namespace) -> tuple[dict[str, Any], list[Row]
             "moto_capacity_rps": round(capacity, 1),
             "moto_capacity_before_after_rps": [round(capacities[0], 1), round(after[0], 1)],
             "moto_service_ms": round(service * 1000, 1),
+            "load_average_before_after": [load_before, os.getloadavg()],
         }
+        stock_wall = {latency: wall for latency, label, (wall, _, _) in measured if label.startswith("stock")}
         rows = []
-        for latency_ms, stock, ours, behind in measured:
+        for latency_ms, label, (wall, per_result, puts) in measured:
             latency = latency_ms / 1000
             ideal = max(args.results * (latency + service), args.runs * args.results / capacity)
-            lockstep = args.results * (latency + service + args.runs / capacity)
+            setup.setdefault("ideal_s", {})[latency_ms] = round(ideal, 3)
+            setup.setdefault("lockstep_s", {})[latency_ms] = round(
+                args.results * (latency + service + args.runs / capacity), 3
+            )
             rows.append(
                 Row(
                     latency_ms=latency_ms,
-                    stock_s=round(stock[0], 3),
-                    ours_s=round(ours[0], 3),
-                    behind_s=round(behind[0], 3),
-                    speedup=round(stock[0] / ours[0], 2),
-                    behind_speedup=round(stock[0] / behind[0], 2),
-                    ideal_s=round(ideal, 3),
-                    lockstep_s=round(lockstep, 3),
-                    ours_over_ideal=round(ours[0] / ideal, 2),
-                    behind_over_ideal=round(behind[0] / ideal, 2),
-                    stock_requests_per_result=round(stock[1], 2),
-                    ours_requests_per_result=round(ours[1], 2),
-                    behind_requests_per_result=round(behind[1], 2),
-                    ours_puts_per_result=round(ours[2], 2),
-                    behind_puts_per_result=round(behind[2], 2),
+                    hook=label,
+                    wall_s=round(wall, 3),
+                    speedup=round(stock_wall[latency_ms] / wall, 2),
+                    over_ideal=round(wall / ideal, 2),
+                    requests_per_result=round(per_result, 2),
+                    puts_per_result=round(puts, 2),
                 )
             )
         return setup, rows
@@ -350,30 +365,28 @@ async def benchmark(args: argparse.Namespace) -> tuple[dict[str, Any], list[Row]
 
 
 def table(setup: dict[str, Any], rows: list[Row]) -> str:
+    before, after = setup["load_average_before_after"]
     lines = [
         f"N={setup['runs']} sessions x K={setup['results_per_run']} results of {setup['result_chars']:,} chars; "
-        f"moto capacity {setup['moto_capacity_rps']} req/s (best of before/after: "
+        f"moto capacity {setup['moto_capacity_rps']} req/s (before/after: "
         f"{setup['moto_capacity_before_after_rps']}), service time {setup['moto_service_ms']} ms; "
-        f"default thread pool {setup['default_thread_pool']}; median of {setup['repeat']}.",
+        f"default thread pool {setup['default_thread_pool']}; median of {setup['repeat']}; load average (1, 5, 15 "
+        f"min) before {', '.join(f'{x:.2f}' for x in before)}, after {', '.join(f'{x:.2f}' for x in after)}.",
         "",
         "| added latency | hook | wall time | speed-up over stock | / ideal | S3 requests per result |",
         "|---:|---|---:|---:|---:|---:|",
     ]
     for row in rows:
-        lines += [
-            f"| {row.latency_ms} ms | stock `ToolResultOffloadHook` | {row.stock_s:.2f} s | 1.0x "
-            f"| {row.stock_s / row.ideal_s:.2f}x | {row.stock_requests_per_result:.2f} |",
-            f"| {row.latency_ms} ms | `OffloadHook` | {row.ours_s:.2f} s | {row.speedup:.1f}x "
-            f"| {row.ours_over_ideal:.2f}x | {row.ours_requests_per_result:.2f} |",
-            f"| {row.latency_ms} ms | `OffloadHook(write_behind=True)` | {row.behind_s:.2f} s "
-            f"| {row.behind_speedup:.1f}x | {row.behind_over_ideal:.2f}x | {row.behind_requests_per_result:.2f} |",
-        ]
+        lines.append(
+            f"| {row.latency_ms} ms | {row.hook} | {row.wall_s:.2f} s | {row.speedup:.1f}x | {row.over_ideal:.2f}x "
+            f"| {row.requests_per_result:.2f} |"
+        )
     lines += [
         "",
         "Ideal: "
-        + "; ".join(f"{row.latency_ms} ms {row.ideal_s:.2f} s" for row in rows)
+        + "; ".join(f"{latency} ms {ideal:.2f} s" for latency, ideal in setup["ideal_s"].items())
         + ". Lockstep estimate: "
-        + "; ".join(f"{row.latency_ms} ms {row.lockstep_s:.2f} s" for row in rows)
+        + "; ".join(f"{latency} ms {lockstep:.2f} s" for latency, lockstep in setup["lockstep_s"].items())
         + ".",
     ]
     return "\n".join(lines)
@@ -386,6 +399,9 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=50_000, help="characters per result (default: %(default)s)")
     parser.add_argument("--latency-ms", type=int, nargs="+", default=[200, 20], help="added latencies to test")
     parser.add_argument("--repeat", type=int, default=3, help="measurements per point; the median is reported")
+    parser.add_argument(
+        "--engines", nargs="+", default=["fsspec"], choices=["fsspec", "obstore"], help="store engines for ours"
+    )
     parser.add_argument("--json", help="also write the numbers to this file")
     args = parser.parse_args()
     setup, rows = asyncio.run(benchmark(args))

@@ -8,6 +8,9 @@ but `asyncio.run`, `asyncio.Runner` (pytest-asyncio) and uvicorn all finish by c
 (`loop.shutdown_asyncgens`), so each value is guarded by a suspended async generator whose ``finally`` closes it there.
 A loop closed without that step (a hand-made loop) is noticed on the next use of any loop, and at interpreter exit, and
 its value is closed synchronously.
+
+What the values of different loops share (one aiobotocore session for every loop's S3 client) must not hold an
+`asyncio.Lock`, which binds itself to the first loop that waits on it: `CrossLoopLock` takes its place.
 """
 
 import asyncio
@@ -16,6 +19,7 @@ import threading
 import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -94,6 +98,43 @@ class LoopLocal(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+class CrossLoopLock:
+    """
+    An async lock that tasks on any event loop, in any thread, may share (an `asyncio.Lock` belongs to one loop).
+
+    A thread lock tried without blocking; while another holder has it, the waiter sleeps on its own loop and tries
+    again (1 ms, doubling to 50 ms). Meant for rare contention on slow, one-off work (making a client, refreshing
+    credentials), where the polling costs nothing measurable; not fair, and not for hot paths.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def locked(self) -> bool:
+        """Whether some task holds the lock."""
+        return self._lock.locked()
+
+    async def acquire(self) -> bool:
+        """Wait for the lock without blocking the running loop."""
+        delay = 0.001
+        while not self._lock.acquire(blocking=False):
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 0.05)
+        return True
+
+    def release(self) -> None:
+        """Release the lock (from any thread)."""
+        self._lock.release()
+
+    async def __aenter__(self) -> None:
+        await self.acquire()
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.release()
 
 
 _LIVE: "weakref.WeakSet[LoopLocal[Any]]" = weakref.WeakSet()

@@ -6,7 +6,8 @@ PUT's time in Python (request signing, botocore's event hooks, aiohttp), while o
 GIL. The requests are the same:
 
 - a write is one PUT (never a multipart upload), a conditional create one PUT with ``If-None-Match: *`` (a 412 becomes
-  `FileExistsError`, which `SessionDocuments.create` resolves by reading the document back);
+  `FileExistsError`, which `SessionDocuments.create` resolves by reading the document back); a write from chunks
+  (`ObstoreIO.put_chunks`) is one PUT up to `MULTIPART_THRESHOLD` and obstore's streaming multipart upload above it;
 - a whole read is one GET, a page one ranged GET whose answer also carries the object's total size (a range that starts
   at or past the end, which S3 refuses with 416, costs a HEAD, as with s3fs);
 - a listing is one LIST per 1000 keys, a delete one DeleteObjects per 1000 keys, whose per-key errors are raised;
@@ -58,7 +59,14 @@ except ImportError as error:  # pragma: no cover - tests/stores/test_obstore_eng
         'The obstore engine (engine="obstore") needs obstore. Install it with: pip install "offload-haystack[fast]"'
     ) from error
 
-from haystack_integrations.offload.stores.io import StorageIO
+from haystack_integrations.offload.stores.io import (
+    MULTIPART_PART_BYTES,
+    MULTIPART_PARTS_IN_FLIGHT,
+    MULTIPART_THRESHOLD,
+    Chunk,
+    StorageIO,
+    drained,
+)
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig, S3Config
@@ -289,10 +297,10 @@ def _mapped_errors() -> Iterator[None]:
             raise PermissionError(errno.EACCES, "Access denied.") from error
         raise
     except BaseException as error:
-        # A panic in the Rust code arrives as pyo3's PanicException, a BaseException that every `except Exception` on
-        # the way would let through like a KeyboardInterrupt. Seen: a DeleteObjects answer naming a key that was not
-        # asked for. It is a failed storage call.
-        if type(error).__name__ != "PanicException":
+        # A panic in the Rust code arrives as pyo3's PanicException (a BaseException that every `except Exception` on
+        # the way would let through like a KeyboardInterrupt) or, from an async call, as RustPanic. Seen: a
+        # DeleteObjects answer naming a key that was not asked for. It is a failed storage call.
+        if type(error).__name__ not in {"PanicException", "RustPanic"}:
             raise
         raise OSError(errno.EIO, "The S3 client failed on an answer it could not handle.") from error
 
@@ -365,6 +373,28 @@ class ObstoreIO(StorageIO):
         store, key = self._located(path)
         with _mapped_errors():
             await obstore.put_async(store, key, data, use_multipart=False)
+
+    def put_chunks(self, path: str, chunks: Iterable[Chunk]) -> None:
+        """One PUT up to `MULTIPART_THRESHOLD` bytes; above, obstore's multipart upload, fed the chunks as they come."""
+        store, key = self._located(path)
+        head, rest = _leading_chunks(chunks, MULTIPART_THRESHOLD)
+        with _mapped_errors():
+            if rest is None:
+                obstore.put(store, key, b"".join(head), use_multipart=False)
+            else:
+                remaining: Iterator[Chunk] = drained(head, rest)
+                obstore.put(store, key, remaining, use_multipart=True, **_MULTIPART)
+
+    async def put_chunks_async(self, path: str, chunks: Iterable[Chunk]) -> None:
+        """Async `put_chunks` (obstore pulls the chunks from the iterator on the caller's loop's thread)."""
+        store, key = self._located(path)
+        head, rest = _leading_chunks(chunks, MULTIPART_THRESHOLD)
+        with _mapped_errors():
+            if rest is None:
+                await obstore.put_async(store, key, b"".join(head), use_multipart=False)
+            else:
+                remaining: Iterator[Chunk] = drained(head, rest)
+                await obstore.put_async(store, key, remaining, use_multipart=True, **_MULTIPART)
 
     def put_exclusive(self, path: str, data: bytes) -> None:
         """One PUT with ``If-None-Match: *``; `FileExistsError` if the key exists (S3's 412)."""
@@ -461,6 +491,24 @@ class ObstoreIO(StorageIO):
             store, key = self._located(path)
             batches.setdefault(path.partition("/")[0], (store, []))[1].append(key)
         return list(batches.values())
+
+
+# Part size and parts in flight: what a multipart upload holds in memory besides the content (obstore's default, 12
+# parts of 5 MiB, buffers 60 MiB).
+_MULTIPART: dict[str, Any] = {"chunk_size": MULTIPART_PART_BYTES, "max_concurrency": MULTIPART_PARTS_IN_FLIGHT}
+
+
+def _leading_chunks(chunks: Iterable[Chunk], limit: int) -> tuple[list[Chunk], Iterator[Chunk] | None]:
+    """The first chunks while they total at most `limit` bytes, and an iterator over the rest (None if none left)."""
+    iterator = iter(chunks)
+    head: list[Chunk] = []
+    size = 0
+    for chunk in iterator:
+        head.append(chunk)
+        size += memoryview(chunk).nbytes
+        if size > limit:
+            return head, iterator
+    return head, None
 
 
 def _listing(path: str, found: Iterable[Mapping[str, Any]]) -> dict[str, int]:
