@@ -20,8 +20,14 @@ from haystack.hooks.tool_result_offloading.types import ToolResultStore
 
 from haystack_integrations.offload.errors import InvalidReferenceError, ResultExpiredError
 from haystack_integrations.offload.stores.blocking import blocking, blocking_here
+from haystack_integrations.offload.stores.chunks import ContentChunks
 from haystack_integrations.offload.stores.documents import SessionDocuments
-from haystack_integrations.offload.stores.io import StorageIO, s3_io_with_loop_twins, storage_io_for
+from haystack_integrations.offload.stores.io import (
+    MULTIPART_THRESHOLD,
+    StorageIO,
+    s3_io_with_loop_twins,
+    storage_io_for,
+)
 from haystack_integrations.offload.stores.layout import scope_path
 from haystack_integrations.offload.stores.names import (
     TEMPORARY_GRACE,
@@ -60,6 +66,9 @@ _EXTRAS_BY_PROTOCOL = {"s3": "s3", "s3a": "s3"}
 # "obstore" (Rust object_store: the same requests for a fraction of the client CPU; see stores/obstore_io.py).
 ENGINES = ("fsspec", "obstore")
 DEFAULT_RETRY = RetryPolicy()
+
+# Results larger than this are written from chunks (S3 sends one PUT below it anyway: io.MULTIPART_THRESHOLD).
+STREAMED_WRITE_BYTES = MULTIPART_THRESHOLD
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -333,7 +342,10 @@ class FsspecToolResultStore(ToolResultStore):
             return ledger.charge(self.quota, self.tenant, self.session, size)
         return await ledger.admit_async(self.quota, self.tenant, self.session, size, self._list_usage_async, results=0)
 
-    def _prepare_write(self, key: str, content: str | bytes, tool_name: str | None) -> tuple[str, str, bytes]:
+    def _prepare_write(
+        self, key: str, content: object, tool_name: str | None
+    ) -> tuple[str, str, bytes | ContentChunks]:
+        # `content` is checked here: callers (and the model's tools) may pass anything.
         if len(self._scope) == 1:
             raise ValueError("A tenant-scoped store does not write; write through for_session(tenant, session).")
         if not isinstance(key, str):
@@ -341,10 +353,18 @@ class FsspecToolResultStore(ToolResultStore):
         if tool_name is not None and not isinstance(tool_name, str):
             raise TypeError(f"tool_name must be a string or None, got {type(tool_name).__name__}.")
         kind: ContentKind
+        data: bytes | ContentChunks
+        # A large result is sent from chunks as they are encoded, so the write never holds a second whole copy.
         if isinstance(content, str):
             # surrogatepass: a string with lone surrogates still round-trips exactly instead of failing the write.
-            data, kind = content.encode("utf-8", "surrogatepass"), "text"
-        elif isinstance(content, bytes | bytearray | memoryview):
+            kind = "text"
+            streamed = len(content) > STREAMED_WRITE_BYTES
+            data = ContentChunks(content) if streamed else content.encode("utf-8", "surrogatepass")
+        elif isinstance(content, bytes):
+            kind = "bytes"
+            data = ContentChunks(content) if len(content) > STREAMED_WRITE_BYTES else content
+        elif isinstance(content, bytearray | memoryview):
+            # Copied: the caller may change it while a write-behind upload is still reading it.
             data, kind = bytes(content), "bytes"
         else:
             raise TypeError(f"content must be str or bytes, got {type(content).__name__}.")
@@ -437,7 +457,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises QuotaExceededError: If the write would pass the store's quota; nothing was sent.
         """
         path, reference, data = self._prepare_write(key, content, tool_name)
-        reservation = await self._admit_async(len(data))
+        reservation = await self._admit_async(_size_of(data))
         await self._put_async(path, data, reservation)
         return reference
 
@@ -461,15 +481,18 @@ class FsspecToolResultStore(ToolResultStore):
         :raises RuntimeError: If called outside a running event loop.
         """
         path, reference, data = self._prepare_write(key, content, tool_name)
-        reservation = await self._admit_async(len(data))
+        reservation = await self._admit_async(_size_of(data))
         task = asyncio.get_running_loop().create_task(self._put_async(path, data, reservation))
         self._handle.in_flight.track(path, task)
         return PendingWrite(reference, task)
 
-    async def _put_async(self, path: str, data: bytes, reservation: Reservation | None) -> None:
+    async def _put_async(self, path: str, data: bytes | ContentChunks, reservation: Reservation | None) -> None:
         try:
             with storage_errors("store the result", reference=None):
-                await self._handle.io().put_async(path, data)
+                if isinstance(data, ContentChunks):
+                    await self._handle.io().put_chunks_async(path, data)
+                else:
+                    await self._handle.io().put_async(path, data)
         finally:
             if reservation is not None:
                 reservation.settle()
@@ -1050,3 +1073,7 @@ def _checked_relative(path: str) -> str:
     if any(segment in {"", ".", ".."} or "\\" in segment or "\0" in segment for segment in path.split("/")):
         raise ValueError(f"{path!r} is not a path relative to the store's scope.")
     return path
+
+
+def _size_of(data: bytes | ContentChunks) -> int:
+    return data.nbytes if isinstance(data, ContentChunks) else len(data)

@@ -41,6 +41,7 @@ from fsspec import AbstractFileSystem
 from fsspec.asyn import AsyncFileSystem, sync
 
 from haystack_integrations.offload.errors import InvalidReferenceError, StorageError, StoragePermissionError
+from haystack_integrations.offload.stores.blocking import blocked_here
 from haystack_integrations.offload.stores.loop_local import CrossLoopLock, LoopLocal
 from haystack_integrations.offload.stores.names import is_temporary_name, new_temporary_name
 
@@ -151,8 +152,13 @@ class StorageIO:
                 continue
 
     async def _in_thread(self, function: Callable[..., T], *args: Any, size: int | None = None) -> T:
-        # `size`: the bytes the call moves, when known; a small enough call is cheaper inline than a thread hop.
-        if self.blocking and (self.inline_io_bytes is None or size is None or size > self.inline_io_bytes):
+        # `size`: the bytes the call moves, when known; a small enough call is cheaper inline than a thread hop. A sync
+        # caller's operation running on that caller's own thread (`blocking_here`) blocks nobody else: always inline.
+        if (
+            self.blocking
+            and (self.inline_io_bytes is None or size is None or size > self.inline_io_bytes)
+            and not blocked_here()
+        ):
             return await asyncio.to_thread(function, *args)
         return function(*args)
 
@@ -225,7 +231,7 @@ class _LocalDiskIO(StorageIO):
 
     async def put_chunks_async(self, path: str, chunks: Iterable[Chunk]) -> None:
         """Async `put_chunks`, in a worker thread (streaming is for large content), which iterates the chunks."""
-        await asyncio.to_thread(self.put_chunks, path, chunks)
+        await self._in_thread(self.put_chunks, path, chunks)
 
     def _open_for_read(self, path: str) -> BinaryIO:
         """Open `path` for reading with the same checks as `get`."""
@@ -236,7 +242,7 @@ class _LocalDiskIO(StorageIO):
         file = self._open_for_read(path)
         handed_over = False
         try:
-            if os.fstat(file.fileno()).st_size <= INLINE_IO_BYTES:
+            if os.fstat(file.fileno()).st_size <= INLINE_IO_BYTES or blocked_here():
                 return file.read()
             handed_over = True
         finally:

@@ -47,7 +47,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from haystack_integrations.offload.errors import StorageUnavailableError
-from haystack_integrations.offload.stores.io import AsyncFilesystemIO, StorageIO
+from haystack_integrations.offload.stores.io import AsyncFilesystemIO, Chunk, StorageIO
 
 logger = logging.getLogger(__name__)
 
@@ -406,6 +406,14 @@ class RetryingIO(StorageIO):
     def put(self, path: str, data: bytes) -> None:
         """Store `data` at `path`, retrying transient failures (the same bytes to the same name each time)."""
         self._run("put", path, lambda _: self.inner.put(path, data))
+
+    def put_chunks(self, path: str, chunks: Iterable[Chunk]) -> None:
+        """Store the chunks at `path`, retrying transient failures (pass a re-iterable such as `ContentChunks`)."""
+        self._run("put", path, lambda _: self.inner.put_chunks(path, chunks))
+
+    async def put_chunks_async(self, path: str, chunks: Iterable[Chunk]) -> None:
+        """Async `put_chunks`."""
+        await self._run_async("put", path, lambda _: self.inner.put_chunks_async(path, chunks))
 
     def get(self, path: str) -> bytes:
         """Return the whole object at `path`, retrying transient failures."""
