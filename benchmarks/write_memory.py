@@ -11,7 +11,9 @@ Each case runs in a fresh process, which builds the content (ASCII text, `--mb` 
 I/O's async method, called directly (the store's write path is not changed here) and without a `RetryingIO`:
 
 - whole: ``await io.put_async(path, content.encode("utf-8", "surrogatepass"))``;
-- chunks: ``await io.put_chunks_async(path, ContentChunks(content))``.
+- chunks: ``await io.put_chunks_async(path, ContentChunks(content))``;
+- store: ``await session.write_async(key=..., content=content)``, the store's whole write path (quota size, retry
+  layer and all), which sends results over `STREAMED_WRITE_BYTES` as chunks.
 
 Reported, as multiples of the content's size: the peak of Python's allocations during the write, content included
 (`tracemalloc`; obstore's buffers are Rust's and not seen there), and the peak resident set size over what the process
@@ -39,7 +41,7 @@ import uuid
 from typing import Any
 
 BACKENDS = ("local", "s3fs", "obstore")
-MODES = ("whole", "chunks")
+MODES = ("whole", "chunks", "store")
 
 
 def _rss_bytes() -> int:
@@ -52,6 +54,7 @@ def run_case(backend: str, mode: str, megabytes: int, target: dict[str, Any], ch
     """One write in this process; returns the measurements."""
     from haystack_integrations.offload import FsspecToolResultStore
     from haystack_integrations.offload.stores.chunks import ContentChunks
+    from haystack_integrations.offload.stores.fsspec_store import DEFAULT_RETRY
 
     if backend == "local":
         store = FsspecToolResultStore(target["directory"])
@@ -61,7 +64,7 @@ def run_case(backend: str, mode: str, megabytes: int, target: dict[str, Any], ch
             f"{target['bucket_url']}/memory-{uuid.uuid4().hex[:8]}",
             storage_options=target["storage_options"],
             engine=engine,
-            retry=None,
+            retry=None if mode != "store" else DEFAULT_RETRY,
         )
     io = store._handle.io()
     path = f"{store._handle.root_path()}/bench/session/large.txt"
@@ -70,8 +73,13 @@ def run_case(backend: str, mode: str, megabytes: int, target: dict[str, Any], ch
         # The loop's client and a first small write, so the measured peak is the write's own.
         await io.put_async(f"{store._handle.root_path()}/bench/session/warm.txt", b"warm")
 
+    session = store.for_session("bench", "session")
+    stored: list[str] = []
+
     async def write(content: str) -> None:
-        if mode == "whole":
+        if mode == "store":  # the store's own write path, retry layer included
+            stored.append(await session.write_async(key="large.txt", content=content))
+        elif mode == "whole":
             await io.put_async(path, content.encode("utf-8", "surrogatepass"))
         else:
             await io.put_chunks_async(path, ContentChunks(content, chunk_chars=chunk_chars))
@@ -89,7 +97,7 @@ def run_case(backend: str, mode: str, megabytes: int, target: dict[str, Any], ch
         _, traced_peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
         peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-        written = await io.size_async(path)
+        written = (await session.info_async(stored[0])).size if stored else await io.size_async(path)
         if written != size:
             raise RuntimeError(f"{backend}/{mode}: wrote {written} bytes, not {size}")
         return {
@@ -140,13 +148,18 @@ def main() -> None:
                 results[backend, mode] = json.loads(output.strip().splitlines()[-1])
                 print(f"# {backend} {mode}: {results[backend, mode]}", file=sys.stderr, flush=True)
     print(
-        f"One {args.mb} MB text result (ASCII), written once through the I/O's async method; peaks as multiples of "
+        f"One {args.mb} MB text result (ASCII), written once through the I/O's async method or the store; peaks as "
+        "multiples of "
         "the content's size (1.0x: the content alone).\n"
     )
     print("| backend | write | Python peak (tracemalloc) | RSS peak over start | time |")
     print("|---|---|---:|---:|---:|")
     for (backend, mode), row in results.items():
-        call = "`put_async(encoded)`" if mode == "whole" else "`put_chunks_async(ContentChunks)`"
+        call = {
+            "whole": "`put_async(encoded)`",
+            "chunks": "`put_chunks_async(ContentChunks)`",
+            "store": "store `write_async`",
+        }[mode]
         print(
             f"| {backend} | {call} | {row['traced_peak_x']:.2f}x | {row['rss_peak_x']:.2f}x | {row['seconds']:.1f} s |"
         )
