@@ -47,6 +47,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from haystack_integrations.offload.errors import StorageUnavailableError
+from haystack_integrations.offload.stores.blocking import blocking
 from haystack_integrations.offload.stores.io import AsyncFilesystemIO, Chunk, StorageIO
 
 logger = logging.getLogger(__name__)
@@ -335,8 +336,8 @@ class RetryingIO(StorageIO):
     A `StorageIO` that retries another one's calls under a `RetryPolicy`.
 
     A store wraps the I/O `storage_io_for` picked when it reaches a network (`retries_can_help`), so every user of that
-    store's I/O (results, documents, operator commands) retries the same way. Sync calls wait with `time.sleep` in
-    their own thread; async calls with `asyncio.sleep`.
+    store's I/O (results, documents, operator commands) retries the same way. There is one retry loop, async; a sync
+    call runs it on fsspec's I/O loop and waits (`stores.blocking`), as the store's own sync API does.
     """
 
     def __init__(self, inner: StorageIO, policy: RetryPolicy, stats: RetryStats) -> None:
@@ -355,17 +356,6 @@ class RetryingIO(StorageIO):
         if isinstance(inner, AsyncFilesystemIO):
             inner.timeout = policy.attempt_timeout
             self._limited = True
-
-    def _run(self, operation: str, path: str, call: Callable[[_Attempts], T]) -> T:
-        attempts = _Attempts(self, operation, path)
-        while True:
-            try:
-                result = call(attempts)
-            except Exception as error:
-                time.sleep(attempts.failed(error))
-            else:
-                attempts.succeeded()
-                return result
 
     async def _run_async(self, operation: str, path: str, call: Callable[[_Attempts], Awaitable[T]]) -> T:
         attempts = _Attempts(self, operation, path)
@@ -395,7 +385,7 @@ class RetryingIO(StorageIO):
 
     def put_exclusive(self, path: str, data: bytes) -> None:
         """Store `data` at `path` only if nothing is there yet, retrying transient failures."""
-        self._run("put_exclusive", path, lambda _: self.inner.put_exclusive(path, data))
+        blocking(self.put_exclusive_async, path, data)
 
     async def put_exclusive_async(self, path: str, data: bytes) -> None:
         """Async `put_exclusive`."""
@@ -405,11 +395,11 @@ class RetryingIO(StorageIO):
 
     def put(self, path: str, data: bytes) -> None:
         """Store `data` at `path`, retrying transient failures (the same bytes to the same name each time)."""
-        self._run("put", path, lambda _: self.inner.put(path, data))
+        blocking(self.put_async, path, data)
 
     def put_chunks(self, path: str, chunks: Iterable[Chunk]) -> None:
         """Store the chunks at `path`, retrying transient failures (pass a re-iterable such as `ContentChunks`)."""
-        self._run("put", path, lambda _: self.inner.put_chunks(path, chunks))
+        blocking(self.put_chunks_async, path, chunks)
 
     async def put_chunks_async(self, path: str, chunks: Iterable[Chunk]) -> None:
         """Async `put_chunks`."""
@@ -417,28 +407,27 @@ class RetryingIO(StorageIO):
 
     def get(self, path: str) -> bytes:
         """Return the whole object at `path`, retrying transient failures."""
-        return self._run("get", path, lambda _: self.inner.get(path))
+        return blocking(self.get_async, path)
 
     def get_range(self, path: str, start: int, end: int) -> bytes:
         """Return bytes `start` to `end` of the object at `path`, retrying transient failures."""
-        return self._run("get_range", path, lambda _: self.inner.get_range(path, start, end))
+        return blocking(self.get_range_async, path, start, end)
 
     def get_range_and_size(self, path: str, start: int, end: int) -> tuple[bytes, int]:
         """Return a byte range and the object's size, retrying transient failures."""
-        return self._run("get_range_and_size", path, lambda _: self.inner.get_range_and_size(path, start, end))
+        return blocking(self.get_range_and_size_async, path, start, end)
 
     def size(self, path: str) -> int:
         """Return the size of the object at `path`, retrying transient failures."""
-        return self._run("size", path, lambda _: self.inner.size(path))
+        return blocking(self.size_async, path)
 
     def find(self, path: str) -> dict[str, int]:
         """List every object below `path` with its size, retrying transient failures (the whole listing)."""
-        return self._run("find", path, lambda _: self.inner.find(path))
+        return blocking(self.find_async, path)
 
     def delete(self, paths: Iterable[str]) -> None:
         """Delete the objects at `paths`, retrying transient failures (deleting twice is harmless)."""
-        batch = list(paths)
-        self._run("delete", batch[0] if batch else "", lambda _: self.inner.delete(batch))
+        blocking(self.delete_async, paths)
 
     async def put_async(self, path: str, data: bytes) -> None:
         """Async `put`."""
