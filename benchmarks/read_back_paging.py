@@ -142,6 +142,7 @@ def client(connection: Connection, url: str, storage_options: dict[str, Any], si
     while True:
         command, memory, arguments = connection.recv()
         if command == "stop":
+            loop.run_until_complete(loop.shutdown_asyncgens())  # closes the loop's S3 client (stores/loop_local.py)
             loop.close()
             return
         connection.send(measured(functools.partial(operations[command], *arguments), memory=memory))

@@ -274,6 +274,18 @@ async def test_a_search_stops_reading_ahead_once_it_has_its_matches(mode: str) -
     assert len(store.ranges) <= len(needed) + MAX_IN_FLIGHT - 1
 
 
+async def test_an_async_search_leaves_no_read_ahead_running_when_it_returns() -> None:
+    # Reads ahead that the match made useless are cancelled and waited for: none outlives the tool's call (a task
+    # still cancelling when its loop closes is destroyed mid-request).
+    store = RangedStore(delay=0.05)
+    reference = store.write(key="k.txt", content=_haystack(60 * MiB, {3 * MiB: NEEDLE}))
+    result = await read_tool_result.invoke_async(
+        state=state_for(store), reference=reference, search=NEEDLE, max_matches=1
+    )
+    assert f"offset {3 * MiB}:" in result
+    assert asyncio.all_tasks() == {asyncio.current_task()}
+
+
 async def test_a_match_on_the_first_mib_costs_one_range() -> None:
     store = RangedStore()
     reference = store.write(key="k.txt", content=_haystack(20 * MiB, {100: NEEDLE}))

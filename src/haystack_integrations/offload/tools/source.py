@@ -316,7 +316,7 @@ async def drive_async(reader: Reader[T], source: ResultSource) -> T:
             else:
                 done, value = _step(reader, reply)
     finally:
-        ranges.close()
+        await ranges.close()
     result: T = value
     return result
 
@@ -409,7 +409,7 @@ class TaskScan:
             return await self._source.read_async(request.start, request.end)
         segments = self._window.plan(request.start, request.end) if self._window is not None else None
         if segments is None or self._window is None:
-            self.close()
+            await self.close()
             reply = await self._source.read_async(request.start, request.end)
             self._window = ReadAhead(
                 self._start, start=request.start, first=reply, done=_done_async, until=request.until
@@ -420,19 +420,16 @@ class TaskScan:
     def _start(self, start: int, end: int) -> "asyncio.Future[RangeReply]":
         return asyncio.ensure_future(self._source.read_async(start, end))
 
-    def close(self) -> None:
-        """Cancel the reads ahead that are no longer needed (the scan stopped, or failed)."""
+    async def close(self) -> None:
+        """Cancel the reads ahead that are no longer needed (the scan stopped, or failed), and wait until they end."""
         if self._window is not None:
-            for task in self._window.pending():
-                task.cancel()
-                # A read that failed before it was cancelled must not warn "exception was never retrieved".
-                task.add_done_callback(_retrieve)
+            pending = list(self._window.pending())
             self._window = None
-
-
-def _retrieve(task: "asyncio.Future[RangeReply]") -> None:
-    if not task.cancelled():
-        task.exception()
+            for task in pending:
+                task.cancel()
+            # Awaited, not left to run down: a task still cancelling when its loop closes is destroyed mid-request
+            # (aiobotocore then fails to reset its context). A read that failed before it was cancelled is dropped here.
+            await asyncio.gather(*pending, return_exceptions=True)
 
 
 def _done(reply: RangeReply) -> "Future[RangeReply]":
