@@ -190,7 +190,7 @@ def _haystack(size: int, needles: dict[int, str]) -> str:
 
 
 def _range_edges() -> list[int]:
-    """Where the ranges a search reads from offset 0 end: 1 MiB alone, then 2, 4, 8, 8... MiB."""
+    """Where the ranges a search reads from offset 0 end: 1 MiB alone, then 2, 4, 8, 16, 16... MiB."""
     edges, size, position = [MiB], FIRST_AHEAD_BYTES, MiB
     while position < 40 * MiB:
         position += size
@@ -213,7 +213,7 @@ def _expected_ranges(total: int, *, until: int | None = None) -> list[tuple[int,
 # Needles cut by the ranges' edges, each at a different byte (inside "日", between characters, inside "⚑").
 EDGES = _range_edges()[:5]
 STRADDLING = {edge - 1 - index: NEEDLE for index, edge in enumerate(EDGES)}
-BIG = _haystack(30 * MiB, STRADDLING)
+BIG = _haystack(40 * MiB, STRADDLING)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

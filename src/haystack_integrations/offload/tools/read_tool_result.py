@@ -57,7 +57,7 @@ class ReadToolResult(ReadBackTool):
       `page_chars` bytes), never the whole result, and a multi-byte character is never split (see `tools.paging`);
     - **a search** (`search`, optionally a regular expression): the matches with a little context and their offsets,
       matched in 1 MiB chunks and stopped at the match bound, so a 200 MB result is never held in memory whole. The
-      first MiB is read alone; past it, ranges of up to 8 MiB are read ahead, up to 4 at once (about 32 MiB held);
+      first MiB is read alone; past it, ranges of up to 16 MiB are read ahead, up to 3 at once (about 48 MiB held);
     - **an image** as image content a vision model can see (PNG, JPEG, GIF, WebP up to `max_image_bytes`); other
       binary results are described (kind, size, a hex preview) and bytes that are UTF-8 text are paged as text.
 

@@ -8,8 +8,10 @@ them; the search's own chunking, and so every offset it reports, does not change
 
 - The first chunk is read alone, exactly as asked: a needle on the first MiB costs one request, and its reply tells
   the result's size, so nothing is ever asked past the end.
-- From the second chunk on (the scan goes on), ranges of 2, 4, then `MAX_RANGE_BYTES` (8 MiB) are fetched, at most
-  `MAX_IN_FLIGHT` (4) held at once, fetched or not: memory stays under about 4 x 8 MiB whatever the result's size.
+- From the second chunk on (the scan goes on), ranges of 2, 4, 8, then `MAX_RANGE_BYTES` (16 MiB) are fetched, at
+  most `MAX_IN_FLIGHT` (3) held at once, fetched or not: memory stays under about 3 x 16 MiB whatever the result's
+  size. Fewer, larger ranges beat more in flight where each request costs the server a pass over the object (moto);
+  see benchmarks/README.md.
 - Nothing is read past the reader's bound (``until``: where its scan limit stops it); when the reader stops (a match
   bound, an error), the ranges not yet needed are cancelled: at most those already in flight are wasted.
 - A range that fails is reported only if the scan needs its bytes.
@@ -24,8 +26,8 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 # The largest range read ahead, and how many ranges may be held at once (in flight or waiting to be consumed).
-MAX_RANGE_BYTES = 8 << 20
-MAX_IN_FLIGHT = 4
+MAX_RANGE_BYTES = 16 << 20
+MAX_IN_FLIGHT = 3
 # The first range read ahead (the chunk before it was read alone); each next one is twice as large, up to the maximum.
 FIRST_AHEAD_BYTES = 2 << 20
 
