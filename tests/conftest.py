@@ -70,7 +70,12 @@ def _cached_s3_filesystems() -> list[Any]:
 
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator["LocalS3Server"]:
-    """One moto S3 server for the whole session; tests keep apart by using fresh prefixes."""
+    """
+    One moto S3 server for the whole session; tests keep apart by using fresh prefixes.
+
+    Under pytest-xdist each worker process is a session of its own, so each starts its own server, on a free port
+    (``LocalS3Server()`` binds port 0), with moto's state in its own process: workers share no port and no object.
+    """
     # Imported here so a run that never touches S3 does not import moto (about a second).
     from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 

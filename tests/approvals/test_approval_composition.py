@@ -231,6 +231,7 @@ def test_the_tool_sees_a_stable_idempotency_key(session: FsspecToolResultStore, 
     assert current_idempotency_key() is None
 
 
+@pytest.mark.slow
 def test_a_call_whose_worker_stopped_mid_call_is_held_as_may_have_run(
     session: FsspecToolResultStore, ledger: Path
 ) -> None:
@@ -310,6 +311,7 @@ def test_a_recorded_result_is_reused_by_a_takeover_never_run_again(
     ]
 
 
+@pytest.mark.slow
 async def test_a_long_call_keeps_its_lease(session: FsspecToolResultStore, ledger: Path) -> None:
     invoice_hook, _ = approvals()
     agent = agent_with([invoice_hook], invoice=slow_invoice)
@@ -356,6 +358,7 @@ def test_the_runs_state_survives_the_stop(session: FsspecToolResultStore, ledger
 
 # memory:// lives in one process: a killed worker's storage must be one another process sees.
 @pytest.mark.parametrize("backend", ["local", pytest.param("s3", marks=pytest.mark.s3)], indirect=True)
+@pytest.mark.slow
 def test_a_worker_process_killed_mid_call_leaves_a_may_have_run_request(
     backend: Any, ledger: Path, tmp_path: Path
 ) -> None:

@@ -535,6 +535,7 @@ def test_resumed_results_go_through_the_agents_after_tool_hooks(ledger: Path, se
 
 
 @pytest.mark.s3
+@pytest.mark.slow
 async def test_a_resumed_result_written_behind_is_stored_when_resume_returns(
     ledger: Path, s3_server: LocalS3Server
 ) -> None:

@@ -125,6 +125,7 @@ async def test_a_worker_killed_while_resuming_leaves_a_step_that_is_resumed_not_
     assert reply.status == "completed"
 
 
+@pytest.mark.slow
 async def test_an_approved_call_that_outlives_the_turn_lease_still_reaches_the_conversation(
     store: FsspecToolResultStore, ledger: Path
 ) -> None:
@@ -145,6 +146,7 @@ async def test_an_approved_call_that_outlives_the_turn_lease_still_reaches_the_c
     assert len(ran(ledger)) == 1
 
 
+@pytest.mark.slow
 async def test_a_long_turn_keeps_its_lease_and_its_result(store: FsspecToolResultStore, ledger: Path) -> None:
     session = store.for_session("acme", "chat-long")
     service = ChatService(agent_with([], invoice=slow_invoice), turn_lease=1.0)

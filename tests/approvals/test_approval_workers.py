@@ -93,6 +93,7 @@ def _held(store: FsspecToolResultStore, customer: str) -> list[Any]:
 
 
 @pytest.mark.s3
+@pytest.mark.slow
 def test_two_workers_racing_to_resume_run_the_call_exactly_once(
     s3_server: Any, workers: list[Worker], ledger: Path
 ) -> None:
@@ -143,6 +144,7 @@ def shared_root(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, di
     return f"{server.bucket_url}/{uuid.uuid4().hex}", server.storage_options()
 
 
+@pytest.mark.slow
 def test_full_flow_request_stop_decide_elsewhere_resume_answer(
     shared_root: tuple[str, dict[str, Any]], ledger: Path
 ) -> None:

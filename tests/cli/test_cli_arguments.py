@@ -185,6 +185,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out == f"offload-haystack {version('offload-haystack')}\n"
 
 
+@pytest.mark.slow
 def test_bad_arguments_in_a_real_process_print_one_line(tmp_path: Path) -> None:
     (tmp_path / "store").mkdir()
     for arguments in (

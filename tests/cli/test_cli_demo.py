@@ -22,6 +22,7 @@ from haystack_integrations.offload.demo import SessionOutcome, runner, session_m
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 
 
+@pytest.mark.slow
 def test_demo_with_no_arguments_as_a_real_process(tmp_path: Path) -> None:
     completed = subprocess.run(
         [sys.executable, "-m", "haystack_integrations.offload.cli", "demo"],
@@ -74,6 +75,7 @@ def test_demo_prints_a_table_per_tenant(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 @pytest.mark.s3
+@pytest.mark.slow
 def test_demo_against_s3(s3_server: LocalS3Server, capsys: pytest.CaptureFixture[str]) -> None:
     url = f"{s3_server.bucket_url}/demo"
     options = json.dumps(s3_server.storage_options())
@@ -122,6 +124,7 @@ def test_demo_bad_input_fails_clearly(
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_demo_with_more_sessions_than_topics_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Topics and customers repeat every six sessions, and chat-...-1 is a prefix of chat-...-12: neither is a leak.
     code = main(["demo", "--store", str(tmp_path / "r"), "--sessions", "12", "--json"])

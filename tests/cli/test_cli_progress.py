@@ -107,6 +107,7 @@ def test_a_long_listing_shows_a_progress_line_on_a_terminal(
     assert last.startswith("listed ") and " object(s) of " in last and last.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_no_progress_on_a_terminal_with_json_or_no_progress(
     filled: FilledStore, capsys: pytest.CaptureFixture[str], terminal: None, long_listing: LongListing
 ) -> None:

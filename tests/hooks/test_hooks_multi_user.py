@@ -41,6 +41,7 @@ def _originals(label: str) -> set[str]:
 
 
 @pytest.mark.parametrize("write_behind", [False, True], ids=["write-through", "write-behind"])
+@pytest.mark.slow
 async def test_twenty_sessions_over_five_tenants_on_one_agent(s3_server: LocalS3Server, write_behind: bool) -> None:
     root = FsspecToolResultStore(
         f"{s3_server.bucket_url}/{uuid.uuid4().hex}", storage_options=s3_server.storage_options()

@@ -44,6 +44,7 @@ _SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_enforcement_holds_across_reset_and_is_handed_back_on_stop() -> None:
     result = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

@@ -24,7 +24,7 @@ from haystack_integrations.offload import FsspecToolResultStore, StoragePermissi
 if TYPE_CHECKING:
     from conftest import IamServer  # tests/infra/conftest.py
 
-pytestmark = pytest.mark.s3
+pytestmark = [pytest.mark.s3, pytest.mark.slow]
 
 PREFIX = "prod"
 # Sibling ids on purpose: a policy whose resource lacked the trailing "/" would let "acme" into "acme-labs/".

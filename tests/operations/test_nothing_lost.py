@@ -50,6 +50,7 @@ FAILING = [Fault.INTERNAL_ERROR, Fault.SLOW_DOWN, Fault.RESET, Fault.RESET_AFTER
     ],
     ids=["with-retries", "without-retries"],
 )
+@pytest.mark.slow
 async def test_concurrent_sessions_lose_nothing_with_ten_percent_of_requests_failing(
     retry: RetryPolicy, sessions_per_tenant: int, s3_server: LocalS3Server, fault_proxy: FaultProxy
 ) -> None:

@@ -227,6 +227,7 @@ async def test_a_competitor_that_won_meanwhile_still_wins(
     assert await claims.get_async("call_1.json") == b"worker-b"
 
 
+@pytest.mark.slow
 async def test_without_a_policy_the_backend_keeps_its_own_retries(
     s3_server: LocalS3Server, fault_proxy: FaultProxy, s3_requests: RequestLog
 ) -> None:

@@ -130,6 +130,7 @@ def _end(store: FsspecToolResultStore, turn: int) -> dict[str, object]:
     return dict(json.loads(documents.get(f"turn.{turn:08d}.end.json")))
 
 
+@pytest.mark.slow
 async def test_stored_history_grows_with_the_conversation_not_its_square(store: FsspecToolResultStore) -> None:
     history = _history(store)
     await _run_turns(history, 1, 30, chars=1000)

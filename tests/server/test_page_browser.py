@@ -34,6 +34,8 @@ from server_tenants import ACME_TOKEN, GLOBEX_TOKEN, TOKENS
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, BrowserContext, ConsoleMessage, Page
 
+pytestmark = pytest.mark.slow  # a server process and Chromium
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",

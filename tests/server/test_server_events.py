@@ -225,6 +225,7 @@ def test_a_failed_run_ends_the_stream_with_an_error_event() -> None:
     )
 
 
+@pytest.mark.slow
 def test_a_client_that_leaves_does_not_end_the_turn(tmp_path: Path) -> None:
     environment = {"OFFLOAD_SERVER_SCRIPTED_TOOL_DELAY": "1.5"}
     log = tmp_path / "server.log"

@@ -131,6 +131,7 @@ def _serve(base_url: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize("answer", ["refused key", "unreachable"])
+@pytest.mark.slow
 def test_serve_stops_before_serving_when_the_check_fails(endpoint: str, tmp_path: Path, answer: str) -> None:
     if answer == "refused key":
         Endpoint.status, Endpoint.body = 401, {"error": "invalid key"}

@@ -20,7 +20,7 @@ from server_tenants import ACME_TOKEN, GLOBEX_TOKEN, TOKENS
 from haystack_integrations.offload import FsspecToolResultStore
 from haystack_integrations.offload.local_s3 import LocalS3Server
 
-pytestmark = pytest.mark.s3
+pytestmark = [pytest.mark.s3, pytest.mark.slow]
 
 RESEARCH = "Research heat pumps, dump the invoices table and chart revenue"
 

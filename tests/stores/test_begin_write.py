@@ -76,6 +76,7 @@ def test_it_needs_a_running_loop(tmp_path: Path) -> None:
 
 
 @pytest.mark.s3
+@pytest.mark.slow
 async def test_every_read_of_a_result_still_uploading_waits_for_it(
     s3_server: LocalS3Server, s3_requests: RequestLog
 ) -> None:

@@ -80,6 +80,7 @@ def test_missing_bucket_is_a_storage_error_on_write_and_list(s3_server: LocalS3S
 
 
 @pytest.mark.s3
+@pytest.mark.slow
 async def test_unreachable_endpoint_is_a_chained_storage_error() -> None:
     options = {
         "endpoint_url": f"http://127.0.0.1:{_free_port()}",

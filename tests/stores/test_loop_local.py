@@ -87,6 +87,7 @@ def test_threads_with_loops_of_their_own_each_get_their_own() -> None:
 
 
 @pytest.mark.s3
+@pytest.mark.slow
 def test_each_run_writes_on_its_own_loop_and_leaves_no_session_open(
     s3_server: LocalS3Server, s3_requests: RequestLog
 ) -> None:
