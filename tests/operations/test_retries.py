@@ -26,12 +26,14 @@ from haystack_integrations.offload.testing.local_s3 import LocalS3Server, Reques
 pytestmark = pytest.mark.s3
 
 # Per kind, injected twice on the next PUT: how many PUTs moto handles before the write succeeds, and the retries the
-# store counts. Resets are resent once by aiohttp below the store, so two resets make one retry here.
+# store counts. Resets are usually resent once by aiohttp below the store, so two resets make one retry here; under
+# load, now and then aiohttp does not resend (seen: a few runs in many, depending on when the proxy's reset lands), and
+# the store retries twice. Both are right; what must hold either way is one PUT handled and one stored result.
 # A withheld answer ends in botocore's read timeout, or, if aiohttp never started that timer, in the attempt timeout.
 WRITE_OUTCOMES = {
     Fault.INTERNAL_ERROR: (1, 2, {"HTTP 500 InternalError"}),
     Fault.SLOW_DOWN: (1, 2, {"HTTP 503 SlowDown"}),
-    Fault.RESET: (1, 1, {"connection failed"}),
+    Fault.RESET: (1, (1, 2), {"connection failed"}),
     Fault.RESET_AFTER: (3, 1, {"connection failed"}),
     Fault.READ_TIMEOUT: (3, 2, {"read timeout", "timeout"}),
 }
@@ -58,9 +60,10 @@ async def test_a_write_survives_each_transient_fault_as_one_result(
     assert [record.reference for record in stored.list()] == [reference]
     assert stored.read(reference) == "the result"
     stats = roots.faulty.retry_stats.as_dict()
-    assert (stats["retries"], stats["recovered"], stats["gave_up"]) == (retries, 1, 0)
+    allowed = retries if isinstance(retries, tuple) else (retries,)
+    assert stats["retries"] in allowed and (stats["recovered"], stats["gave_up"]) == (1, 0)
     assert set(stats["causes"]) <= causes
-    assert sum(stats["causes"].values()) == retries
+    assert sum(stats["causes"].values()) == stats["retries"]
 
 
 @pytest.mark.parametrize("kind", list(WRITE_OUTCOMES))
