@@ -218,7 +218,8 @@ BIG = _haystack(40 * MiB, STRADDLING)
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 async def test_a_search_reads_ahead_in_growing_ranges_and_finds_matches_across_their_edges(mode: str) -> None:
-    ranged, whole = RangedStore(delay=0.002), WholeStore()
+    # Reads slow enough to overlap however busy the machine: the window keeps several in flight.
+    ranged, whole = RangedStore(delay=0.05), WholeStore()
     reference = ranged.write(key="1_fetch_call_1.txt", content=BIG)
     whole.write(key=reference, content=BIG)
     arguments: dict[str, Any] = {"reference": reference, "search": NEEDLE, "max_matches": 50}
