@@ -11,7 +11,9 @@ with another user's token asks before it replaces the stored one.
 
 Then a turn's progress, live: with tools that take a while, the page shows each call as an event line while the turn
 runs (read from the message POST's server-sent events), before the reply, which then replaces the lines (screenshots
-of 390 and 1366 px with the lines showing are copied to /tmp/page-stream-390.png and /tmp/page-stream-1366.png).
+of 390 and 1366 px with the lines showing are copied to /tmp/page-stream-390.png and /tmp/page-stream-1366.png), and
+after an approval the resumed run shows the approved call the same way, before the final answer (screenshots copied
+to /tmp/page-approve-390.png and /tmp/page-approve-1366.png).
 
 Then a newcomer's first hour: the page fits 360 and 390 px phones and a 1366 px desktop (screenshots of 390 and 1366
 are copied to /tmp/page-390.png and /tmp/page-1366.png for review), a login link signs in after a token the server
@@ -730,6 +732,50 @@ def test_a_turns_progress_shows_live_before_the_reply(
         expect(page.get_by_test_id("status")).to_contain_text("Turn 1 completed; 4 result(s) stored.")
         appearances = page.evaluate("window.appearances")
         assert appearances[:3] == ["progress"] * 3 and "assistant" in appearances, appearances
+        assert errors == [] and page.evaluate("window.cspViolations") == [] and _policy_errors(console) == []
+    finally:
+        context.close()
+
+
+APPROVE_REVIEW_COPIES = {390: Path("/tmp/page-approve-390.png"), 1366: Path("/tmp/page-approve-1366.png")}  # noqa: S108
+
+
+@pytest.mark.parametrize(("width", "height"), [(390, 844), (1366, 768)])
+def test_an_approved_calls_progress_shows_live_before_the_final_answer(
+    slow_server: ServerProcess, browser: "Browser", tmp_path: Path, width: int, height: int
+) -> None:
+    from playwright.sync_api import expect
+
+    context = browser.new_context(viewport={"width": width, "height": height})
+    context.add_init_script(APPEARANCES_WATCH)
+    errors: list[str] = []
+    console: list[str] = []
+    try:
+        page = _signed_in(context, errors, console, slow_server.base_url, f"approve-live-{width}")
+        _send(page, INVOICE)
+        expect(page.get_by_test_id("approval")).to_have_count(1)
+        page.evaluate("() => { window.appearances = []; }")  # from the click on: what appears, in order
+        page.get_by_test_id("approve").click()
+        # While the approved call runs (3 s): one line for it, running, with its arguments; no final answer yet.
+        lines = page.get_by_test_id("progress-event")
+        expect(lines).to_have_count(1)
+        expect(lines).to_contain_text("send_invoice(customer=Initech, amount=250) running…")
+        expect(lines).to_be_visible()
+        expect(page.get_by_test_id("transcript")).not_to_contain_text("sent to Initech")
+        expect(page.get_by_test_id("status")).to_contain_text("The agent is working on turn 2")
+        expect(page.get_by_test_id("approve")).to_be_disabled()
+        assert page.evaluate("() => document.scrollingElement.scrollWidth <= window.innerWidth")
+        screenshot = tmp_path / f"page-approve-{width}.png"
+        page.screenshot(path=screenshot)
+        shutil.copy(screenshot, APPROVE_REVIEW_COPIES[width])
+
+        # The call returns and the model answers: the stored conversation replaces the line, which came first.
+        expect(page.get_by_test_id("transcript")).to_contain_text("sent to Initech for 250 EUR")
+        expect(lines).to_have_count(0)
+        expect(page.get_by_test_id("approval")).to_have_count(0)
+        expect(page.get_by_test_id("status")).to_contain_text("Turn 2 completed.")
+        appearances = page.evaluate("window.appearances")
+        assert appearances[0] == "progress" and "assistant" in appearances, appearances
         assert errors == [] and page.evaluate("window.cspViolations") == [] and _policy_errors(console) == []
     finally:
         context.close()

@@ -1,5 +1,6 @@
 """
-A turn's progress as server-sent events: the message POST with ``Accept: text/event-stream``.
+A turn's progress as server-sent events: the message POST, and a decision that resumes a held step, with
+``Accept: text/event-stream``.
 
 The events come from real scripted runs (the shared Agent, Haystack's streaming callback, the progress hooks); the
 stream is scoped like the request (a tenant sees its own run only); refusals before the turn are the usual JSON
@@ -33,8 +34,12 @@ STREAM = {"Accept": "text/event-stream"}
 
 def read_events(client: TestClient | httpx.Client, session: str, text: str, token: str) -> list[tuple[str, Any]]:
     """Send `text` asking for a stream; return its events as (kind, data), in order."""
-    headers = {**bearer(token), **STREAM}
-    with client.stream("POST", f"/api/sessions/{session}/messages", json={"text": text}, headers=headers) as response:
+    return post_events(client, f"/api/sessions/{session}/messages", {"text": text}, token)
+
+
+def post_events(client: TestClient | httpx.Client, url: str, body: dict[str, Any], token: str) -> list[tuple[str, Any]]:
+    """POST `body` to `url` asking for a stream; return its events as (kind, data), in order."""
+    with client.stream("POST", url, json=body, headers={**bearer(token), **STREAM}) as response:
         assert response.status_code == 200, response.read()
         assert response.headers["content-type"].startswith("text/event-stream")
         return parse(response.iter_lines())
@@ -269,3 +274,161 @@ def test_event_summaries_stay_short() -> None:
     assert len(long) <= 120 and long.startswith("query=xxx") and "…" in long
     assert summarize_arguments({"customer": "Initech", "amount": 250}) == "customer=Initech, amount=250"
     assert result_size("héllo") == 6
+
+
+# A decision that resumes a held step streams the resumed run as a message streams its turn.
+
+
+def hold(client: TestClient, session: str, token: str = ACME_TOKEN, text: str = INVOICE) -> str:
+    """Ask for an invoice with a plain JSON POST; return the id of the approval request the turn stopped for."""
+    held = client.post(f"/api/sessions/{session}/messages", json={"text": text}, headers=bearer(token)).json()
+    assert held["status"] == "approval_required", held
+    [request] = held["pending"]
+    return str(request["request_id"])
+
+
+def decision_url(session: str, request_id: str) -> str:
+    return f"/api/sessions/{session}/approvals/{request_id}"
+
+
+@pytest.fixture
+def small_offload_client() -> Iterator[TestClient]:
+    """The app offloading every result over 20 characters, so the invoice confirmation is stored too."""
+    settings = ServerSettings(store=f"memory://events-{uuid.uuid4().hex}", tokens=TOKENS, offload_over_chars=20)
+    with TestClient(create_app(settings)) as test_client:
+        yield test_client
+
+
+def test_an_approval_streams_the_resumed_run_in_order(small_offload_client: TestClient) -> None:
+    client = small_offload_client
+    request_id = hold(client, "approved")
+    events = post_events(client, decision_url("approved", request_id), {"approved": True}, ACME_TOKEN)
+    # The resume turn is claimed, the approved call runs, returns and is stored, the model answers: in that order.
+    assert [kind for kind, _ in events] == ["turn", "tool_call", "tool_result", "offloaded", "reply", "done"]
+    (_, turn), (_, call), (_, result), (_, stored), _, (_, done) = events
+    assert turn == {"turn": 2}
+    assert call["tool_name"] == "send_invoice" and call["arguments"] == "customer=Initech, amount=250"
+    assert result == {"tool_call_id": call["tool_call_id"], "tool_name": "send_invoice", "error": False, "size": 49}
+    assert stored["tool_call_id"] == call["tool_call_id"] and stored["size"] == result["size"]
+    # done is the JSON a plain decision answers with: the decision, and the resumed turn that stored the result.
+    assert done["decision"]["request_id"] == request_id and done["decision"]["approved"] is True
+    assert done["pending"] == [] and done["resumed_elsewhere"] is False
+    assert done["resumed"]["turn"] == 2 and done["resumed"]["status"] == "completed"
+    assert done["resumed"]["new_results"] == stored["references"]
+    assert [item["outcome"] for item in done["resumed"]["approval_outcomes"]] == ["executed"]
+    [reference] = stored["references"]
+    text = client.get(f"/api/sessions/approved/results/{reference}", headers=bearer(ACME_TOKEN)).text
+    assert "sent to Initech for 250 EUR" in text
+    transcript = client.get("/api/sessions/approved/messages", headers=bearer(ACME_TOKEN)).json()
+    assert transcript["turns"] == 2 and transcript["status"] == "completed"
+    assert transcript["messages"][-1]["text"] == done["resumed"]["reply"]
+    # A plain decision answers the same JSON (same keys, same shape), not a stream.
+    other = hold(client, "approved-plain")
+    plain = client.post(decision_url("approved-plain", other), json={"approved": True}, headers=bearer(ACME_TOKEN))
+    assert plain.headers["content-type"] == "application/json"
+    assert plain.json().keys() == done.keys() and plain.json()["resumed"].keys() == done["resumed"].keys()
+
+
+def test_an_edited_approval_streams_the_call_as_it_runs(client: TestClient) -> None:
+    request_id = hold(client, "edited")
+    edit = {"approved": True, "arguments": {"customer": "Initech", "amount": 50}}
+    events = post_events(client, decision_url("edited", request_id), edit, ACME_TOKEN)
+    # A short result is not offloaded: no offloaded event, the rest as for any approval.
+    assert [kind for kind, _ in events] == ["turn", "tool_call", "tool_result", "reply", "done"]
+    assert events[1][1]["arguments"] == "customer=Initech, amount=50"
+    done = events[-1][1]
+    assert done["decision"]["edited"] is True and "sent to Initech for 50 EUR" in done["resumed"]["reply"]
+
+
+def test_a_denial_streams_and_ends_with_done(client: TestClient) -> None:
+    request_id = hold(client, "denied")
+    events = post_events(client, decision_url("denied", request_id), {"approved": False, "reason": "No."}, ACME_TOKEN)
+    # The denied call never runs (no tool_call, no tool_result); the model is told, and answers.
+    assert [kind for kind, _ in events] == ["turn", "reply", "done"]
+    done = events[-1][1]
+    assert done["decision"]["approved"] is False
+    assert done["resumed"]["status"] == "completed" and "did not run" in done["resumed"]["reply"]
+    assert [item["outcome"] for item in done["resumed"]["approval_outcomes"]] == ["denied"]
+    events_after = client.get("/api/sessions/denied/audit", headers=bearer(ACME_TOKEN)).json()["events"]
+    assert [event["event"] for event in events_after][-1] == "approval.denied"
+
+
+def test_decision_refusals_before_the_resume_are_plain_json_answers(client: TestClient) -> None:
+    request_id = hold(client, "refused")
+    url = decision_url("refused", request_id)
+    stream = {**bearer(ACME_TOKEN), **STREAM}
+    # Another tenant's decision on acme's request, in a session of the same id: 404, exactly like an unknown request.
+    stolen = client.post(url, json={"approved": True}, headers={**bearer(GLOBEX_TOKEN), **STREAM})
+    unknown = client.post(decision_url("refused", "not-a-request"), json={"approved": True}, headers=stream)
+    assert stolen.status_code == unknown.status_code == 404
+    assert stolen.headers["content-type"] == unknown.headers["content-type"] == "application/json"
+    assert stolen.json() == unknown.json()
+    assert client.get("/api/sessions/refused/audit", headers=bearer(GLOBEX_TOKEN)).json()["events"] == []
+    no_token = client.post(url, json={"approved": True}, headers={**bearer("not-a-token-0123456789"), **STREAM})
+    assert no_token.status_code == 401 and no_token.headers["content-type"] == "application/json"
+    bad_edit = client.post(
+        url, json={"approved": True, "arguments": {"customer": "Initech", "amount": -5}}, headers=stream
+    )
+    assert bad_edit.status_code == 422 and bad_edit.json()["error"] == "invalid_decision"
+    malformed = client.post(url, json={"approved": "maybe"}, headers=stream)
+    assert malformed.status_code == 422 and malformed.headers["content-type"] == "application/json"
+    huge = client.post(url, content=b"x" * (2 << 20), headers=stream)
+    assert huge.status_code == 413 and huge.json()["error"] == "body_too_large"
+    # None of that decided anything: acme's request still waits, and its decision streams.
+    pending = client.get("/api/sessions/refused/approvals", headers=bearer(ACME_TOKEN)).json()["pending"]
+    assert [item["request_id"] for item in pending] == [request_id]
+    assert post_events(client, url, {"approved": True}, ACME_TOKEN)[-1][0] == "done"
+    again = client.post(url, json={"approved": True}, headers=stream)
+    assert again.status_code == 409 and again.json()["error"] == "already_decided"
+
+
+def test_a_tenant_sees_only_its_own_resumed_run(client: TestClient) -> None:
+    # Both tenants hold an invoice in a session of the same id; each decision streams its own tenant's call only.
+    requests = {
+        "acme": hold(client, "shared"),
+        "globex": hold(client, "shared", GLOBEX_TOKEN, "Send an invoice to Globex for 9 EUR"),
+    }
+    acme = post_events(client, decision_url("shared", requests["acme"]), {"approved": True}, ACME_TOKEN)
+    globex = post_events(client, decision_url("shared", requests["globex"]), {"approved": True}, GLOBEX_TOKEN)
+    assert "Initech" in json.dumps(acme) and "Globex" not in json.dumps(acme)
+    assert "Globex" in json.dumps(globex) and "Initech" not in json.dumps(globex)
+
+
+def test_json_decisions_run_as_before_and_watched_ones_get_the_callback(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent = client.app.state.service.agent  # type: ignore[attr-defined]
+    seen: list[dict[str, Any]] = []
+    original = agent.run_async
+
+    async def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs)
+        return await original(*args, **kwargs)
+
+    plain = hold(client, "plain-decision")
+    monkeypatch.setattr(agent, "run_async", spy)
+    answer = client.post(decision_url("plain-decision", plain), json={"approved": True}, headers=bearer(ACME_TOKEN))
+    assert answer.status_code == 200 and answer.headers["content-type"] == "application/json"
+    [continued] = seen
+    assert continued.get("streaming_callback") is None and "offload.progress" not in continued["hook_context"]
+    monkeypatch.setattr(agent, "run_async", original)
+    watched = hold(client, "watched-decision")
+    monkeypatch.setattr(agent, "run_async", spy)
+    post_events(client, decision_url("watched-decision", watched), {"approved": True}, ACME_TOKEN)
+    assert seen[-1]["streaming_callback"] is not None
+    assert isinstance(seen[-1]["hook_context"]["offload.progress"], TurnProgress)
+
+
+def test_a_client_that_leaves_a_decision_does_not_end_the_resumed_run(slow_client: TestClient) -> None:
+    request_id = hold(slow_client, "left-decision")
+    url = decision_url("left-decision", request_id)
+    with slow_client.stream("POST", url, json={"approved": True}, headers={**bearer(ACME_TOKEN), **STREAM}) as response:
+        lines = response.iter_lines()
+        assert next(lines) == "event: turn"  # the resume turn is claimed; the client goes away while the call runs
+    deadline = time.monotonic() + 30
+    while True:
+        stored = slow_client.get("/api/sessions/left-decision/messages", headers=bearer(ACME_TOKEN)).json()
+        if stored["status"] == "completed" or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert stored["status"] == "completed" and "sent to Initech" in stored["messages"][-1]["text"]

@@ -20,7 +20,11 @@ from haystack.tools.tool import Tool
 
 from haystack_integrations.offload.demo.tools import APPROVAL_TOOL_NAMES, DEMO_TOOLS
 from haystack_integrations.offload.hooks import ApprovalHook, OffloadCompactionHook, OffloadHook
-from haystack_integrations.offload.server.progress import OffloadProgressHook, ToolCallProgressHook
+from haystack_integrations.offload.server.progress import (
+    OffloadProgressHook,
+    ToolCallProgressHook,
+    ToolResultProgressHook,
+)
 from haystack_integrations.offload.tools import list_tool_results, read_tool_result
 
 DEFAULT_OFFLOAD_OVER_CHARS = 4000
@@ -65,8 +69,9 @@ def build_agent(
         chat_generator=chat_generator,
         tools=[*(_slowed(tool, tool_delay) for tool in DEMO_TOOLS), read_tool_result, list_tool_results],
         hooks={
-            # The progress hooks come after the hooks whose work they report: offloaded results, approved calls.
-            "after_tool": [offload, OffloadProgressHook()],
+            # The progress hooks come after the hooks whose work they report (offloaded results, approved calls), but
+            # results the streaming callback did not see (calls `resume` ran) are told before they are offloaded.
+            "after_tool": [ToolResultProgressHook(), offload, OffloadProgressHook()],
             "before_llm": [OffloadCompactionHook(context_window=context_window)],
             "before_tool": [ApprovalHook({APPROVAL_TOOL_NAMES: AlwaysAskPolicy()}), ToolCallProgressHook()],
             "after_run": [offload],

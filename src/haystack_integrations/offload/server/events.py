@@ -1,5 +1,6 @@
 """
-A turn answered as server-sent events: the message POST's reply when its client sends ``Accept: text/event-stream``.
+A turn answered as server-sent events: the reply of the message POST, and of a decision that resumes a held step
+(``POST .../approvals/{request_id}``), when its client sends ``Accept: text/event-stream`` (`routes.answer_turn`).
 
 Why the POST itself streams, rather than a separate ``GET .../events`` a client subscribes to: workers share nothing
 but the store, so a subscription on one worker would never see a turn another worker runs, unless every event went

@@ -7,6 +7,8 @@ fed from three places, all inside the real run::
     Haystack's streaming_callback      "reply"         the model writes its answer (once per model call)
     (TurnProgress.on_chunk)            "tool_result"   a tool returned: name, error flag, size
     ToolCallProgressHook, before_tool  "tool_call"     calls about to run (after approval hooks: edited as they run)
+    ToolResultProgressHook, after_tool "tool_result"   results of announced calls the callback did not see (a call
+                                                       `resume` ran after its approval), before they are offloaded
     OffloadProgressHook, after_tool    "offloaded"     results written to the session's store: references, size
     the service                        "turn", "approval_requested"
 
@@ -27,7 +29,7 @@ from typing import Any
 
 from haystack.components.agents.state.state import State
 from haystack.core.serialization import default_from_dict, default_to_dict
-from haystack.dataclasses import ChatMessage, ChatRole, StreamingChunk
+from haystack.dataclasses import ChatMessage, ChatRole, StreamingChunk, ToolCall, ToolCallResult
 
 from haystack_integrations.offload.hooks.pointers import OFFLOADED_META_KEY
 
@@ -84,6 +86,7 @@ class TurnProgress:
         """Set when the turn was claimed: errors before it are the request's (409, 422), after it the stream's."""
         self._replying = False
         self._sizes: dict[str, int] = {}
+        self._running: set[str] = set()
 
     # Publishing (from the run)
 
@@ -116,21 +119,51 @@ class TurnProgress:
         """
         result = chunk.tool_call_result
         if result is not None:
-            size = result_size(result.result)
-            self._sizes[result.origin.id or ""] = size
-            self.publish(
-                "tool_result",
-                tool_call_id=result.origin.id,
-                tool_name=result.origin.tool_name,
-                error=bool(result.error),
-                size=size,
-            )
+            self.tool_result(result)
             return
         if chunk.content and not self._replying:
             self._replying = True
             self.publish("reply")
         if chunk.finish_reason is not None:
             self._replying = False  # the next model call's text is a new reply
+
+    def tool_call(self, call: ToolCall) -> None:
+        """
+        Announce a call about to run.
+
+        :param call: The call, with the arguments it runs with.
+        """
+        self._running.add(call.id or "")
+        self.publish(
+            "tool_call", tool_call_id=call.id, tool_name=call.tool_name, arguments=summarize_arguments(call.arguments)
+        )
+
+    def tool_result(self, result: ToolCallResult) -> None:
+        """
+        Announce a tool's result (its size is kept for the ``offloaded`` event).
+
+        :param result: The result, as the tool returned it (before any offload).
+        """
+        call_id = result.origin.id or ""
+        self._running.discard(call_id)
+        size = result_size(result.result)
+        self._sizes[call_id] = size
+        self.publish(
+            "tool_result",
+            tool_call_id=result.origin.id,
+            tool_name=result.origin.tool_name,
+            error=bool(result.error),
+            size=size,
+        )
+
+    def unreported(self, tool_call_id: str | None) -> bool:
+        """
+        Whether a call was announced (``tool_call``) and its result not yet (``tool_result``).
+
+        :param tool_call_id: The call's id.
+        :returns: True while the call's result is still to be told.
+        """
+        return (tool_call_id or "") in self._running
 
     def size_of(self, tool_call_id: str | None) -> int | None:
         """
@@ -212,12 +245,7 @@ class ToolCallProgressHook:
         }  # denied calls already have their error result
         for call in calling.tool_calls:
             if call.id is None or call.id not in answered:
-                progress.publish(
-                    "tool_call",
-                    tool_call_id=call.id,
-                    tool_name=call.tool_name,
-                    arguments=summarize_arguments(call.arguments),
-                )
+                progress.tool_call(call)
 
     async def run_async(self, state: State) -> None:
         """Announce this step's calls that will run (no I/O: the same as `run`)."""
@@ -229,6 +257,49 @@ class ToolCallProgressHook:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ToolCallProgressHook":
+        """Deserialize the hook."""
+        return default_from_dict(cls, data)
+
+
+class ToolResultProgressHook:
+    """
+    An ``after_tool`` hook that announces this step's results the streaming callback did not, to the run's
+    `TurnProgress`.
+
+    The Agent's tool invoker tells the callback each result as it returns, so in a plain run this finds nothing left to
+    announce. A call approved after a stop runs in `resume_async` (the held step is finished outside the Agent's run,
+    then the run continues), which has no callback to tell: this hook tells its result, once, with its size before any
+    offload. Only announced calls (``tool_call``) are told, so denied calls stay silent as in a plain run. Register it
+    before the offload hook. Stateless: one instance serves every run.
+    """
+
+    allowed_hook_points = ("after_tool",)
+
+    def run(self, state: State) -> None:
+        """
+        Announce the step's results not yet told.
+
+        :param state: The Agent's live `State`.
+        """
+        progress = run_progress(state)
+        if progress is None:
+            return
+        messages: list[ChatMessage] = state.data.get("messages") or []
+        for message in _step_results(messages):
+            result = message.tool_call_result
+            if result is not None and progress.unreported(result.origin.id):
+                progress.tool_result(result)
+
+    async def run_async(self, state: State) -> None:
+        """Announce the step's results not yet told (no I/O: the same as `run`)."""
+        self.run(state)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize the hook (it has no settings)."""
+        return default_to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ToolResultProgressHook":
         """Deserialize the hook."""
         return default_from_dict(cls, data)
 

@@ -9,7 +9,8 @@ like one that does not exist (same status, same body). ``GET /api/sessions`` get
 """
 
 import json
-from typing import Annotated, Any
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -176,6 +177,38 @@ def tenant_store(request: Request, who: Annotated[Caller, Depends(caller)]) -> F
         raise HttpError(400, "invalid_id", str(error)) from error
 
 
+T = TypeVar("T")
+
+
+async def answer_turn(
+    request: Request,
+    run: Callable[[TurnProgress | None], Coroutine[Any, Any, T]],
+    view: Callable[[T], dict[str, Any]],
+) -> dict[str, Any] | StreamingResponse:
+    """
+    Answer a request that runs a turn: its JSON, or, with ``Accept: text/event-stream``, its progress as it happens.
+
+    The one way the message POST and a decision (which may resume the conversation) answer. Streamed, the work runs in
+    a task of its own (`RunningTurns`: a client that leaves does not end it) with a `TurnProgress`; the request waits
+    until the turn is claimed, so what fails before that (a busy session, a pending approval, an unknown or decided
+    request) is the usual JSON answer with its status, and what follows is the stream, ending with ``done`` (`view`
+    of the outcome, the same JSON as without a stream) or ``error``. Work that ends without claiming a turn (a
+    decision that leaves others pending) streams ``done`` alone.
+
+    :param request: The request (its ``Accept`` header, and the app's running turns).
+    :param run: Does the work, given the publisher, or None for a JSON client (its run is exactly as without one).
+    :param view: The JSON answer, from the work's outcome.
+    :returns: The JSON answer, or the event stream.
+    """
+    if not wants_event_stream(request.headers.get("accept")):
+        return view(await run(None))
+    progress = TurnProgress()
+    running: RunningTurns = request.app.state.turns
+    turn = running.start(run(progress))
+    await until_started(turn, progress)
+    return StreamingResponse(turn_events(turn, progress, view), media_type=EVENT_STREAM, headers=EVENT_STREAM_HEADERS)
+
+
 Service = Annotated[ChatService, Depends(_service)]
 Who = Annotated[Caller, Depends(caller)]
 Store = Annotated[FsspecToolResultStore, Depends(session_store)]
@@ -234,16 +267,10 @@ async def send_message(
     (tool calls, results and offloads, approval requests, the model replying), then ``done`` with the same JSON as
     without a stream, or ``error``. Refusals before the turn starts are the usual JSON answers.
     """
-    if not wants_event_stream(request.headers.get("accept")):
-        return turn_view(session, await service.send_message(store, message.text, actor=who.actor))
-    progress = TurnProgress()
-    running: RunningTurns = request.app.state.turns
-    turn = running.start(service.send_message(store, message.text, actor=who.actor, progress=progress))
-    await until_started(turn, progress)
-    return StreamingResponse(
-        turn_events(turn, progress, lambda outcome: turn_view(session, outcome)),
-        media_type=EVENT_STREAM,
-        headers=EVENT_STREAM_HEADERS,
+    return await answer_turn(
+        request,
+        lambda progress: service.send_message(store, message.text, actor=who.actor, progress=progress),
+        lambda outcome: turn_view(session, outcome),
     )
 
 
@@ -259,20 +286,35 @@ async def list_approvals(session: str, store: Store, service: Service) -> dict[s
     return {"session": session, "pending": [approval_view(request) for request in await service.pending(store)]}
 
 
-@router.post("/sessions/{session}/approvals/{request_id}")
+@router.post(
+    "/sessions/{session}/approvals/{request_id}",
+    response_model=None,
+    responses={200: {"content": {"application/json": {}, EVENT_STREAM: {"schema": {"type": "string"}}}}},
+)
 async def decide(
-    session: str, request_id: str, decision: DecisionIn, store: Store, service: Service, who: Who
-) -> dict[str, Any]:
-    """Approve (optionally with edited arguments) or deny a request; the last decision resumes the conversation."""
-    outcome = await service.decide(
-        store,
-        request_id,
-        approved=decision.approved,
-        arguments=decision.arguments,
-        reason=decision.reason,
-        actor=who.actor,
+    request: Request, session: str, request_id: str, decision: DecisionIn, store: Store, service: Service, who: Who
+) -> dict[str, Any] | StreamingResponse:
+    """
+    Approve (optionally with edited arguments) or deny a request; the last decision resumes the conversation.
+
+    With ``Accept: text/event-stream`` the resumed run streams as a message turn does (the approved call, its result
+    and offload, the model replying, new approval requests), then ``done`` with the same JSON as without a stream, or
+    ``error``. Refusals before the resume starts (an unknown, expired or decided request, an invalid edit, a busy
+    session) are the usual JSON answers; a decision that leaves other requests pending streams ``done`` alone.
+    """
+    return await answer_turn(
+        request,
+        lambda progress: service.decide(
+            store,
+            request_id,
+            approved=decision.approved,
+            arguments=decision.arguments,
+            reason=decision.reason,
+            actor=who.actor,
+            progress=progress,
+        ),
+        lambda outcome: decision_outcome_view(session, outcome),
     )
-    return decision_outcome_view(session, outcome)
 
 
 @router.get("/sessions/{session}/audit")

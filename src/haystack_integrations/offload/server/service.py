@@ -17,7 +17,9 @@ claimed, gets the run's events through Haystack's streaming callback and the pro
 the run stopped for. Without one the run is the same, minus the callback.
 
 A decision: `decide_async` (created once); when it was the step's last, a "resume" turn continues the conversation
-with `resume_async` (the approved call runs exactly once, whichever worker decided).
+with `resume_async` (the approved call runs exactly once, whichever worker decided). A client that watches brings a
+`TurnProgress` to the decision too (``decide(..., progress=...)``): the resumed run reports to it as a message turn
+does (the approved call, its result and offload, the model's reply, new approval requests).
 """
 
 import logging
@@ -250,23 +252,22 @@ class ChatService:
         if not conversation and self.system_prompt:
             conversation.append(ChatMessage.from_system(self.system_prompt))
         messages = [*conversation, ChatMessage.from_user(text)]
-        hook_context = self._context(store, actor)
-        if progress is not None:
-            hook_context[PROGRESS_CONTEXT_KEY] = progress
         try:
             async with history.renewing(turn):
                 reply = await self.agent.run_async(
                     messages,
                     # Only a watching client gets a callback: a generator streams (stream=true) only when given one.
                     streaming_callback=progress.on_chunk if progress is not None else None,
-                    hook_context=hook_context,
+                    hook_context=self._context(store, actor, progress),
                 )
         except Exception as error:
             await self._fail(history, turn, error, messages=None)
             raise RunFailedError(f"The agent failed to answer: {type(error).__name__}.") from error
         return await self._finish(history, turn, store, reply, before=conversation, progress=progress)
 
-    async def resume(self, store: FsspecToolResultStore, *, actor: str | None = None) -> TurnOutcome:
+    async def resume(
+        self, store: FsspecToolResultStore, *, actor: str | None = None, progress: TurnProgress | None = None
+    ) -> TurnOutcome:
         """
         Continue a conversation whose held step has no pending requests left (all decided, or expired).
 
@@ -274,6 +275,9 @@ class ChatService:
 
         :param store: The session's store.
         :param actor: Who asked.
+        :param progress: The publisher of a client that watches, as for `send_message`: told when the resume turn is
+            claimed, then the resumed run's events (the approved calls, their results and offloads, the model's reply)
+            and the approval requests it stops for again. None: the run is exactly as without it.
         :returns: The resumed turn's outcome.
         :raises NothingToResumeError: If no held step waits in this session.
         :raises ApprovalPendingConflict: If some requests still wait for a decision.
@@ -284,7 +288,7 @@ class ChatService:
         # worker killed, its end never written) leaves the step open, and it must stay resumable.
         step = await open_step_async(store)
         if step is None:
-            return await self._finish_lost_step(store, actor)
+            return await self._finish_lost_step(store, actor, progress)
         if step.waiting:
             raise ApprovalPendingConflict(
                 f"{len(step.waiting)} approval request(s) still wait for a decision.", step.waiting
@@ -294,6 +298,8 @@ class ChatService:
         history = self._history(store)
         state = await history.read()
         turn = await history.begin(state, kind="resume", actor=actor)
+        if progress is not None:
+            progress.turn_started(turn.start.turn)
         conversation = await self._with_lost_steps(store, state, list(turn.conversation))
         try:
             async with history.renewing(turn):
@@ -301,9 +307,11 @@ class ChatService:
                     self.agent,
                     conversation,
                     store,
-                    hook_context=self._context(store, actor),
+                    hook_context=self._context(store, actor, progress),
                     worker=self.worker,
                     lease=self.resume_lease,
+                    # Passed on to the continuing Agent run (run keyword arguments); only a watching client has one.
+                    **({"streaming_callback": progress.on_chunk} if progress is not None else {}),
                 )
         except ResumeInterruptedError as error:
             # The step ran (exactly once); keep its results in the conversation even though the model call failed.
@@ -319,7 +327,7 @@ class ChatService:
         except Exception as error:
             await self._fail(history, turn, error, messages=None)
             raise RunFailedError(f"The agent failed to continue: {type(error).__name__}.") from error
-        return await self._finish(history, turn, store, reply, before=turn.conversation)
+        return await self._finish(history, turn, store, reply, before=turn.conversation, progress=progress)
 
     async def transcript(self, store: FsspecToolResultStore) -> Transcript:
         """
@@ -358,6 +366,7 @@ class ChatService:
         arguments: dict[str, Any] | None = None,
         reason: str | None = None,
         actor: str | None = None,
+        progress: TurnProgress | None = None,
     ) -> DecisionOutcome:
         """
         Record a decision; if it was the held step's last, resume the conversation in the same request.
@@ -368,6 +377,8 @@ class ChatService:
         :param arguments: Edited arguments (approvals only), validated against the tool's schema.
         :param reason: Shown to the model with a denial; kept in the audit.
         :param actor: Who decided.
+        :param progress: The publisher of a client that watches the resumed run (see `resume`); a decision that leaves
+            requests pending, or whose step another request resumes, publishes no run events to it.
         :returns: The decision and what followed.
         :raises NotFoundError: If this session has no such request (whether or not another session has).
         :raises ApprovalExpiredConflict: If the request expired.
@@ -394,7 +405,7 @@ class ChatService:
         if pending:
             return DecisionOutcome(decision=record, pending=pending, resumed=None)
         try:
-            resumed = await self.resume(store, actor=actor)
+            resumed = await self.resume(store, actor=actor, progress=progress)
         except (SessionBusyError, NothingToResumeError):
             # "Resumed elsewhere" only when another worker's claim on the step really exists (it is resuming, or has
             # finished it); any other failure is the caller's to retry, and the decision stands either way.
@@ -511,8 +522,13 @@ class ChatService:
     def _history(self, store: FsspecToolResultStore) -> SessionHistory:
         return SessionHistory(store, worker=self.worker, lease=self.turn_lease)
 
-    def _context(self, store: FsspecToolResultStore, actor: str | None) -> dict[str, Any]:
-        return offload_context(store, approval_channel=DurableApprovals(ttl=self.approval_ttl, actor=actor))
+    def _context(
+        self, store: FsspecToolResultStore, actor: str | None, progress: TurnProgress | None = None
+    ) -> dict[str, Any]:
+        context = offload_context(store, approval_channel=DurableApprovals(ttl=self.approval_ttl, actor=actor))
+        if progress is not None:
+            context[PROGRESS_CONTEXT_KEY] = progress  # the progress hooks publish to it; without one they do nothing
+        return context
 
     async def _refuse_while_held(self, store: FsspecToolResultStore, state: HistoryState) -> None:
         # Asked of the ledger: a step whose resuming turn died is still open, and a new message must not drop it. Only
@@ -528,7 +544,9 @@ class ChatService:
                 step.waiting,
             )
 
-    async def _finish_lost_step(self, store: FsspecToolResultStore, actor: str | None) -> TurnOutcome:
+    async def _finish_lost_step(
+        self, store: FsspecToolResultStore, actor: str | None, progress: TurnProgress | None = None
+    ) -> TurnOutcome:
         """
         Continue a conversation whose last resumed step ran but whose turn was lost (its worker died, or its end could
         not be written): the step's recorded messages go back into the conversation and the model answers them.
@@ -538,16 +556,20 @@ class ChatService:
         if _settled(state) or await self._with_lost_steps(store, state, list(state.conversation)) == state.conversation:
             raise NothingToResumeError("Nothing waits for approval in this session.")
         turn = await history.begin(state, kind="resume", actor=actor)
+        if progress is not None:
+            progress.turn_started(turn.start.turn)
         conversation = await self._with_lost_steps(store, state, list(turn.conversation))
         try:
             async with history.renewing(turn):
                 reply = await continuing_agent(self.agent).run_async(
-                    messages=conversation, hook_context=self._context(store, actor)
+                    messages=conversation,
+                    streaming_callback=progress.on_chunk if progress is not None else None,
+                    hook_context=self._context(store, actor, progress),
                 )
         except Exception as error:
             await self._fail(history, turn, error, messages=conversation)
             raise RunFailedError(f"The agent failed to continue: {type(error).__name__}.") from error
-        return await self._finish(history, turn, store, reply, before=turn.conversation)
+        return await self._finish(history, turn, store, reply, before=turn.conversation, progress=progress)
 
     async def _resumed_elsewhere(self, store: FsspecToolResultStore) -> bool:
         step = await open_step_async(store)

@@ -15,7 +15,7 @@ const SUGGESTIONS = [
 
 const state = {
   token: "", session: "", signedIn: false, viewer: null, status: null, attempt: 0, offered: null,
-  pending: [], sessions: [], images: new Map(),
+  pending: [], sessions: [], images: new Map(), live: null,
 };
 const $ = (id) => document.getElementById(id);
 
@@ -343,15 +343,19 @@ function renderTranscript(transcript) {
   if (transcript.status === "failed" || transcript.status === "abandoned") {
     box.appendChild(element("div", { className: "msg failed", text: `The last turn ${transcript.status}: ${transcript.error || ""}` }));
   }
-  if (!transcript.messages.length) box.appendChild(element("p", { className: "muted empty", text: "No messages yet." }));
+  const live = state.live && state.live.session === state.session ? state.live : null;
+  // A run still streaming is not stored yet: a refresh meanwhile (the chat was just opened) keeps its lines.
+  if (live) box.append(...live.nodes);
+  else if (!transcript.messages.length) box.appendChild(element("p", { className: "muted empty", text: "No messages yet." }));
   $("chat-meta").textContent = transcript.turns ? `${transcript.turns} turn${transcript.turns === 1 ? "" : "s"}` : "new chat";
   box.scrollTop = box.scrollHeight;
 }
 
-// A turn's progress, live. The message is sent with Accept: text/event-stream, and the server answers with the turn's
-// events as they happen (tool calls, results, offloads, approval requests, the model replying), then "done" with the
-// same JSON a plain POST returns. The events are shown as small lines under the message; the stored conversation
-// replaces them when the turn ends. EventSource cannot send the bearer header (nor POST), so fetch reads the stream.
+// A turn's progress, live. A message, and a decision that resumes a held step, are sent with Accept:
+// text/event-stream, and the server answers with the run's events as they happen (tool calls, results, offloads,
+// approval requests, the model replying), then "done" with the same JSON a plain POST returns. The events are shown
+// as small lines under the message (or at the end of the chat, for a decision); the stored conversation replaces them
+// when the turn ends. EventSource cannot send the bearer header (nor POST), so fetch reads the stream.
 
 async function streamTurn(path, json, onEvent) {
   const response = await fetch(path, {
@@ -399,17 +403,28 @@ function parseEvent(frame) {
   return data.length ? { kind, data: JSON.parse(data.join("\n")) } : null;
 }
 
-function startProgress(text) {
+// The lines of one run: under the message being sent (`text`), or, for a decision (no text), at the end of the chat.
+function startProgress(text = null) {
   const box = $("transcript");
   for (const empty of box.querySelectorAll(".empty")) empty.remove();
-  box.appendChild(element("div", { className: "msg user sending", testid: "msg-user-sending" }, [
-    element("div", { className: "who", text: "you" }),
-    element("div", { text }),
-  ]));
+  const nodes = [];
+  if (text !== null) {
+    nodes.push(element("div", { className: "msg user sending", testid: "msg-user-sending" }, [
+      element("div", { className: "who", text: "you" }),
+      element("div", { text }),
+    ]));
+  }
   const list = element("div", { className: "progress", testid: "progress", attrs: { role: "log", "aria-label": "What the agent is doing" } });
-  box.appendChild(list);
+  nodes.push(list);
+  box.append(...nodes);
   box.scrollTop = box.scrollHeight;
-  return { session: state.session, list, lines: new Map() };
+  state.live = { session: state.session, list, nodes, lines: new Map(), turn: null };
+  return state.live;
+}
+
+// The run ended (or failed): its lines go when the stored conversation is shown next.
+function endProgress(progress) {
+  if (state.live === progress) state.live = null;
 }
 
 // One line per tool call (updated as it runs, returns and is stored), per approval request, and one for the reply.
@@ -444,6 +459,7 @@ function showProgress(progress, event) {
     line.state.textContent = text;
   };
   if (event.kind === "turn") {
+    progress.turn = data.turn;
     setStatus(`The agent is working on turn ${data.turn}…`);
   } else if (event.kind === "tool_call") {
     const line = progressLine(progress, `call:${data.tool_call_id}`, "tool_call", "⚙");
@@ -499,6 +515,7 @@ async function send(event) {
     else setStatus(`Error: ${error.message}`, true);
   } finally {
     $("send").disabled = false;
+    endProgress(progress);
     await Promise.all([refreshAll(), loadSessions()]);
   }
 }
@@ -517,18 +534,31 @@ function renderApproval(request) {
     }
     card.querySelectorAll("button").forEach((button) => { button.disabled = true; });
     setStatus(approved ? "Approved; the agent continues…" : "Denied; the agent continues…");
+    // The last decision resumes the chat: its run streams like a message's turn (the approved call, its result, the
+    // model's answer), shown as lines at the end of the chat until the stored conversation replaces them.
+    const progress = startProgress();
     try {
-      const outcome = await api(sessionPath(`/approvals/${encodeURIComponent(request.request_id)}`), {
-        method: "POST", json: { approved, arguments: argumentsEdited, reason: reason.value || null },
-      });
+      const outcome = await streamTurn(
+        sessionPath(`/approvals/${encodeURIComponent(request.request_id)}`),
+        { approved, arguments: argumentsEdited, reason: reason.value || null },
+        (update) => showProgress(progress, update),
+      );
       if (outcome.resumed) setStatus(`Turn ${outcome.resumed.turn} ${outcome.resumed.status}.`);
       else if (outcome.pending.length) setStatus(`${outcome.pending.length} approval(s) still pending.`);
       else setStatus("Decision recorded; another request is continuing the chat.");
     } catch (error) {
-      problem.textContent = error.message;
-      card.querySelectorAll("button").forEach((button) => { button.disabled = false; });
-      return;
+      endProgress(progress);
+      progress.list.remove();
+      if (progress.turn === null) {
+        // Refused before anything ran (expired, decided elsewhere, an invalid edit): the card stays, to try again.
+        problem.textContent = error.message;
+        card.querySelectorAll("button").forEach((button) => { button.disabled = false; });
+        return;
+      }
+      // The decision stands and the chat went on, but the resumed run failed: the chat shows what was stored.
+      setStatus(`Error: ${error.message}`, true);
     }
+    endProgress(progress);
     await Promise.all([refreshAll(), loadSessions()]);
   };
   const card = element("div", { className: "approval", testid: "approval" }, [
