@@ -194,11 +194,11 @@ async def test_s3_a_failing_producer_leaves_no_object_and_no_upload(
 
 
 @pytest.mark.s3
-async def test_a_retrying_io_writes_chunks_through_its_own_put_async(
+async def test_a_retrying_io_writes_chunks_through_the_wrapped_io(
     s3_server: LocalS3Server, s3_requests: RequestLog
 ) -> None:
-    # The store's default RetryPolicy wraps the I/O; until it forwards put_chunks, the base version joins and awaits
-    # the wrapper's put_async (retried, and never a blocking call on the loop).
+    # The store's default RetryPolicy wraps the I/O, which forwards put_chunks_async inside its retry loop (large
+    # content through it is a multipart upload: tests/stores/test_streamed_writes.py).
     store = FsspecToolResultStore(
         f"{s3_server.bucket_url}/{uuid.uuid4().hex}", storage_options=s3_server.storage_options()
     )
