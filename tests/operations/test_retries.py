@@ -4,8 +4,10 @@ Retries of storage calls under injected S3 faults: what is retried, how often, w
 Everything runs against moto's server over HTTP behind `FaultProxy`; ``roots.direct`` reads what really got stored.
 """
 
+import asyncio
 import errno
 import pickle
+import uuid
 
 import pytest
 from ops_helpers import FAST_RETRY, Roots, proxied_options
@@ -61,7 +63,7 @@ async def test_a_write_survives_each_transient_fault_as_one_result(
     assert stored.read(reference) == "the result"
     stats = roots.faulty.retry_stats.as_dict()
     allowed = retries if isinstance(retries, tuple) else (retries,)
-    assert stats["retries"] in allowed and (stats["recovered"], stats["gave_up"]) == (1, 0)
+    assert stats["retries"] in allowed and (stats["recovered"], stats["gave_up"]) == (1, 0), stats
     assert set(stats["causes"]) <= causes
     assert sum(stats["causes"].values()) == stats["retries"]
 
@@ -118,6 +120,31 @@ async def test_dropped_connections_cost_at_most_two_requests_per_attempt(roots: 
         await session.write_async(key="k.txt", content="x")
     assert caught.value.attempts == 4
     assert fault_proxy.requests.count(method="PUT") == 8  # each attempt, and aiohttp's one resend of it
+
+
+def test_making_the_client_does_not_count_against_a_sync_calls_first_attempt(
+    s3_server: LocalS3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A busy machine makes the first client slowly (here: s3fs's set_session delayed by 0.5 s, over the whole attempt
+    # limit). A sync call runs on fsspec's loop with the filesystem's own client; making it is not part of an attempt.
+    import s3fs
+
+    original = s3fs.S3FileSystem.set_session
+
+    async def slow_set_session(self: s3fs.S3FileSystem, *args: object, **kwargs: object) -> object:
+        if self._s3 is None:
+            await asyncio.sleep(0.5)
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "set_session", slow_set_session)
+    policy = RetryPolicy(attempts=1, attempt_timeout=0.3)
+    store = FsspecToolResultStore(
+        f"{s3_server.bucket_url}/{uuid.uuid4().hex}",
+        storage_options={**s3_server.storage_options(), "skip_instance_cache": True},
+        retry=policy,
+    ).for_session("acme", "chat-1")
+    assert store.list() == []
+    assert store.retry_stats.as_dict()["retries"] == 0
 
 
 async def test_the_deadline_stops_new_attempts(s3_server: LocalS3Server, fault_proxy: FaultProxy) -> None:

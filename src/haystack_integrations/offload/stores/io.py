@@ -528,10 +528,14 @@ class AsyncFilesystemIO(StorageIO):
         await self._run_async(type(self)._warm_up)
 
     async def ready_async(self) -> None:
-        """Create the running loop's client, if async calls from it use one of their own."""
+        """Create the client async calls from the running loop use: the loop's own twin's, or the filesystem's."""
         twins = self._twins_for_running_loop()
         if twins is not None:
             await (await twins.get())._warm_up()
+        else:
+            # On fsspec's loop (every sync call runs there) the filesystem's own client serves: make it here too, or
+            # the first sync call's time limit pays for creating it (seen: a first attempt timed out on a busy machine).
+            await self._on_fs_loop(self._warm_up())
 
     async def _put(self, path: str, data: bytes) -> None:
         await self.async_fs._pipe_file(path, data)
