@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import errno
 import functools
+import logging
 import os
 import stat
 import threading
@@ -48,9 +49,13 @@ from haystack_integrations.offload.stores.names import is_temporary_name, new_te
 T = TypeVar("T")
 P = ParamSpec("P")
 
+logger = logging.getLogger(__name__)
+
 # DeleteObjects takes at most 1000 keys per request.
 _S3_DELETE_BATCH = 1000
 _EXCLUSIVE_CREATE_LOCK = threading.Lock()
+# A multipart upload is aborted at most this many times while parts still show up (see `S3IO._abort_upload`).
+_ABORT_ATTEMPTS = 5
 
 # What `put_chunks` takes: bytes-like chunks (`ContentChunks` yields bytes and memoryviews).
 Chunk: TypeAlias = bytes | bytearray | memoryview
@@ -703,12 +708,30 @@ class S3IO(AsyncFilesystemIO):
             for task in running:
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)
-            # Uploaded parts are billed until aborted; a failed abort leaves them to the bucket's lifecycle rule.
-            with contextlib.suppress(Exception):
-                await fs._call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
+            await self._abort_upload(bucket, key, upload_id)
             raise
         finally:
             fs.invalidate_cache(path)
+
+    async def _abort_upload(self, bucket: str, key: str, upload_id: str) -> None:
+        # Uploaded parts are billed until aborted, and a part request cancelled on our side may still land after the
+        # abort (AWS: abort again until ListParts shows none). Bounded: what is left goes to the lifecycle rule.
+        fs = self.async_fs
+        for attempt in range(_ABORT_ATTEMPTS):
+            with contextlib.suppress(Exception):
+                await fs._call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
+            try:
+                listed = await fs._call_s3("list_parts", Bucket=bucket, Key=key, UploadId=upload_id)
+            except FileNotFoundError:
+                return  # NoSuchUpload: aborted, no part left
+            except Exception:
+                listed = None  # could not look: abort again
+            if listed is not None and not listed.get("Parts"):
+                return
+            await asyncio.sleep(0.05 * 2**attempt)
+        logger.warning(
+            "Could not abort the multipart upload of %s/%s: its parts are left to the lifecycle rule.", bucket, key
+        )
 
     async def _get(self, path: str) -> bytes:
         # With s3fs's default max_concurrency (10), `_cat_file` first HEADs the object to plan parallel ranged reads.
