@@ -206,7 +206,9 @@ class StorageIO:
 
     async def delete_async(self, paths: Iterable[str]) -> None:
         """Async `delete`."""
-        await self._in_thread(self.delete, list(paths))
+        batch = list(paths)
+        # One unlink costs less than a thread hop, as a small write does; a batch may be a whole session's.
+        await self._in_thread(self.delete, batch, size=0 if len(batch) == 1 else None)
 
 
 class SyncFilesystemIO(StorageIO):
@@ -733,6 +735,20 @@ class S3IO(AsyncFilesystemIO):
             "Could not abort the multipart upload of %s/%s: its parts are left to the lifecycle rule.", bucket, key
         )
 
+    async def _put_exclusive(self, path: str, data: bytes) -> None:
+        # Always one PUT, whatever the size: s3fs sends a large conditional create as a multipart upload, and some
+        # servers (Ceph RGW) ignore If-None-Match on CompleteMultipartUpload. The status decides "exists": s3fs
+        # raises FileExistsError only when the 412's body names the condition, which RGW's does not.
+        bucket, key, _ = self.async_fs.split_path(path)
+        try:
+            await self.async_fs._call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+        except OSError as error:
+            if s3_status(error) == 412:
+                raise FileExistsError(errno.EEXIST, "The object already exists.") from error
+            raise
+        finally:
+            self.async_fs.invalidate_cache(path)
+
     async def _get(self, path: str) -> bytes:
         # With s3fs's default max_concurrency (10), `_cat_file` first HEADs the object to plan parallel ranged reads.
         # A tool result is read whole in one GET.
@@ -856,11 +872,22 @@ def _content_range_total(content_range: object) -> int | None:
     return int(total) if total.isdigit() else None
 
 
+def s3_status(error: BaseException) -> int | None:
+    """
+    The HTTP status behind an s3fs error (s3fs maps several statuses to one errno, and some by the body's text).
+
+    :param error: An exception s3fs raised, chained to botocore's ``ClientError``.
+    :returns: The status, or None if the error carries no S3 answer.
+    """
+    response = getattr(error.__cause__, "response", None) or getattr(error, "response", None) or {}
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return status if isinstance(status, int) else None
+
+
 def _is_unsatisfiable_range(error: OSError) -> bool:
     """Whether s3fs's error is S3's 416 InvalidRange (s3fs maps it to a plain EINVAL, shared with other codes)."""
     response = getattr(error.__cause__, "response", None) or {}
-    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    return bool(status == 416 or response.get("Error", {}).get("Code") == "InvalidRange")
+    return bool(s3_status(error) == 416 or response.get("Error", {}).get("Code") == "InvalidRange")
 
 
 # Descriptor-relative calls LocalIO needs (os.replace takes the same dir_fd arguments as os.rename).

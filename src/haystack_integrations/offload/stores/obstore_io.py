@@ -285,6 +285,10 @@ def _mapped_errors() -> Iterator[None]:
     try:
         yield
     except AlreadyExistsError as error:
+        # object_store folds AWS's 409 ConditionalRequestConflict (a competing write in flight) into "exists"; only a
+        # 412 means the key is taken. A 409 stays obstore's error, which `RetryingIO` retries.
+        if (describe_failure(error) or (None,))[0] == 409:
+            raise
         raise FileExistsError(errno.EEXIST, "The object already exists.") from error
     except (PermissionDeniedError, UnauthenticatedError) as error:
         raise PermissionError(errno.EACCES, "Access denied.") from error

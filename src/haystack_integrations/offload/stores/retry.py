@@ -67,7 +67,13 @@ _TRANSIENT_CODES = frozenset(
         "Throttling",
         "ThrottlingException",
         "TooManyRequestsException",
+        # AWS answers a conditional PUT with 409 while a competing write to the key is in flight, and says to retry.
+        "ConditionalRequestConflict",
     }
+)
+# 409 is transient (a conflicting operation in flight) except for these codes, whose conflict stays until changed.
+_LASTING_CONFLICTS = frozenset(
+    {"BucketAlreadyExists", "BucketAlreadyOwnedByYou", "BucketNotEmpty", "InvalidBucketState"}
 )
 # Failures that retrying cannot fix, whatever caused them further down the chain.
 _PERMANENT = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError, ValueError)
@@ -196,6 +202,37 @@ def transient_cause(error: BaseException) -> str | None:
     return None
 
 
+def http_status(error: BaseException) -> int | None:
+    """
+    The HTTP status of the S3 answer behind an error, from either engine, walking the chain of causes.
+
+    :param error: The exception a storage call raised.
+    :returns: The status, or None when no link of the chain carries an answer (a network failure, a local error).
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        status = _answer_status(current)
+        if status is not None:
+            return status
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _answer_status(error: BaseException) -> int | None:
+    botocore_errors = sys.modules.get("botocore.exceptions")
+    if botocore_errors is not None and isinstance(error, botocore_errors.ClientError):
+        status = (getattr(error, "response", None) or {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return status if isinstance(status, int) else None
+    obstore_errors = sys.modules.get("obstore.exceptions")
+    if obstore_errors is not None and isinstance(error, obstore_errors.BaseError):
+        from haystack_integrations.offload.stores.obstore_io import describe_failure
+
+        return (describe_failure(error) or (None,))[0]
+    return None
+
+
 def _classify(error: BaseException) -> str | None:
     """A cause for a transient error, ``""`` for a permanent one, `None` when this link of the chain does not tell."""
     botocore_errors = sys.modules.get("botocore.exceptions")
@@ -204,9 +241,7 @@ def _classify(error: BaseException) -> str | None:
             response = getattr(error, "response", None) or {}
             status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             code = str(response.get("Error", {}).get("Code") or "")
-            if status in _TRANSIENT_STATUS or code in _TRANSIENT_CODES:
-                return _http_cause(status, code)
-            return ""
+            return _http_cause(status, code) if _transient_answer(status, code) else ""
         if isinstance(error, botocore_errors.ReadTimeoutError):
             return "read timeout"
         if isinstance(error, botocore_errors.ConnectTimeoutError):
@@ -236,7 +271,7 @@ def _classify(error: BaseException) -> str | None:
         from haystack_integrations.offload.stores.obstore_io import describe_failure
 
         status, code, network = describe_failure(error) or (None, "", None)
-        if status in _TRANSIENT_STATUS or code in _TRANSIENT_CODES:
+        if _transient_answer(status, code):
             return _http_cause(status, code)
         return network or ""
     if isinstance(error, ConnectionError):
@@ -246,6 +281,13 @@ def _classify(error: BaseException) -> str | None:
     if isinstance(error, _PERMANENT):
         return ""
     return None
+
+
+def _transient_answer(status: object, code: str) -> bool:
+    """Whether an HTTP answer is worth retrying: its status decides, S3's error code refines."""
+    if status == 409:
+        return code not in _LASTING_CONFLICTS
+    return status in _TRANSIENT_STATUS or code in _TRANSIENT_CODES
 
 
 def _http_cause(status: object, code: str) -> str:
