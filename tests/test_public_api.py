@@ -19,6 +19,7 @@ PUBLIC_NAMES = [
     "Decision",
     "DocumentExistsError",
     "DurableApprovals",
+    "ExclusiveCreatesUnsupportedError",
     "FsspecToolResultStore",
     "InvalidReferenceError",
     "InvalidScopeIdError",

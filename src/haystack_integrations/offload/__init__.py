@@ -32,6 +32,7 @@ _import_structure = {
     "errors": [
         "CreateOutcomeUnknownError",
         "DocumentExistsError",
+        "ExclusiveCreatesUnsupportedError",
         "InvalidReferenceError",
         "InvalidScopeIdError",
         "QuotaExceededError",
@@ -76,6 +77,7 @@ if TYPE_CHECKING:
     from .context import offload_context as offload_context
     from .errors import CreateOutcomeUnknownError as CreateOutcomeUnknownError
     from .errors import DocumentExistsError as DocumentExistsError
+    from .errors import ExclusiveCreatesUnsupportedError as ExclusiveCreatesUnsupportedError
     from .errors import InvalidReferenceError as InvalidReferenceError
     from .errors import InvalidScopeIdError as InvalidScopeIdError
     from .errors import QuotaExceededError as QuotaExceededError

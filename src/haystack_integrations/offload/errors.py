@@ -8,8 +8,9 @@ Every error subclasses a built-in exception, so callers can catch what they alre
     └── InvalidReferenceError      a reference that is malformed or points outside the store's scope
     OSError
     ├── StorageError               any other backend failure (network, throttling, bad endpoint, ...)
-    │   └── StorageUnavailableError  transient failures outlasted the store's retry policy
-    │       └── CreateOutcomeUnknownError  a conditional create may have landed; retry it with the same bytes
+    │   ├── StorageUnavailableError  transient failures outlasted the store's retry policy
+    │   │   └── CreateOutcomeUnknownError  a conditional create may have landed; retry it with the same bytes
+    │   └── ExclusiveCreatesUnsupportedError  the backend does not refuse a second exclusive create: no coordination
     ├── QuotaExceededError         a write was refused before sending: it would pass a tenant or session quota
     ├── FileNotFoundError
     │   └── ResultNotFoundError    no result (or document) under this name in this store's scope
@@ -59,6 +60,28 @@ class StorageUnavailableError(StorageError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Keyword-only attributes travel in the state, so the error pickles (e.g. across worker processes).
+        return (type(self), (str(self),), self.__dict__)
+
+
+class ExclusiveCreatesUnsupportedError(StorageError):
+    """
+    The backend accepted a second exclusive create of one key (it ignores ``If-None-Match``) or refused conditional
+    writes outright (501): claims, decisions and turns cannot be made exactly once on it, so none is attempted.
+
+    Offloading results keeps working. `store` names the store that was checked, `reason` what it did.
+    """
+
+    def __init__(self, message: str, *, store: str = "", reason: str = "") -> None:
+        """
+        :param message: The explanation, naming the store and what it lacks.
+        :param store: The checked store's root, engine and endpoint.
+        :param reason: What the backend did ("accepted both creates", "answered 501 to If-None-Match").
+        """
+        super().__init__(message)
+        self.store = store
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (str(self),), self.__dict__)
 
 

@@ -143,6 +143,8 @@ class SessionDocuments:
             quota but never refused (see the module documentation).
         :raises DocumentExistsError: If another writer's document is there.
         :raises CreateOutcomeUnknownError: If whether the create landed could not be told (retryable).
+        :raises ExclusiveCreatesUnsupportedError: If the backend does not refuse a second exclusive create (checked
+            once per process: `FsspecToolResultStore.check_exclusive_creates`); nothing was written.
         :raises StorageError: If the backend fails.
         :raises QuotaExceededError: If `enforce_quota` is set and the create would pass a quota; nothing was sent.
         """
@@ -151,6 +153,7 @@ class SessionDocuments:
     async def create_async(self, name: str, data: bytes, *, enforce_quota: bool = False) -> None:
         """Async `create`."""
         path, data = self._path(name), bytes(data)
+        await self.store._require_exclusive_creates_async()
         reservation = await self.store._charge_document_async(len(data), enforce=enforce_quota)
         try:
             with storage_errors(f"create document {self._label(name)!r}", reference=None):

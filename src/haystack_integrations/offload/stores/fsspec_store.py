@@ -22,6 +22,11 @@ from haystack_integrations.offload.errors import InvalidReferenceError, ResultEx
 from haystack_integrations.offload.stores.blocking import blocking, blocking_here
 from haystack_integrations.offload.stores.chunks import ContentChunks
 from haystack_integrations.offload.stores.documents import SessionDocuments
+from haystack_integrations.offload.stores.exclusive_creates import (
+    ExclusiveCreateCheck,
+    check_exclusive_creates,
+    checked,
+)
 from haystack_integrations.offload.stores.io import (
     MULTIPART_THRESHOLD,
     StorageIO,
@@ -850,6 +855,40 @@ class FsspecToolResultStore(ToolResultStore):
 
     # Lifecycle and serialization
 
+    def check_exclusive_creates(self, *, refresh: bool = False) -> ExclusiveCreateCheck:
+        """
+        Check that the backend refuses a second exclusive create of one key, as approvals, claims and turns need.
+
+        The first coordinated create in a process runs this check (a few requests on a probe key inside this store's
+        scope, deleted after); a definite verdict is kept per engine, endpoint and bucket, so later creates pay
+        nothing. Call it at start-up to fail early (``offload-haystack serve`` does).
+
+        :param refresh: Probe again even if this process already has a verdict.
+        :returns: The verdict; `ExclusiveCreateCheck.require` raises unless it is ``"enforced"``.
+        :raises StoragePermissionError: If the probe may not be written in this scope.
+        """
+        return self._blocking(self.check_exclusive_creates_async, refresh=refresh)
+
+    async def check_exclusive_creates_async(self, *, refresh: bool = False) -> ExclusiveCreateCheck:
+        """Async `check_exclusive_creates`."""
+        backend = self._handle.backend_key()
+        known = None if refresh else checked(backend)
+        if known is not None:
+            return known
+        endpoint = backend[2]
+        described = (
+            f"The object store {self.url!r} (engine {self.engine!r}{f', endpoint {endpoint}' if endpoint else ''})"
+        )
+        io = self._handle.io()
+        if not retries_can_help(io):
+            # Memory and local disk: the exclusive create is this library's own (a lock, a hard link), nothing to ask.
+            return ExclusiveCreateCheck("enforced", described, "makes exclusive creates in this process")
+        return await check_exclusive_creates(io, self._scope_path(), backend=backend, store=described)
+
+    async def _require_exclusive_creates_async(self) -> None:
+        known = checked(self._handle.backend_key())  # the hot path: one look-up once a verdict is in
+        (known or await self.check_exclusive_creates_async()).require()
+
     def warm_up(self) -> None:
         """Create the filesystem client now (and, on S3, its session) instead of on the first request."""
         self._blocking(self.warm_up_async)
@@ -996,6 +1035,18 @@ class _FilesystemHandle:
         """Make quota checks list `scope` again (after deletes and purges)."""
         if self._ledger is not None:
             self._ledger.invalidate(scope)
+
+    def backend_key(self) -> tuple[str, ...]:
+        """What identifies the backend for checks cached per process: engine, protocol, endpoint, bucket."""
+        options = self._storage_options
+        endpoint = options.get("endpoint_url") or (options.get("client_kwargs") or {}).get("endpoint_url")
+        if self._protocol in {"s3", "s3a"}:
+            endpoint = endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+            place = self._root_path.split("/", 1)[0]
+        else:
+            place = self.root_path()
+        given = str(id(self._filesystem)) if self._filesystem is not None else ""
+        return (self._engine, self._protocol, str(endpoint or ""), place, given)
 
     def root_path(self) -> str:
         if self._resolved_root is None:

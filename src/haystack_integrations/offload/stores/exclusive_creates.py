@@ -1,0 +1,136 @@
+"""Whether a backend refuses a second exclusive create: probed once per process and backend, before coordinating."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import threading
+from dataclasses import dataclass
+from typing import Literal
+
+from haystack_integrations.offload.errors import ExclusiveCreatesUnsupportedError, StorageUnavailableError
+from haystack_integrations.offload.stores.io import StorageIO
+from haystack_integrations.offload.stores.names import new_temporary_name
+from haystack_integrations.offload.stores.retry import http_status, transient_cause
+from haystack_integrations.offload.stores.translate import storage_errors
+
+logger = logging.getLogger(__name__)
+
+Verdict = Literal["enforced", "ignored", "unsupported", "unknown"]
+
+
+@dataclass(frozen=True, slots=True)
+class ExclusiveCreateCheck:
+    """
+    What a backend did with two exclusive creates of one key.
+
+    :param verdict: ``"enforced"`` (the second was refused: coordination is safe), ``"ignored"`` (both landed),
+        ``"unsupported"`` (conditional writes refused, e.g. 501), or ``"unknown"`` (the probe failed transiently:
+        check again).
+    :param store: The checked store: root URL, engine and endpoint.
+    :param detail: What happened, in a sentence.
+    """
+
+    verdict: Verdict
+    store: str
+    detail: str
+
+    @property
+    def enforced(self) -> bool:
+        """Whether claims, decisions and turns can be made exactly once on this backend."""
+        return self.verdict == "enforced"
+
+    def require(self) -> None:
+        """
+        Raise unless the backend enforces exclusive creates.
+
+        :raises ExclusiveCreatesUnsupportedError: If it ignores or refuses them.
+        :raises StorageUnavailableError: If the check could not tell (retryable).
+        """
+        if self.verdict == "unknown":
+            raise StorageUnavailableError(
+                f"Could not check that {self.store} refuses a second exclusive create ({self.detail}); retry."
+            )
+        if self.verdict != "enforced":
+            raise ExclusiveCreatesUnsupportedError(
+                f"{self.store} {self.detail}: approvals, claims and turns need an object store that refuses a second "
+                "exclusive create (S3 If-None-Match: *), so none is coordinated on it. Offloading results still works.",
+                store=self.store,
+                reason=self.detail,
+            )
+
+
+_CHECKED: dict[tuple[str, ...], ExclusiveCreateCheck] = {}
+_CHECKED_LOCK = threading.Lock()
+
+
+def checked(backend: tuple[str, ...]) -> ExclusiveCreateCheck | None:
+    """
+    :param backend: What identifies a backend: engine, protocol, endpoint, bucket.
+    :returns: The definite verdict this process already has for it, or None.
+    """
+    with _CHECKED_LOCK:
+        return _CHECKED.get(backend)
+
+
+async def check_exclusive_creates(
+    io: StorageIO, directory: str, *, backend: tuple[str, ...], store: str
+) -> ExclusiveCreateCheck:
+    """
+    Create one probe key twice, exclusively, and see whether the second is refused; cache a definite verdict.
+
+    The probe is a temporary-file name inside `directory` (so a principal scoped to it may write it, and listings,
+    usage and quotas skip it) and is deleted after.
+
+    :param io: The store's I/O.
+    :param directory: Where the probe goes: the checking store's scope.
+    :param backend: The cache key (see `checked`).
+    :param store: How messages name the store.
+    :returns: The verdict.
+    :raises StoragePermissionError: If the backend refused to let the probe be written.
+    :raises StorageError: If it failed for a reason that is neither transient nor about conditional writes.
+    """
+    path = f"{directory}/{new_temporary_name()}"
+    try:
+        verdict, detail = await _probe(io, path)
+    finally:
+        with contextlib.suppress(Exception):
+            await io.delete_async([path])
+    check = ExclusiveCreateCheck(verdict, store, detail)
+    if verdict != "unknown":
+        with _CHECKED_LOCK:
+            _CHECKED[backend] = check
+    if verdict in {"ignored", "unsupported"}:
+        logger.error("Exclusive creates: %s %s; approvals, claims and turns are refused on it.", store, detail)
+    return check
+
+
+async def _probe(io: StorageIO, path: str) -> tuple[Verdict, str]:
+    first, second = secrets.token_hex(16).encode(), secrets.token_hex(16).encode()
+    with storage_errors("check exclusive creates", reference=None):
+        try:
+            await _create(io, path, first)
+            try:
+                await io.put_exclusive_async(path, second)
+            except FileExistsError:
+                # Refused; a retried first create of ours must not be mistaken for the second landing.
+                if await io.get_async(path) == first:
+                    return "enforced", "refuses a second exclusive create"
+                return "ignored", "replaced an exclusively created object, then refused"
+            return "ignored", "accepted a second exclusive create of the same key (it ignores If-None-Match)"
+        except Exception as error:
+            if http_status(error) == 501 or isinstance(error, NotImplementedError):
+                return "unsupported", "answered 501 Not Implemented to a conditional write (If-None-Match)"
+            if isinstance(error, StorageUnavailableError) or transient_cause(error) is not None:
+                return "unknown", f"the probe failed: {transient_cause(error) or 'storage unavailable'}"
+            raise
+
+
+async def _create(io: StorageIO, path: str, data: bytes) -> None:
+    try:
+        await io.put_exclusive_async(path, data)
+    except FileExistsError:
+        # A fresh random name cannot exist unless this very create landed and its answer was lost.
+        if await io.get_async(path) != data:
+            raise StorageUnavailableError("The probe's fresh key was already taken by another writer.") from None
