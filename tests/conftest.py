@@ -5,8 +5,14 @@ The behaviour suite asks for ``store`` (or ``backend``) and runs once per backen
 ``s3`` (moto's S3 server over real HTTP on loopback, marked ``s3``; deselect with ``-m "not s3"``). Modules marked
 ``engines`` run on ``s3-obstore`` too: the same server through the obstore engine. Only those: other suites build
 their stores from ``url, storage_options = backend`` alone, which would quietly use s3fs under that id.
+
+Modules marked ``real_s3`` also run on a real S3 server, on both engines (``rgw``, ``rgw-obstore``), when the lane is
+on: ``OFFLOAD_TEST_REAL_S3=rgw`` starts a one-node Ceph RGW per worker (`testing.ceph_rgw`), ``OFFLOAD_TEST_REAL_S3=
+external`` uses your own bucket (see `real_s3_server`). Tests that need a server of their own ask for ``s3_endpoint``:
+moto, and the real server when the lane is on.
 """
 
+import os
 import sys
 import uuid
 from collections.abc import Iterator
@@ -43,23 +49,49 @@ class ObstoreBackend(Backend):
 
 BACKENDS = ["memory", "local", pytest.param("s3", marks=pytest.mark.s3)]
 ENGINES = [pytest.param("s3-obstore", marks=pytest.mark.s3)]
+# The real-S3 lane: "rgw" (a Ceph RGW started here) or "external" (OFFLOAD_TEST_S3_* below); empty: off.
+REAL_S3 = os.environ.get("OFFLOAD_TEST_REAL_S3", "").strip().lower()
+REAL_BACKENDS = [pytest.param(name, marks=pytest.mark.rgw) for name in ("rgw", "rgw-obstore")] if REAL_S3 else []
+S3_ENDPOINTS = [pytest.param("moto", marks=pytest.mark.s3)]
+if REAL_S3:
+    S3_ENDPOINTS.append(pytest.param("rgw", marks=pytest.mark.rgw))
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "engines: the module's backend tests also run on every S3 engine (s3-obstore)")
+    config.addinivalue_line("markers", "real_s3: the module's backend tests also run on the real S3 server's lane")
+    config.addinivalue_line("markers", "rgw: runs on the real S3 server (OFFLOAD_TEST_REAL_S3)")
+    if REAL_S3 not in {"", "rgw", "external"}:
+        raise pytest.UsageError(f"OFFLOAD_TEST_REAL_S3 must be 'rgw' or 'external', got {REAL_S3!r}.")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With the real-S3 lane off, its own tests (marked ``rgw``) are deselected, not skipped: they run in its env."""
+    if REAL_S3:
+        return
+    lane = [item for item in items if item.get_closest_marker("rgw") is not None]
+    if lane:
+        config.hook.pytest_deselected(items=lane)
+        items[:] = [item for item in items if item.get_closest_marker("rgw") is None]
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Give tests of modules marked ``engines`` the S3 engines as further backends (as a parametrize mark, so the
-    fixture's own params step aside, as for any test that parametrizes ``backend`` itself)."""
-    if "backend" not in metafunc.fixturenames or metafunc.definition.get_closest_marker("engines") is None:
+    """Give tests of modules marked ``engines`` the S3 engines, and of modules marked ``real_s3`` the real server's
+    backends, as further backends (as a parametrize mark, so the fixture's own params step aside, as for any test
+    that parametrizes ``backend`` itself)."""
+    if "backend" not in metafunc.fixturenames:
+        return
+    extra = [*ENGINES] if metafunc.definition.get_closest_marker("engines") is not None else []
+    if metafunc.definition.get_closest_marker("real_s3") is not None:
+        extra += REAL_BACKENDS
+    if not extra:
         return
     for mark in metafunc.definition.iter_markers("parametrize"):
         names = mark.args[0] if mark.args else mark.kwargs.get("argnames", "")
         if "backend" in (names.replace(" ", "").split(",") if isinstance(names, str) else names):
             return
-    metafunc.definition.add_marker(pytest.mark.parametrize("backend", BACKENDS + ENGINES, indirect=True))
+    metafunc.definition.add_marker(pytest.mark.parametrize("backend", BACKENDS + extra, indirect=True))
 
 
 def _cached_s3_filesystems() -> list[Any]:
@@ -88,6 +120,38 @@ def s3_server() -> Iterator["LocalS3Server"]:
                 fs.close_session(fs.loop, fs._s3creator)
         if "s3fs" in sys.modules:
             sys.modules["s3fs"].S3FileSystem.clear_instance_cache()
+
+
+@pytest.fixture(scope="session")
+def real_s3_server() -> Iterator[Any]:
+    """
+    The real S3 server of the lane, one per worker session.
+
+    ``OFFLOAD_TEST_REAL_S3=rgw``: a one-node Ceph RGW (Debian's ``ceph-mon ceph-osd radosgw``); missing, it fails the
+    test under ``CI`` and skips it elsewhere. ``OFFLOAD_TEST_REAL_S3=external``: your own bucket, from
+    ``OFFLOAD_TEST_S3_ENDPOINT`` (e.g. ``https://s3.eu-west-1.amazonaws.com``), ``OFFLOAD_TEST_S3_BUCKET``,
+    ``OFFLOAD_TEST_S3_KEY``, ``OFFLOAD_TEST_S3_SECRET`` and ``OFFLOAD_TEST_S3_REGION``; every test writes below one
+    unique prefix, removed at the end.
+    """
+    if REAL_S3 == "external":
+        from real_s3 import ExternalS3
+
+        with ExternalS3.from_environment() as external:
+            yield external
+        return
+    from haystack_integrations.offload.testing.ceph_rgw import CephRGWServer, ceph_available
+
+    missing = ceph_available()
+    if missing is not None:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(missing)
+    with CephRGWServer() as server:
+        yield server
+
+
+@pytest.fixture(params=S3_ENDPOINTS)
+def s3_endpoint(request: pytest.FixtureRequest) -> Any:
+    """An S3 server for tests that need one of their own: moto, and the real server of the lane when it is on."""
+    return request.getfixturevalue("s3_server" if request.param == "moto" else "real_s3_server")
 
 
 @pytest.fixture
@@ -123,8 +187,9 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     if request.param == "local":
         return Backend(str(tmp_path / "results"), {})
     # Only S3 runs start the server.
-    server: LocalS3Server = request.getfixturevalue("s3_server")
-    kind = ObstoreBackend if request.param == "s3-obstore" else Backend
+    real = request.param.startswith("rgw")
+    server = request.getfixturevalue("real_s3_server" if real else "s3_server")
+    kind = ObstoreBackend if request.param.endswith("-obstore") else Backend
     return kind(f"{server.bucket_url}/{uuid.uuid4().hex}", server.storage_options())
 
 

@@ -51,6 +51,8 @@ from haystack_integrations.offload.approvals import (
 from haystack_integrations.offload.testing.latency_proxy import LatencyProxy
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 
+pytestmark = pytest.mark.real_s3  # also on the real S3 server's lane, both engines (tests/conftest.py)
+
 INVOICE = ("send_invoice", {"customer": "acme", "amount": 120}, "call_inv")
 SEARCH = ("web_search", {"query": "acme"}, "call_search")
 

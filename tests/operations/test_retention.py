@@ -24,12 +24,15 @@ from haystack_integrations.offload.server import history as history_module
 from haystack_integrations.offload.server.history import SessionHistory
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 
+pytestmark = pytest.mark.real_s3  # also on the real S3 server's lane, both engines (tests/conftest.py)
+
 WEEK = Retention(ttl=timedelta(days=7), tenants={"trial": timedelta(hours=1), "archive": None})
 
 
 def _root(backend: tuple[str, dict[str, Any]], retention: Retention | None = WEEK) -> FsspecToolResultStore:
     url, storage_options = backend
-    return FsspecToolResultStore(url, storage_options=storage_options, retention=retention)
+    engine = getattr(backend, "store_kwargs", {})  # the real-S3 lane's rgw-obstore backend names its engine
+    return FsspecToolResultStore(url, storage_options=storage_options, retention=retention, **engine)
 
 
 async def test_an_expired_result_is_refused_by_every_read(backend: tuple[str, dict[str, Any]]) -> None:

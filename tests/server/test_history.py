@@ -20,6 +20,8 @@ from haystack_integrations.offload.server.history import (
     TurnAbandonedError,
 )
 
+pytestmark = pytest.mark.real_s3  # also on the real S3 server's lane, both engines (tests/conftest.py)
+
 
 def _history(store: FsspecToolResultStore, worker: str = "w1", lease: float = 300.0) -> SessionHistory:
     return SessionHistory(store.for_session("acme", "chat-1"), worker=worker, lease=lease)

@@ -15,7 +15,7 @@ from haystack_integrations.offload import (
 )
 
 # Also on the obstore engine (tests/conftest.py), and through the async API as well as the sync one (conftest.py).
-pytestmark = [pytest.mark.engines, pytest.mark.usefixtures("api")]
+pytestmark = [pytest.mark.real_s3, pytest.mark.engines, pytest.mark.usefixtures("api")]
 
 TEXTS = [
     "plain ascii",

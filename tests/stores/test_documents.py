@@ -13,7 +13,7 @@ from haystack_integrations.offload import (
     ResultNotFoundError,
 )
 
-pytestmark = pytest.mark.engines  # also on the obstore engine (tests/conftest.py)
+pytestmark = [pytest.mark.engines, pytest.mark.real_s3]  # also on the obstore engine (tests/conftest.py)
 
 
 def test_put_get_list_delete(store: FsspecToolResultStore) -> None:

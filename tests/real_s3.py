@@ -1,0 +1,74 @@
+"""Your own S3 bucket as the real-S3 lane's server (``OFFLOAD_TEST_REAL_S3=external``): every test below one prefix."""
+
+import os
+import uuid
+from types import TracebackType
+from typing import Any, Self
+
+VARIABLES = ("OFFLOAD_TEST_S3_ENDPOINT", "OFFLOAD_TEST_S3_BUCKET", "OFFLOAD_TEST_S3_KEY", "OFFLOAD_TEST_S3_SECRET")
+
+
+class ExternalS3:
+    """
+    An S3 endpoint and bucket the tests do not own: they write below ``offload-tests-<random>/``, removed at the end.
+
+    :param endpoint_url: The S3 endpoint (``https://...``; ``http://`` for a local MinIO).
+    :param bucket: An existing bucket the keys may write, list and delete in.
+    :param key: The access key id.
+    :param secret: The secret access key.
+    :param region: The bucket's region.
+    """
+
+    def __init__(self, endpoint_url: str, bucket: str, key: str, secret: str, region: str = "us-east-1") -> None:
+        self.endpoint_url = endpoint_url
+        self.bucket = bucket
+        self.region = region
+        self.prefix = f"offload-tests-{uuid.uuid4().hex}"
+        self._credentials = (key, secret)
+
+    @classmethod
+    def from_environment(cls) -> "ExternalS3":
+        """
+        :returns: The endpoint the ``OFFLOAD_TEST_S3_*`` variables name.
+        :raises RuntimeError: If one of them is missing.
+        """
+        missing = [name for name in VARIABLES if not os.environ.get(name)]
+        if missing:
+            raise RuntimeError(f"OFFLOAD_TEST_REAL_S3=external needs {', '.join(missing)} in the environment.")
+        endpoint, bucket, key, secret = (os.environ[name] for name in VARIABLES)
+        return cls(endpoint, bucket, key, secret, os.environ.get("OFFLOAD_TEST_S3_REGION") or "us-east-1")
+
+    @property
+    def bucket_url(self) -> str:
+        """``s3://<bucket>/<prefix>``: tests add their own unique segment below it."""
+        return f"s3://{self.bucket}/{self.prefix}"
+
+    def storage_options(self) -> dict[str, Any]:
+        """Options for the store (s3fs spellings; the obstore engine reads the same)."""
+        key, secret = self._credentials
+        return {
+            "endpoint_url": self.endpoint_url,
+            "key": key,
+            "secret": secret,
+            "client_kwargs": {"region_name": self.region},
+        }
+
+    def client(self) -> Any:
+        """A boto3 S3 client for this endpoint."""
+        import boto3
+
+        key, secret = self._credentials
+        session = boto3.session.Session(aws_access_key_id=key, aws_secret_access_key=secret, region_name=self.region)
+        return session.client("s3", endpoint_url=self.endpoint_url)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc_value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        client = self.client()
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=f"{self.prefix}/"):
+            keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
+            if keys:
+                client.delete_objects(Bucket=self.bucket, Delete={"Objects": keys, "Quiet": True})
