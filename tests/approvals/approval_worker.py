@@ -45,7 +45,7 @@ def main() -> None:
             root = roots.get(command["url"])
             if root is None:
                 root = roots[command["url"]] = FsspecToolResultStore(
-                    command["url"], storage_options=command["storage_options"]
+                    command["url"], storage_options=command["storage_options"], engine=command.get("engine", "fsspec")
                 )
                 root.warm_up()
             store = root.for_session(command["tenant"], command["session"])
