@@ -1,44 +1,10 @@
 """
-Fault injection between an S3 client and moto's server: a `LatencyProxy` that fails a chosen share of requests.
+Fault injection between an S3 client and an S3-like server: a `LatencyProxy` that fails a chosen share of requests.
 
-Real S3 fails now and then: it answers ``500 InternalError`` or ``503 SlowDown``, connections are reset, answers never
-arrive. `FaultProxy` does the same at the wire, between s3fs/aiobotocore and moto's server, so the code under test sees
-exactly what it would see from S3 (nothing in the client is patched)::
-
-    client ──► FaultProxy ──(maybe)──► moto
-                  │
-                  ├── 500 / 503          answered by the proxy; moto never sees the request
-                  ├── reset              connection reset (TCP RST) before moto sees the request
-                  ├── reset-after        moto handles the request, then the connection is reset: did it happen?
-                  ├── timeout            moto handles the request, the answer is held until the client gives up
-                  └── slow               the answer arrives `slow_seconds` late (but arrives)
-
-``reset-after`` and ``timeout`` are the *ambiguous* faults (`AMBIGUOUS_FAULTS`): the request took effect on the server
-but the client cannot know, which is what a retried write must survive. A ``timeout`` needs the client's read timeout
-to be shorter than `FaultProxy.hold_seconds` (for s3fs: ``config_kwargs={"read_timeout": 1}``).
-
-Which requests fail is decided by a `FaultPlan`: a random share (``rate``, seeded, so a run can be replayed), an exact
-share (``every=10``: every tenth matching request, cycling through the kinds), or a script (`FaultProxy.inject`:
-"fail the next PUT with 503, twice"). Every injected fault is logged (`FaultProxy.faults`) next to the proxy's request
-log, so a test can prove the faults really happened.
-
-Example::
-
-    from haystack_integrations.offload.testing.local_s3 import LocalS3Server
-    from haystack_integrations.offload.testing.faults import Fault, FaultPlan, FaultProxy
-
-    with LocalS3Server() as s3, FaultProxy(s3.endpoint_url, plan=FaultPlan(rate=0.1, seed=7)) as proxy:
-        options = {**s3.storage_options(), "endpoint_url": proxy.endpoint_url,
-                   "config_kwargs": {"read_timeout": 1}}
-        ...                                           # about one S3 request in ten now fails
-        proxy.inject(Fault.SLOW_DOWN, method="PUT")   # and the next PUT certainly does
-        print(proxy.faults.counts())
-
-From a shell: ``python -m haystack_integrations.offload.testing.faults --upstream http://127.0.0.1:5000 --rate 0.1``.
-
-Limits: a fault is decided for the first request of each client connection. moto's server closes the connection after
-every response, so behind it every request is the first of its connection; behind a keep-alive server, later requests
-on a connection pass untouched.
+`FaultProxy` answers 500, 503 ``SlowDown`` or 409 ``ConditionalRequestConflict`` itself, resets connections before or
+after the server handled a request, and withholds or delays answers: request by request, on kept-alive connections
+too. `FaultPlan` decides which requests fail. From a shell:
+``python -m haystack_integrations.offload.testing.faults --upstream http://127.0.0.1:5000 --rate 0.1``.
 """
 
 from __future__ import annotations
@@ -58,14 +24,27 @@ from enum import StrEnum
 
 from haystack_integrations.offload.testing.latency_proxy import (
     _CHUNK,
+    _CHUNKED,
+    _UNTIL_CLOSE,
     LatencyProxy,
     ProxiedRequest,
     ThreadSafeLog,
-    _InterimResponses,
-    _RequestHeads,
+    _body_length,
+    _Head,
+    _parse_head,
 )
 
-__all__ = ["AMBIGUOUS_FAULTS", "Fault", "FaultLog", "FaultPlan", "FaultProxy", "InjectedFault", "main"]
+__all__ = [
+    "AMBIGUOUS_FAULTS",
+    "DEFAULT_FAULTS",
+    "Fault",
+    "FaultLog",
+    "FaultPlan",
+    "FaultProxy",
+    "InjectedFault",
+    "StrippedHeader",
+    "main",
+]
 
 
 class Fault(StrEnum):
@@ -83,7 +62,26 @@ class Fault(StrEnum):
     """The server handles the request; its answer is withheld until the client gives up (its read timeout)."""
     SLOW = "slow"
     """The answer arrives `FaultProxy.slow_seconds` late."""
+    CONFLICT = "409"
+    """
+    ``409 ConditionalRequestConflict``, answered by the proxy; the server never sees the request.
 
+    AWS answers it to a conditional PUT (``If-None-Match``) while a competing write to the key is in flight, and says
+    to retry. Not among `DEFAULT_FAULTS`: ask for it (``kinds=[Fault.CONFLICT]``, `FaultProxy.inject`, or
+    ``FaultPlan(conflict_first_conditional_put=True)``).
+    """
+
+
+DEFAULT_FAULTS = (
+    Fault.INTERNAL_ERROR,
+    Fault.SLOW_DOWN,
+    Fault.RESET,
+    Fault.RESET_AFTER,
+    Fault.READ_TIMEOUT,
+    Fault.SLOW,
+)
+"""The kinds a `FaultPlan` draws from unless told otherwise: all but `Fault.CONFLICT`, which only conditional writes
+meet."""
 
 AMBIGUOUS_FAULTS = frozenset({Fault.RESET_AFTER, Fault.READ_TIMEOUT})
 """Faults after which the request has taken effect on the server although the client saw a failure."""
@@ -91,7 +89,18 @@ AMBIGUOUS_FAULTS = frozenset({Fault.RESET_AFTER, Fault.READ_TIMEOUT})
 _ERROR_ANSWERS = {
     Fault.INTERNAL_ERROR: (500, "Internal Server Error", "InternalError", "We encountered an internal error."),
     Fault.SLOW_DOWN: (503, "Slow Down", "SlowDown", "Please reduce your request rate."),
+    Fault.CONFLICT: (
+        409,
+        "Conflict",
+        "ConditionalRequestConflict",
+        "A conflicting conditional operation is currently in progress against this resource. Please try again.",
+    ),
 }
+# The request headers `FaultProxy(ignore_conditional_writes=True)` strips, and the methods it leaves alone.
+_CONDITIONS = frozenset({b"if-none-match", b"if-match"})
+_READS = frozenset({"GET", "HEAD"})
+# How long the proxy reads what a client still sends after an answer that closes the connection.
+_LINGER_SECONDS = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +113,21 @@ class InjectedFault:
     """
 
     kind: Fault
+    request: ProxiedRequest
+
+
+@dataclass(frozen=True, slots=True)
+class StrippedHeader:
+    """
+    One conditional header `FaultProxy(ignore_conditional_writes=True)` removed from a request before forwarding it.
+
+    :param name: The header's name, as the client sent it (e.g. ``"If-None-Match"``).
+    :param value: Its value (e.g. ``"*"``).
+    :param request: The request it was removed from.
+    """
+
+    name: str
+    value: str
     request: ProxiedRequest
 
 
@@ -123,13 +147,17 @@ class FaultPlan:
 
     Give either `rate` (each matching request fails with that probability; the kind is drawn from `kinds`) or `every`
     (exactly every n-th matching request fails, cycling through `kinds` in order), or neither (only scripted faults,
-    see `script`). Scripted faults come first, whatever the rate.
+    see `script`). Scripted faults come first, whatever the rate; then, with `conflict_first_conditional_put`, the first
+    conditional PUT of each key; then the share.
 
     :param rate: Probability, from 0 to 1, that a matching request fails.
     :param every: Fail exactly every `every`-th matching request instead (``every=10`` is an exact 10%).
-    :param kinds: The kinds of fault to inject; all of them by default.
+    :param kinds: The kinds of fault to inject; `DEFAULT_FAULTS` by default.
     :param methods: Only requests with these HTTP methods may fail (e.g. ``{"PUT"}``); all methods by default.
     :param seed: Seed for the random choices, so a run can be replayed.
+    :param conflict_first_conditional_put: Answer the first PUT carrying ``If-None-Match`` of each key (host and path)
+        with `Fault.CONFLICT`, once; later conditional PUTs of the key go on as the rest of the plan decides. This is
+        AWS's answer while a competing conditional write is in flight: a writer must retry, and then meet the outcome.
     :raises ValueError: If `rate` is outside 0..1, `every` is below 1, both are given, or `kinds` is empty.
     """
 
@@ -138,9 +166,10 @@ class FaultPlan:
         *,
         rate: float = 0.0,
         every: int | None = None,
-        kinds: Iterable[Fault | str] = tuple(Fault),
+        kinds: Iterable[Fault | str] = DEFAULT_FAULTS,
         methods: Iterable[str] | None = None,
         seed: int | None = 0,
+        conflict_first_conditional_put: bool = False,
     ) -> None:
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"rate must be between 0 and 1, got {rate}.")
@@ -152,10 +181,12 @@ class FaultPlan:
         self.rate = rate
         self.every = every
         self.methods = frozenset(method.upper() for method in methods) if methods is not None else None
+        self.conflict_first_conditional_put = conflict_first_conditional_put
         self._random = random.Random(seed)  # noqa: S311 - fault choice for tests, not cryptography
         self._lock = threading.Lock()
         self._matching = 0
         self._scripted: deque[tuple[Fault, str | None]] = deque()
+        self._conflicted: set[tuple[str | None, str]] = set()
 
     def script(self, *kinds: Fault | str, method: str | None = None) -> None:
         """
@@ -179,6 +210,8 @@ class FaultPlan:
                 if method is None or method == request.method:
                     del self._scripted[position]
                     return kind
+            if self._first_conditional_put(request):
+                return Fault.CONFLICT
             if self.methods is not None and request.method not in self.methods:
                 return None
             self._matching += 1
@@ -190,28 +223,87 @@ class FaultPlan:
                 return self._random.choice(self.kinds)
             return None
 
+    def _first_conditional_put(self, request: ProxiedRequest) -> bool:
+        if not self.conflict_first_conditional_put or request.method != "PUT":
+            return False
+        if request.header("if-none-match") is None:
+            return False
+        key = (request.header("host"), request.target.partition("?")[0])
+        if key in self._conflicted:
+            return False
+        self._conflicted.add(key)
+        return True
+
+
+@dataclass(slots=True)
+class _Connection:
+    """One client connection, and the upstream connection opened for it at its first forwarded request."""
+
+    number: int
+    client_reader: asyncio.StreamReader
+    client_writer: asyncio.StreamWriter
+    upstream_reader: asyncio.StreamReader | None = None
+    upstream_writer: asyncio.StreamWriter | None = None
+
 
 class FaultProxy(LatencyProxy):
     """
-    A `LatencyProxy` that also injects S3 faults: 500, 503 SlowDown, connection resets, read timeouts, slow answers.
+    A `LatencyProxy` that also injects S3 faults: 500, 503, 409, connection resets, read timeouts, slow answers.
 
-    Run it like `LatencyProxy` (a context manager runs it in a thread of its own). `plan` may be replaced while it runs.
+    Real S3 fails now and then: it answers ``500 InternalError`` or ``503 SlowDown``, connections are reset, answers
+    never arrive. This proxy does the same at the wire, between s3fs/aiobotocore (or any HTTP/1.1 client) and moto's
+    server, so the code under test sees exactly what it would see from S3 (nothing in the client is patched)::
+
+        client ──► FaultProxy ──(maybe)──► moto
+                      │
+                      ├── 500 / 503 / 409    answered by the proxy; moto never sees the request
+                      ├── reset              connection reset (TCP RST) before moto sees the request
+                      ├── reset-after        moto handles the request, then the connection is reset: did it happen?
+                      ├── timeout            moto handles the request, the answer is held until the client gives up
+                      └── slow               the answer arrives `slow_seconds` late (but arrives)
+
+    ``reset-after`` and ``timeout`` are the *ambiguous* faults (`AMBIGUOUS_FAULTS`): the request took effect on the
+    server but the client cannot know, which is what a retried write must survive. A ``timeout`` needs the client's
+    read timeout to be shorter than `hold_seconds` (for s3fs: ``config_kwargs={"read_timeout": 1}``).
+
+    The proxy frames HTTP/1.1 (heads, ``Content-Length`` and chunked bodies, ``Expect: 100-continue``, answers without
+    a body to HEAD or with 1xx/204/304, answers that end at close), so each request gets its own decision, also the
+    later ones on a kept-alive connection. Each client connection has one upstream connection, opened at its first
+    forwarded request; requests on it are handled one at a time, in order. A connection stays open where the client
+    and the server keep it: after an injected 500/503/409 too, except when the client waits on
+    ``Expect: 100-continue``: it gets the error instead of the ``100`` and the connection closes, as its body may
+    follow or not. Interim answers always pass at once. `latency` delays the start of each final answer, injected
+    ones included.
+
+    Which requests fail is decided by `plan`, a `FaultPlan`: a random share (``rate``, seeded, so a run can be
+    replayed), an exact share (``every=10``), or a script (`inject`: "fail the next PUT with 503, twice"). Every
+    injected fault is logged in `faults` next to the request log `requests` (every request, with the number of its
+    client connection), so a test can prove the faults really happened.
 
     ```python
     with FaultProxy(server.endpoint_url, plan=FaultPlan(every=10)) as proxy:   # exactly 10% of requests fail
         store = FsspecToolResultStore(url, storage_options={**options, "endpoint_url": proxy.endpoint_url})
         ...
+        proxy.inject(Fault.SLOW_DOWN, method="PUT")   # and the next PUT certainly does
         print(proxy.faults.counts(), len(proxy.requests.snapshot()))
     ```
 
     Multi-user tests: put one proxy in front of the server and let every session's store talk through it; the plan
-    and the logs are shared, and thread-safe.
+    and the logs are shared, and thread-safe. `plan` may be replaced while the proxy runs.
+
+    Limits: HTTP/1.1 over plain TCP only. A request head the proxy cannot parse (or a ``101`` upgrade) turns the rest of
+    its connection into a plain tunnel, with no more decisions. `ignore_conditional_writes` changes signed headers, so
+    it suits only servers that check no signatures (moto; RGW or AWS answer 403).
 
     :param upstream: The server to forward to, as ``http://host:port``.
     :param plan: Which requests fail and how; by default none (use `inject` to script faults).
     :param latency: Seconds added to every answer, as in `LatencyProxy`.
     :param slow_seconds: How late a `Fault.SLOW` answer arrives.
     :param hold_seconds: How long a `Fault.READ_TIMEOUT` answer is withheld at most (the client should give up first).
+    :param ignore_conditional_writes: Strip ``If-None-Match`` and ``If-Match`` from every request but GET and HEAD
+        before forwarding it, so the server acts as a store that ignores conditional writes (as GCS's S3 API, Garage
+        and old SeaweedFS do). moto only: it breaks the request's signature. Each removed header is logged in
+        `stripped`.
     :param host: Interface to listen on; keep loopback.
     :param port: Port to listen on; 0 picks a free one.
     """
@@ -224,6 +316,7 @@ class FaultProxy(LatencyProxy):
         latency: float = 0.0,
         slow_seconds: float = 0.5,
         hold_seconds: float = 30.0,
+        ignore_conditional_writes: bool = False,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -233,7 +326,9 @@ class FaultProxy(LatencyProxy):
         self.plan = plan or FaultPlan()
         self.slow_seconds = slow_seconds
         self.hold_seconds = hold_seconds
+        self.ignore_conditional_writes = ignore_conditional_writes
         self.faults = FaultLog()
+        self.stripped: ThreadSafeLog[StrippedHeader] = ThreadSafeLog()
 
     def inject(self, *kinds: Fault | str, method: str | None = None) -> None:
         """
@@ -249,90 +344,260 @@ class FaultProxy(LatencyProxy):
         if task is not None:
             self._tasks.add(task)
         self._connections += 1
-        connection = self._connections
-        upstream_writer: asyncio.StreamWriter | None = None
-        to_upstream: asyncio.Task[None] | None = None
+        link = _Connection(self._connections, client_reader, client_writer)
         try:
-            parsed: list[ProxiedRequest] = []
-            heads = _RequestHeads(
-                lambda method, target: parsed.append(ProxiedRequest(method, target, connection, time.monotonic()))
-            )
-            # Hold the client's bytes until the first request head is complete: its fate decides whether they go on.
-            buffered = bytearray()
-            while not parsed and not heads._lost:
-                chunk = await client_reader.read(_CHUNK)
-                if not chunk:
-                    return
-                buffered += chunk
-                heads.feed(chunk)
-            fault = self.plan.decide(parsed[0]) if parsed else None
-            for request in parsed:
-                await self._on_request(request)
-            if fault is not None:
-                self.faults.append(InjectedFault(fault, parsed[0]))
-            parsed.clear()
-
-            if fault in _ERROR_ANSWERS:
-                await self._answer_error(client_reader, client_writer, fault, head_only=buffered.startswith(b"HEAD "))
-                return
-            if fault is Fault.RESET:
-                _reset(client_writer)
-                return
-
-            upstream_reader, upstream_writer = await asyncio.open_connection(*self._upstream)
-            upstream_writer.write(bytes(buffered))
-            await upstream_writer.drain()
-            to_upstream = asyncio.create_task(self._copy_requests(client_reader, upstream_writer, heads, parsed))
-            if fault is Fault.SLOW:
-                await asyncio.sleep(self.slow_seconds)
-            elif fault in AMBIGUOUS_FAULTS:
-                # Let the server finish (read its whole answer), so the request has surely taken effect. Interim
-                # answers still pass: a client that sent `Expect: 100-continue` sends its body only after one.
-                interim = _InterimResponses()
-                while chunk := await upstream_reader.read(_CHUNK):
-                    now, _ = interim.split(chunk)
-                    if now:
-                        client_writer.write(now)
-                        await client_writer.drain()
-                if fault is Fault.RESET_AFTER:
-                    _reset(client_writer)
-                    return
-                # Hold the answer back until the client hangs up (its read timeout) or the hold ends.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(to_upstream), self.hold_seconds)
-                return
-            await self._forward_responses(upstream_reader, client_writer)
-        except (ConnectionError, OSError):
-            pass  # a client or server that went away ends only its own connection
+            while await self._exchange(link):
+                pass
+        except (ConnectionError, OSError, EOFError, ValueError, asyncio.LimitOverrunError):
+            pass  # a peer that went away, or broke HTTP framing, ends only its own connection
         except asyncio.CancelledError:
             pass  # the proxy is stopping; this handler is the top of its own task
         finally:
-            await self._end_exchange(task, to_upstream, (client_writer, upstream_writer))
+            await self._end_exchange(task, None, (client_writer, link.upstream_writer))
 
-    async def _answer_error(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, fault: Fault, *, head_only: bool
-    ) -> None:
+    async def _exchange(self, link: _Connection) -> bool:
+        """Serve the next request on `link`. Returns whether the connection stays open for another."""
+        try:
+            raw = await _read_head(link.client_reader)
+        except asyncio.LimitOverrunError:
+            await self._tunnel(link, b"")  # a head longer than the proxy parses: the server may make sense of it
+            return False
+        if raw is None:
+            return False
+        head = _parse_head(raw)
+        if head is None:
+            await self._tunnel(link, raw)
+            return False
+        request = ProxiedRequest(head.method, head.target, link.number, time.monotonic(), head.headers)
+        fault = self.plan.decide(request)
+        await self._on_request(request)
+        if fault is not None:
+            self.faults.append(InjectedFault(fault, request))
+        if fault is Fault.RESET:
+            _reset(link.client_writer)
+            return False
+        if fault is not None and fault in _ERROR_ANSWERS:
+            return await self._answer_error(link, head, fault)
+        return await self._forward(link, raw, head, request, fault)
+
+    async def _answer_error(self, link: _Connection, head: _Head, fault: Fault) -> bool:
+        length = _body_length(head)
+        # A client waiting on `Expect: 100-continue` gets the error instead of the 100, as a real server may answer;
+        # whether it sends its body anyway is unknown (aiohttp does), so the connection closes after the answer.
+        waiting = length != 0 and "100-continue" in head.tokens("expect")
+        if not waiting:
+            await _copy_body(link.client_reader, None, length)
+        keep = head.keeps_alive and not waiting
         status, reason, code, message = _ERROR_ANSWERS[fault]
         body = (
             b""
-            if head_only
+            if head.method == "HEAD"
             else (
                 '<?xml version="1.0" encoding="UTF-8"?>\n'
                 f"<Error><Code>{code}</Code><Message>{message}</Message>"
                 f"<RequestId>fault-{time.monotonic_ns()}</RequestId></Error>"
             ).encode()
         )
-        head = (
+        answer = (
             f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\nContent-Length: {len(body)}\r\n"
-            "Connection: close\r\n\r\n"
+            + ("" if keep else "Connection: close\r\n")
+            + "\r\n"
         ).encode()
-        await asyncio.sleep(self.latency)
-        writer.write(head + body)
-        await writer.drain()
-        # Read what the client still sends (a body it began before the answer) until it hangs up: closing a socket
-        # with unread bytes would reset the connection, and the client should see the answer, not a reset.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(_drain(reader), timeout=5.0)
+        await self._answer_late(0.0)
+        link.client_writer.write(answer + body)
+        await link.client_writer.drain()
+        if not keep:
+            # Read what the client still sends until it hangs up: closing a socket with unread bytes would reset the
+            # connection, and the client should see the answer, not a reset.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(_drain(link.client_reader), _LINGER_SECONDS)
+        return keep
+
+    async def _forward(
+        self, link: _Connection, raw: bytes, head: _Head, request: ProxiedRequest, fault: Fault | None
+    ) -> bool:
+        if link.upstream_reader is None or link.upstream_writer is None:
+            link.upstream_reader, link.upstream_writer = await asyncio.open_connection(*self._upstream)
+        reader, writer = link.upstream_reader, link.upstream_writer
+        writer.write(self._outgoing(raw, head, request))
+        length = _body_length(head)
+        # The body goes on beside the wait for the answer: a client that sent `Expect: 100-continue` sends it only
+        # after the server's 100, and a server may answer before it read the whole body.
+        body = asyncio.create_task(_copy_body(link.client_reader, writer, length)) if length else None
+        try:
+            answer = await _final_head(reader, link.client_writer)
+            if answer is None:
+                return False  # the server closed without answering: so does the proxy
+            raw_answer, answer_head = answer
+            if answer_head.status == 101:
+                await _settle(body)
+                link.client_writer.write(raw_answer)
+                await self._tunnel(link, b"")
+                return False
+            answer_length = _body_length(answer_head, head.method)
+            keep = head.keeps_alive and answer_head.keeps_alive and answer_length != _UNTIL_CLOSE
+            if fault in AMBIGUOUS_FAULTS:
+                await _copy_body(reader, None, answer_length)  # the server is done: the request has taken effect
+                await _settle(body)
+                if fault is Fault.RESET_AFTER:
+                    _reset(link.client_writer)
+                    return False
+                # Withhold the answer until the client hangs up (its read timeout) or the hold ends.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(_drain(link.client_reader), self.hold_seconds)
+                return False
+            await self._answer_late(self.slow_seconds if fault is Fault.SLOW else 0.0)
+            link.client_writer.write(raw_answer)
+            await _copy_body(reader, link.client_writer, answer_length)
+            await link.client_writer.drain()
+            # An answer that came before the whole body leaves the connection's framing unknown: it closes.
+            return await _settle(body) and keep
+        finally:
+            if body is not None and not body.done():
+                body.cancel()
+                with contextlib.suppress(asyncio.CancelledError, ConnectionError, OSError, EOFError, ValueError):
+                    await body
+
+    def _outgoing(self, raw: bytes, head: _Head, request: ProxiedRequest) -> bytes:
+        """The request head to forward: as sent, or without its conditions under `ignore_conditional_writes`."""
+        if not self.ignore_conditional_writes or head.method in _READS:
+            return raw
+        kept = []
+        for line in raw.split(b"\r\n"):
+            name, colon, value = line.partition(b":")
+            if colon and name.strip().lower() in _CONDITIONS:
+                field, text = name.strip().decode("latin-1"), value.strip().decode("latin-1")
+                self.stripped.append(StrippedHeader(field, text, request))
+            else:
+                kept.append(line)
+        return b"\r\n".join(kept)
+
+    async def _answer_late(self, extra: float) -> None:
+        delay = self._latency + extra
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    async def _tunnel(self, link: _Connection, sent: bytes) -> None:
+        """Pass the rest of the connection through both ways, unparsed, until the server is done."""
+        if link.upstream_reader is None or link.upstream_writer is None:
+            link.upstream_reader, link.upstream_writer = await asyncio.open_connection(*self._upstream)
+        link.upstream_writer.write(sent)
+        to_upstream = asyncio.create_task(_pipe(link.client_reader, link.upstream_writer))
+        try:
+            await _pipe(link.upstream_reader, link.client_writer)
+        finally:
+            if not to_upstream.done():
+                to_upstream.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ConnectionError, OSError):
+                await to_upstream
+
+
+async def _read_head(reader: asyncio.StreamReader) -> bytes | None:
+    """The next message head on `reader`, through its blank line; `None` if the stream ends first."""
+    while True:
+        try:
+            raw = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError:
+            return None
+        raw = raw.lstrip(b"\r\n")  # empty lines before a message are to be ignored (RFC 9112, section 2.2)
+        if raw:
+            return raw
+
+
+async def _final_head(reader: asyncio.StreamReader, client: asyncio.StreamWriter) -> tuple[bytes, _Head] | None:
+    """Relay the server's interim (1xx) answers to the client at once; return its final answer's head, if any."""
+    while True:
+        raw = await _read_head(reader)
+        if raw is None:
+            return None
+        head = _parse_head(raw, response=True)
+        if head is None:
+            raise ValueError("The server's answer is not HTTP/1.x.")
+        if not 100 <= head.status < 200 or head.status == 101:
+            return raw, head
+        client.write(raw)
+        await client.drain()
+
+
+async def _settle(body: asyncio.Task[None] | None) -> bool:
+    """
+    :returns: Whether the request's body went through whole; if not, stop sending it.
+    :raises Exception: What stopped the body from going through (e.g. the client hung up).
+    """
+    if body is None:
+        return True
+    if body.done():
+        body.result()
+        return True
+    body.cancel()
+    with contextlib.suppress(asyncio.CancelledError, ConnectionError, OSError, EOFError, ValueError):
+        await body
+    return False
+
+
+# The copies below wait for the writer before each write, not after: they end right after their last write, so a copy
+# task that is not done when the server's answer has arrived had not yet read the whole body (see `_settle`).
+
+
+async def _copy_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter | None, length: int) -> None:
+    """Copy one message body, framed by `length` (see `latency_proxy._body_length`); a `None` writer discards it."""
+    if length == _CHUNKED:
+        await _copy_chunked(reader, writer)
+    elif length == _UNTIL_CLOSE:
+        await _copy_until_close(reader, writer)
+    else:
+        await _copy_exactly(reader, writer, length)
+
+
+async def _copy_exactly(reader: asyncio.StreamReader, writer: asyncio.StreamWriter | None, size: int) -> None:
+    while size > 0:
+        if writer is not None:
+            await writer.drain()
+        chunk = await reader.read(min(size, _CHUNK))
+        if not chunk:
+            raise asyncio.IncompleteReadError(b"", size)
+        size -= len(chunk)
+        if writer is not None:
+            writer.write(chunk)
+
+
+async def _copy_chunked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter | None) -> None:
+    """Copy a chunked body as it is framed: chunks (extensions and all), the last chunk, trailer fields."""
+    while True:
+        line = await reader.readuntil(b"\r\n")
+        size = int(line.split(b";", 1)[0].strip(), 16)
+        if size < 0:
+            raise ValueError("A chunk's size must not be negative.")
+        if writer is not None:
+            await writer.drain()
+            writer.write(line)
+        if size == 0:
+            break
+        await _copy_exactly(reader, writer, size + 2)  # the chunk and its CRLF
+    while True:
+        line = await reader.readuntil(b"\r\n")
+        if writer is not None:
+            writer.write(line)
+        if line == b"\r\n":
+            return
+
+
+async def _copy_until_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter | None) -> None:
+    while True:
+        if writer is not None:
+            await writer.drain()
+        chunk = await reader.read(_CHUNK)
+        if not chunk:
+            return
+        if writer is not None:
+            writer.write(chunk)
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await _copy_until_close(reader, writer)
+    await writer.drain()
+    if writer.can_write_eof():
+        writer.write_eof()
 
 
 async def _drain(reader: asyncio.StreamReader) -> None:
@@ -364,17 +629,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=0.1, help="share of requests that fail (default: %(default)s)")
     parser.add_argument(
         "--kinds",
-        default=",".join(kind.value for kind in Fault),
+        default=",".join(kind.value for kind in DEFAULT_FAULTS),
         help="comma-separated faults to draw from (default: %(default)s)",
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     parser.add_argument("--latency", type=float, default=0.0, help="seconds added per answer (default: %(default)s)")
     parser.add_argument("--port", type=int, default=0, help="port to listen on, 0 for any (default: %(default)s)")
+    parser.add_argument(
+        "--ignore-conditional-writes",
+        action="store_true",
+        help="strip If-None-Match and If-Match from writes (moto only: it breaks their signatures)",
+    )
     args = parser.parse_args(argv)
     plan = FaultPlan(rate=args.rate, kinds=[kind.strip() for kind in args.kinds.split(",")], seed=args.seed)
 
     async def serve() -> None:
-        proxy = await FaultProxy(args.upstream, plan=plan, latency=args.latency, port=args.port).start()
+        proxy = await FaultProxy(
+            args.upstream,
+            plan=plan,
+            latency=args.latency,
+            ignore_conditional_writes=args.ignore_conditional_writes,
+            port=args.port,
+        ).start()
         print(f"Fault proxy ({args.rate:.0%} of requests fail) at {proxy.endpoint_url} -> {args.upstream}", flush=True)
         try:
             await asyncio.Event().wait()

@@ -1,38 +1,10 @@
 """
-A loopback TCP proxy that adds latency in front of an HTTP/1.1 server (moto's S3) and counts the requests it passes.
-
-Real S3 answers a small PUT in tens of milliseconds and serves thousands in parallel; moto's server on loopback answers
-in about a millisecond but serves only a few hundred requests a second. Put this proxy in front of moto and clients see
-S3-like response times, so a benchmark measures how well they overlap requests rather than how fast moto is::
+A loopback TCP proxy that adds latency in front of an HTTP/1.1 server (moto's S3) and logs the requests it passes::
 
     client ──► LatencyProxy ──► moto ──► LatencyProxy ──(+latency)──► client
 
-The latency stands for the service's time to answer, so it is added once per request: every byte of a final response
-reaches the client `latency` after it left the server (a delay line, not a queue: responses in flight overlap, however
-many there are). Interim ``100 Continue`` answers pass at once: botocore sends every PUT with ``Expect: 100-continue``,
-and the round trip that costs against real S3 is a network round trip, not a service time. Requests are forwarded at
-once, and connections to the proxy are accepted at once, as if the client's connections were kept alive.
-
-The proxy reads the head of each request passing through (method and target; bodies are skipped by their
-``Content-Length``) and keeps a log, so a benchmark can count "requests per offloaded result" at the wire. A request
-with a chunked body ends the counting on its connection (the bytes are still forwarded).
-
-Example::
-
-    from haystack_integrations.offload.testing.local_s3 import LocalS3Server
-    from haystack_integrations.offload.testing.latency_proxy import LatencyProxy
-
-    with LocalS3Server() as s3, LatencyProxy(s3.endpoint_url, latency=0.2) as proxy:
-        options = {**s3.storage_options(), "endpoint_url": proxy.endpoint_url}
-        ...                                      # every S3 request now takes 200 ms longer
-        assert proxy.requests.count(method="PUT") == 1
-
-From a shell: ``python -m haystack_integrations.offload.testing.latency_proxy --upstream http://127.0.0.1:5000
---latency 0.2``.
-
-Extending: every parsed request goes through `LatencyProxy._on_request` before its bytes are forwarded, on the
-proxy's event loop. Fault injection (answering 500/503, resetting or stalling a connection) is `faults.FaultProxy`, a
-subclass that decides each connection's fate from its first request head before forwarding anything.
+Also the parts `faults.FaultProxy` builds on: the request log and HTTP/1.1 head parsing. From a shell:
+``python -m haystack_integrations.offload.testing.latency_proxy --upstream http://127.0.0.1:5000 --latency 0.2``.
 """
 
 from __future__ import annotations
@@ -70,12 +42,21 @@ class ProxiedRequest:
     :param target: The request target as sent (path and query).
     :param connection: A number identifying the client connection it came on.
     :param at: When its head arrived (`time.monotonic`).
+    :param headers: Its header fields as the client sent them (names in the client's case, in its order).
     """
 
     method: str
     target: str
     connection: int
     at: float
+    headers: tuple[tuple[str, str], ...] = ()
+
+    def header(self, name: str) -> str | None:
+        """
+        :param name: A header name, in any case.
+        :returns: Its value (the values of repeated fields joined by ``", "``), or `None` if the request had none.
+        """
+        return _header(self.headers, name)
 
 
 class ThreadSafeLog(Generic[Entry]):
@@ -129,10 +110,93 @@ class ProxyLog(ThreadSafeLog[ProxiedRequest]):
         return Counter(request.method for request in self.snapshot())
 
 
+# How a body is framed, besides its length in bytes (see `_body_length`).
+_CHUNKED = -1
+_UNTIL_CLOSE = -2
+_HTTP_VERSION = re.compile(r"HTTP/1\.[01]")
+
+
+def _header(headers: tuple[tuple[str, str], ...], name: str) -> str | None:
+    wanted = name.lower()
+    values = [value for field, value in headers if field.lower() == wanted]
+    return ", ".join(values) if values else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Head:
+    """
+    The head of an HTTP/1.x message: a request's (method, target, version) or a response's (version, status), and its
+    header fields as sent.
+    """
+
+    version: str
+    headers: tuple[tuple[str, str], ...]
+    method: str = ""
+    target: str = ""
+    status: int = 0
+
+    def header(self, name: str) -> str | None:
+        return _header(self.headers, name)
+
+    def tokens(self, name: str) -> set[str]:
+        """The comma-separated values of a header such as ``Connection`` or ``Expect``, in lower case."""
+        return {token.strip().lower() for token in (self.header(name) or "").split(",") if token.strip()}
+
+    @property
+    def keeps_alive(self) -> bool:
+        """Whether the connection may carry another message after this one, as far as this head says."""
+        if self.version == "HTTP/1.0":
+            return "keep-alive" in self.tokens("connection")
+        return "close" not in self.tokens("connection")
+
+
+def _parse_head(raw: bytes, *, response: bool = False) -> _Head | None:
+    """
+    :param raw: A message head, through its blank line or without it.
+    :param response: Parse a response head (status line) instead of a request head (request line).
+    :returns: The head, or `None` if it is not HTTP/1.x.
+    """
+    start, *lines = raw.decode("latin-1").rstrip("\r\n").split("\r\n")
+    parts = start.split(" ", 2)
+    headers = []
+    for line in lines:
+        name, colon, value = line.partition(":")
+        if colon:
+            headers.append((name.strip(), value.strip()))
+    if response:
+        if len(parts) < 2 or not _HTTP_VERSION.fullmatch(parts[0]) or not (len(parts[1]) == 3 and parts[1].isdigit()):
+            return None
+        return _Head(parts[0], tuple(headers), status=int(parts[1]))
+    if len(parts) != 3 or not _HTTP_VERSION.fullmatch(parts[2]):
+        return None
+    return _Head(parts[2], tuple(headers), method=parts[0].upper(), target=parts[1])
+
+
+def _body_length(head: _Head, request_method: str | None = None) -> int:
+    """
+    How the body that follows `head` is framed (RFC 9112, section 6).
+
+    :param head: A request head, or a response head.
+    :param request_method: For a response, the method of the request it answers; `None` for a request.
+    :returns: The body's length in bytes, `_CHUNKED`, or `_UNTIL_CLOSE` (a response that ends when the server closes).
+    :raises ValueError: If the Content-Length is not a length.
+    """
+    if request_method is not None and (request_method == "HEAD" or head.status < 200 or head.status in (204, 304)):
+        return 0
+    if "chunked" in head.tokens("transfer-encoding"):
+        return _CHUNKED
+    length = head.header("content-length")
+    if length is None:
+        return 0 if request_method is None else _UNTIL_CLOSE
+    if not length.isdigit():
+        raise ValueError(f"Content-Length {length!r} is not a length.")
+    return int(length)
+
+
 class _RequestHeads:
     """Finds request heads in a client's byte stream, skipping bodies by Content-Length."""
 
-    def __init__(self, on_request: Callable[[str, str], None]) -> None:
+    def __init__(self, on_request: Callable[[_Head], None]) -> None:
         self._on_request = on_request
         self._buffer = bytearray()
         self._body_left = 0
@@ -152,36 +216,58 @@ class _RequestHeads:
             if end < 0:
                 self._lost = len(self._buffer) > _MAX_HEAD
                 return
-            head = bytes(self._buffer[:end]).decode("latin-1")
+            head = bytes(self._buffer[:end])
             del self._buffer[: end + 4]
             self._parse(head)
             skipped = min(self._body_left, len(self._buffer))
             del self._buffer[:skipped]
             self._body_left -= skipped
 
-    def _parse(self, head: str) -> None:
-        request_line, *header_lines = head.split("\r\n")
-        parts = request_line.split(" ")
-        if len(parts) != 3:
+    def _parse(self, raw: bytes) -> None:
+        head = _parse_head(raw)
+        if head is None:
             self._lost = True
             return
-        headers = {}
-        for line in header_lines:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        self._on_request(parts[0].upper(), parts[1])
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            self._lost = True  # chunked bodies are forwarded but not parsed
-            return
+        self._on_request(head)
         try:
-            self._body_left = max(0, int(headers.get("content-length", "0")))
+            length = _body_length(head)
         except ValueError:
             self._lost = True
+            return
+        if length == _CHUNKED:
+            self._lost = True  # chunked bodies are forwarded but not parsed
+            return
+        self._body_left = length
 
 
 class LatencyProxy:
     """
     A TCP proxy on loopback that delays every final response by `latency` and logs the requests it passes.
+
+    Real S3 answers a small PUT in tens of milliseconds and serves thousands in parallel; moto's server on loopback
+    answers in about a millisecond but serves only a few hundred requests a second. Put this proxy in front of moto and
+    clients see S3-like response times, so a benchmark measures how well they overlap requests rather than how fast
+    moto is.
+
+    The latency stands for the service's time to answer, so it is added once per request: every byte of a final
+    response reaches the client `latency` after it left the server (a delay line, not a queue: responses in flight
+    overlap, however many there are). Interim ``100 Continue`` answers pass at once: botocore sends PUTs with
+    ``Expect: 100-continue``, and the round trip that costs against real S3 is a network round trip, not a service time.
+    Requests are forwarded at once, and connections to the proxy are accepted at once.
+
+    The proxy reads the head of each request passing through (method, target and headers; bodies are skipped by their
+    ``Content-Length``) and logs it in `requests`, so a benchmark can count "requests per offloaded result" at the wire.
+    A request with a chunked body ends the counting on its connection (the bytes are still forwarded).
+
+    ```python
+    with LocalS3Server() as s3, LatencyProxy(s3.endpoint_url, latency=0.2) as proxy:
+        options = {**s3.storage_options(), "endpoint_url": proxy.endpoint_url}
+        ...                                      # every S3 request now takes 200 ms longer
+        assert proxy.requests.count(method="PUT") == 1
+    ```
+
+    Extending: every parsed request goes through `_on_request` before its bytes are forwarded, on the proxy's event
+    loop. `faults.FaultProxy` is a subclass that frames each request and its answer to decide every request's fate.
 
     Run it on the caller's event loop (`start` / `stop`) or in a background thread with its own loop (use it as a
     context manager, or `start_in_thread` / `stop_in_thread`). `latency` may be changed while it runs.
@@ -364,7 +450,9 @@ class LatencyProxy:
         """Copy the client's bytes to the server at once, logging each request head on the way."""
         parsed: list[ProxiedRequest] = []
         heads = _RequestHeads(
-            lambda method, target: parsed.append(ProxiedRequest(method, target, connection, time.monotonic()))
+            lambda head: parsed.append(
+                ProxiedRequest(head.method, head.target, connection, time.monotonic(), head.headers)
+            )
         )
         await self._copy_requests(reader, writer, heads, parsed)
 
