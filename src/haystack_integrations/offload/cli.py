@@ -4,7 +4,9 @@ The ``offload-haystack`` command line.
 - ``demo``: the scripted multi-tenant demo (the README's first command); ``serve``: the reference server and its page;
 - operator commands over any store URL: ``ls`` (the tenant/session tree with sizes), ``cat`` (one result or
   document, by the path `ls` prints), ``du`` (usage per tenant and session), ``purge`` (a session, a tenant, or results
-  and inactive sessions older than an age), ``audit`` (a session's approval record). Each takes ``--json`` for scripts.
+  and inactive sessions older than an age), ``audit`` (a session's approval record), ``doctor`` (whether the object
+  store keeps the promises the library relies on: exit 0 pass, 1 a check failed, 3 a check could not tell). Each takes
+  ``--json`` for scripts.
 
 S3 as the AWS CLI has it: ``--endpoint-url``, ``--profile`` and ``--region`` on every command with a store, defaulting
 to ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, and ``AWS_REGION`` or ``AWS_DEFAULT_REGION``. They
@@ -575,9 +577,14 @@ def _ls(arguments: argparse.Namespace) -> int:
 
     root = _root(arguments)
     objects = _scan(arguments, root, arguments.tenant, arguments.session)
+    reading = _inside_layout(arguments, objects)
+    if reading is not None:
+        objects = reading.objects
     found = usage(objects)
     if arguments.json:
         payload = found.to_dict()
+        if reading is not None:
+            payload["listed_as"] = {"root": reading.root_url, "tenant": reading.tenant, "session": reading.session}
         if arguments.session is not None or arguments.recursive:
             payload["objects"] = [
                 {
@@ -593,6 +600,12 @@ def _ls(arguments: argparse.Namespace) -> int:
         _print_json(payload)
         return 0
     scope = "/".join(part for part in (arguments.tenant, arguments.session) if part)
+    if reading is not None:
+        what = f"session {reading.session!r} of tenant" if reading.session else "tenant"
+        print(
+            f"listing {what} {reading.tenant!r} of root {_shown(reading.root_url)} (as a root, the URL holds nothing "
+            "of this library's; paths below are relative to that root)"
+        )
     print(
         f"{_shown(arguments.url).rstrip('/')}/{scope + '/' if scope else ''}  "
         f"{len(found.tenants)} tenant(s), {sum(len(t.sessions) for t in found.tenants.values())} session(s), "
@@ -618,6 +631,21 @@ def _ls(arguments: argparse.Namespace) -> int:
     if found.other_objects:
         print(f"  (and {found.other_objects} object(s), {_size(found.other_bytes)}, not written by this library)")
     return 0
+
+
+def _inside_layout(arguments: argparse.Namespace, objects: list[Any]) -> Any:
+    """
+    `operations.read_inside_layout` for a URL given without ``--tenant``: a tenant's or session's prefix is listed as
+    that tenant or session of the root above it (`arguments` then name that root and scope).
+    """
+    from haystack_integrations.offload.operations import read_inside_layout
+
+    if arguments.tenant is not None or arguments.session is not None:
+        return None  # explicit flags: the URL is the root, as given
+    reading = read_inside_layout(arguments.url, objects)
+    if reading is not None:
+        arguments.url, arguments.tenant, arguments.session = reading.root_url, reading.tenant, reading.session
+    return reading
 
 
 def _du(arguments: argparse.Namespace) -> int:
@@ -793,6 +821,41 @@ def _purge(arguments: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor(arguments: argparse.Namespace) -> int:
+    from haystack_integrations.offload.operations.conformance import run_conformance
+
+    if arguments.url and arguments.store and arguments.url != arguments.store:
+        raise CommandError(f"Give the store once: {arguments.url!r} and --store {arguments.store!r} differ.")
+    arguments.url = arguments.store or arguments.url
+    if not arguments.url:
+        raise CommandError("Say which store to check: offload-haystack doctor --store URL.")
+    report = run_conformance(_root(arguments))
+    if arguments.json:
+        _print_json(report.to_dict())
+        return report.exit_status
+    print(f"offload-haystack doctor: {_shown(report.store)} (engine {report.engine}), below {report.prefix}/")
+    print()
+    _doctor_table([[check.name, check.verdict.upper(), check.detail] for check in report.checks])
+    counts = {verdict: sum(check.verdict == verdict for check in report.checks) for verdict in _VERDICTS}
+    print()
+    print(
+        ", ".join(f"{count} {verdict}" for verdict, count in counts.items() if count) + f"; exit {report.exit_status}"
+    )
+    return report.exit_status
+
+
+_VERDICTS = ("pass", "warn", "skipped", "unknown", "fail")
+
+
+def _doctor_table(rows: list[list[str]]) -> None:
+    header = ["check", "verdict", "detail"]
+    widths = [max(len(row[column]) for row in [header, *rows]) for column in range(2)]
+    print(f"{header[0]:<{widths[0]}}  {header[1]:<{widths[1]}}  {header[2]}")
+    print("-" * (widths[0] + widths[1] + 4 + max(len(row[2]) for row in [header, *rows])))
+    for name, verdict, detail in rows:
+        print(f"{name:<{widths[0]}}  {verdict:<{widths[1]}}  {detail}")
+
+
 def _confirmed(question: str) -> bool:
     if not sys.stdin.isatty():
         return False
@@ -842,8 +905,13 @@ def _s3_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--region", help="region of the bucket (default: $AWS_REGION, $AWS_DEFAULT_REGION)")
 
 
-def _store_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("url", help="store URL: a directory, file://..., memory://... or s3://bucket/prefix")
+def _store_arguments(parser: argparse.ArgumentParser, *, url_flag: bool = False) -> None:
+    where = "store URL: a directory, file://..., memory://... or s3://bucket/prefix"
+    if url_flag:  # `doctor --store URL`, as `demo` and `serve` take it; the URL alone works too
+        parser.add_argument("url", nargs="?", help=f"{where} (or --store)")
+        parser.add_argument("--store", help=where)
+    else:
+        parser.add_argument("url", help=where)
     parser.add_argument("--storage-options", help='fsspec options as JSON, e.g. {"endpoint_url": "http://..."}')
     parser.add_argument("--json", action="store_true", help="print JSON for scripts instead of text")
     _s3_arguments(parser)
@@ -904,7 +972,15 @@ def build_parser() -> argparse.ArgumentParser:
     _s3_arguments(serve)
     serve.set_defaults(handler=_serve)
 
-    ls = commands.add_parser("ls", help="the tenant/session tree with sizes")
+    ls = commands.add_parser(
+        "ls",
+        help="the tenant/session tree with sizes",
+        description="List a store's tenants, sessions, results and documents. A URL inside the layout, such as "
+        "s3://bucket/prod/acme or s3://bucket/prod/acme/chat-1, is listed as that tenant or session of the root above "
+        "it (and says so in its first line) when, read as a root, it holds nothing this library wrote but its objects "
+        "fit a tenant's or a session's layout; a root with results of its own is always listed as a root. With "
+        "--tenant or --session the URL is always the root.",
+    )
     _store_arguments(ls)
     ls.add_argument("--tenant", help="list this tenant's sessions")
     ls.add_argument("--session", help="list this session's results and documents (needs --tenant)")
@@ -946,6 +1022,19 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--tenant", required=True)
     audit.add_argument("--session", required=True)
     audit.set_defaults(handler=_audit)
+
+    doctor = commands.add_parser(
+        "doctor",
+        help="check that an object store keeps the promises this library relies on",
+        description="Check, below one fresh prefix of the store (removed after), that a second exclusive create is "
+        "refused, ranged reads carry the size, delimited listings page completely, batch deletes take missing keys, "
+        "multipart writes read back, and a conditional multipart completion is refused. Exit status: 0 every check "
+        "passed, warned or was skipped; 1 a check failed (a store that does not refuse a second exclusive create "
+        "among them: approvals and serve refuse it); 2 the doctor could not run (a bad argument, no store, refused "
+        "credentials); 3 no check failed but one could not tell (a transient error): run it again.",
+    )
+    _store_arguments(doctor, url_flag=True)
+    doctor.set_defaults(handler=_doctor)
     return parser
 
 

@@ -102,6 +102,49 @@ def scan(root: FsspecToolResultStore, *, tenant: str | None = None, session: str
     return sorted((classify(prefix + path, size) for path, size in found.items()), key=lambda item: item.path)
 
 
+@dataclass(frozen=True)
+class LayoutReading:
+    """A URL read as a tenant's or a session's prefix inside a root's layout (see `read_inside_layout`)."""
+
+    root_url: str
+    tenant: str
+    session: str | None
+    objects: list[StoredObject]
+    """The objects, classified with paths relative to `root_url` (as a scan of that root's scope gives them)."""
+
+
+def read_inside_layout(url: str, objects: list[StoredObject]) -> LayoutReading | None:
+    """
+    Whether a URL scanned as a root is rather a tenant's or a session's prefix of the root above it.
+
+    Only when the scan found nothing of this library's as a root (every object ``other``): then each object is
+    classified again as if the URL were ``<parent>/<tenant>`` or ``<grandparent>/<tenant>/<session>``, and the reading
+    that makes the most of them results, documents or temporary files wins (none does: None). A root that holds
+    results of its own is always a root.
+
+    :param url: The URL scanned, e.g. ``s3://bucket/prod/acme/chat-1``.
+    :param objects: What `scan` found below it as a root.
+    :returns: The reading, or None to keep the URL as a root.
+    """
+    if not objects or any(item.kind != "other" for item in objects):
+        return None
+    best: tuple[int, LayoutReading] | None = None
+    for depth in (1, 2):
+        parent, *ids = url.rstrip("/").rsplit("/", depth)
+        if len(ids) != depth or not parent or parent.endswith(":") or parent.endswith(":/"):
+            continue
+        try:
+            _below(ids[0], ids[1] if depth == 2 else None)
+        except ValueError:
+            continue
+        prefix = "".join(f"{segment}/" for segment in ids)
+        again = sorted((classify(prefix + item.path, item.size) for item in objects), key=lambda item: item.path)
+        own = sum(item.kind != "other" for item in again)
+        if own and (best is None or own > best[0]):
+            best = (own, LayoutReading(parent, ids[0], ids[1] if depth == 2 else None, again))
+    return best[1] if best is not None else None
+
+
 def delete(
     root: FsspecToolResultStore,
     objects: Iterable[StoredObject],

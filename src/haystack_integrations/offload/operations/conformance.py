@@ -1,0 +1,381 @@
+"""
+Whether an object store keeps the promises this library relies on: the checks behind ``offload-haystack doctor``.
+
+Every check works below one fresh prefix of the store (``<url>/.doctor-<random>/``), removed at the end even when a
+check fails, and needs only object read, write, list and delete permissions there (no bucket is created). Each gives
+``pass``, ``fail``, ``warn``, ``skipped`` (not for this backend, with why) or ``unknown`` (a transient failure: run
+again; never reported as "unsupported"). `ConformanceReport.exit_status` maps them to the command's exit status.
+"""
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from haystack_integrations.offload.errors import StorageUnavailableError
+from haystack_integrations.offload.stores import FsspecToolResultStore
+from haystack_integrations.offload.stores.blocking import blocking, blocking_here
+from haystack_integrations.offload.stores.chunks import ContentChunks
+from haystack_integrations.offload.stores.io import MULTIPART_THRESHOLD, S3IO, StorageIO
+from haystack_integrations.offload.stores.retry import http_status, retries_can_help, transient_cause
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_PASSED",
+    "EXIT_UNKNOWN",
+    "CheckResult",
+    "ConformanceReport",
+    "run_conformance",
+    "run_conformance_async",
+]
+
+Verdict = Literal["pass", "fail", "warn", "skipped", "unknown"]
+EXIT_PASSED = 0
+"""Every check passed, warned or was skipped."""
+EXIT_FAILED = 1
+"""At least one check failed (a second exclusive create not refused among them)."""
+EXIT_UNKNOWN = 3
+"""No check failed, but at least one could not tell (a transient failure): run the doctor again."""
+LISTED_OBJECTS = 5
+"""Objects the listing check puts: three in sub-prefixes (common prefixes) and two beside them."""
+LIST_PAGE = 2
+"""Keys per page the listing check asks for, so five objects take several pages."""
+_MAX_PAGES = 20
+_RANGED = bytes(range(100))
+_MULTIPART_BLOCK = 2**20
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    """
+    One check's outcome.
+
+    :param name: The check (``exclusive-create``, ``ranged-read``, ...).
+    :param verdict: ``pass``, ``fail``, ``warn``, ``skipped`` or ``unknown``.
+    :param detail: What happened, in one line.
+    :param finding: The raw answer where one exists (the exclusive create's ``enforced`` / ``ignored`` /
+        ``unsupported`` / ``unknown``; the conditional completion's ``refused`` / ``ignored`` / ``unsupported``).
+    """
+
+    name: str
+    verdict: Verdict
+    detail: str
+    finding: str | None = None
+
+
+@dataclass(frozen=True)
+class ConformanceReport:
+    """
+    What the doctor found on one store.
+
+    :param store: The store URL checked.
+    :param engine: ``fsspec`` or ``obstore``.
+    :param prefix: The unique prefix the checks worked under (removed after).
+    :param checks: The outcomes, in the order run; the last is ``cleanup``.
+    """
+
+    store: str
+    engine: str
+    prefix: str
+    checks: tuple[CheckResult, ...] = field(default=())
+
+    @property
+    def exit_status(self) -> int:
+        """`EXIT_FAILED` if any check failed, else `EXIT_UNKNOWN` if any could not tell, else `EXIT_PASSED`."""
+        verdicts = {check.verdict for check in self.checks}
+        if "fail" in verdicts:
+            return EXIT_FAILED
+        return EXIT_UNKNOWN if "unknown" in verdicts else EXIT_PASSED
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data (``ok``: the exit status is `EXIT_PASSED`)."""
+        return {
+            "store": self.store,
+            "engine": self.engine,
+            "prefix": self.prefix,
+            "ok": self.exit_status == EXIT_PASSED,
+            "exit_status": self.exit_status,
+            "checks": [asdict(check) for check in self.checks],
+        }
+
+
+def run_conformance(root: FsspecToolResultStore) -> ConformanceReport:
+    """
+    Run every check against the store `root` is rooted at, below a fresh prefix, and remove what they wrote.
+
+    :param root: An unscoped store; its URL, storage options, engine and retry policy are used.
+    :returns: The report.
+    """
+    probe = _probe_store(root)
+    io = probe._handle.io()
+    if io.blocking or not retries_can_help(io):
+        return blocking_here(_run_all, root, probe)
+    return blocking(_run_all, root, probe)
+
+
+async def run_conformance_async(root: FsspecToolResultStore) -> ConformanceReport:
+    """
+    Async `run_conformance` (S3 through s3fs: call it on fsspec's I/O loop, or use `run_conformance`).
+
+    :param root: An unscoped store.
+    :returns: The report.
+    """
+    return await _run_all(root, _probe_store(root))
+
+
+def _probe_store(root: FsspecToolResultStore) -> FsspecToolResultStore:
+    if root.scope:
+        raise ValueError("The doctor checks a root store; pass the root URL, not a scoped store.")
+    url = f"{root.url.rstrip('/')}/.doctor-{secrets.token_hex(6)}"
+    return FsspecToolResultStore(url, storage_options=root.storage_options, engine=root.engine, retry=root.retry)
+
+
+async def _run_all(root: FsspecToolResultStore, probe: FsspecToolResultStore) -> ConformanceReport:
+    base = probe._handle.root_path()
+    io = probe._handle.io()
+    client = _S3Client.of(io, probe.engine)
+    checks: list[CheckResult] = []
+    try:
+        checks.append(await _guarded("exclusive-create", lambda: _exclusive_create(probe)))
+        checks.append(await _guarded("ranged-read", lambda: _ranged_read(io, f"{base}/ranged")))
+        checks.append(await _guarded("list-delimiter", lambda: _listing(io, client, f"{base}/listing")))
+        checks.append(await _guarded("batch-delete", lambda: _batch_delete(io, f"{base}/delete")))
+        checks.append(await _guarded("multipart-write", lambda: _multipart_write(io, client, f"{base}/multipart")))
+        checks.append(await _guarded("conditional-multipart", lambda: _conditional_multipart(io, client, base)))
+    finally:
+        checks.append(await _guarded("cleanup", lambda: _cleanup(io, client, base)))
+    return ConformanceReport(root.url, root.engine, probe.url, tuple(checks))
+
+
+async def _guarded(name: str, check: Callable[[], Awaitable[tuple[Verdict, str] | CheckResult]]) -> CheckResult:
+    """Run one check; a transient failure is ``unknown``, any other error a ``fail`` naming it."""
+    try:
+        outcome = await check()
+    except Exception as error:
+        if isinstance(error, StorageUnavailableError) or transient_cause(error) is not None:
+            return CheckResult(name, "unknown", f"transient failure, run again: {transient_cause(error) or error}")
+        return CheckResult(name, "fail", f"{type(error).__name__}: {_first_line(error)}")
+    if isinstance(outcome, CheckResult):
+        return outcome
+    return CheckResult(name, *outcome)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:200] if text else type(error).__name__
+
+
+@dataclass(frozen=True)
+class _S3Client:
+    """The S3 client behind a store's I/O, for the checks that speak S3 directly (None parts: not S3)."""
+
+    kind: Literal["s3fs", "obstore"] | None
+    fs: Any = None
+    obstore_settings: Any = None
+
+    @classmethod
+    def of(cls, io: StorageIO, engine: str) -> "_S3Client":
+        inner = getattr(io, "inner", io)
+        if isinstance(inner, S3IO):
+            return cls("s3fs", fs=inner.fs)
+        if engine == "obstore":
+            return cls("obstore", obstore_settings=getattr(inner, "settings", None))
+        return cls(None)
+
+    def s3_store(self, bucket: str) -> Any:
+        from obstore.store import S3Store
+
+        settings = self.obstore_settings
+        return S3Store(
+            bucket,
+            config=settings.config,
+            client_options=settings.client_options,
+            retry_config=settings.retry_config,
+        )
+
+
+_NOT_S3 = "S3 only: this store is not on S3"
+# A store that ignores or refuses conditional creates fails: approvals, claims and turns are refused on it.
+_EXCLUSIVE: dict[str, Verdict] = {"enforced": "pass", "ignored": "fail", "unsupported": "fail", "unknown": "unknown"}
+
+
+async def _exclusive_create(probe: FsspecToolResultStore) -> CheckResult:
+    check = await probe.check_exclusive_creates_async(refresh=True)
+    return CheckResult("exclusive-create", _EXCLUSIVE[check.verdict], check.detail, finding=check.verdict)
+
+
+async def _ranged_read(io: StorageIO, path: str) -> tuple[Verdict, str]:
+    await io.put_async(path, _RANGED)
+    data, size = await io.get_range_and_size_async(path, 10, 20)
+    if (data, size) != (_RANGED[10:20], len(_RANGED)):
+        return "fail", f"bytes 10-19 of a 100-byte object came back as {len(data)} byte(s) of size {size}"
+    past, size_past = await io.get_range_and_size_async(path, 200, 210)
+    if past or size_past != len(_RANGED):
+        return "fail", f"a range past the end gave {len(past)} byte(s) and size {size_past} (want none, and 100)"
+    return "pass", "a ranged read returns the bytes and the total size; past the end, the size and no bytes"
+
+
+async def _listing(io: StorageIO, client: _S3Client, base: str) -> tuple[Verdict, str]:
+    if client.kind is None:
+        return "skipped", f"{_NOT_S3} (pagination and common prefixes are S3 LIST semantics)"
+    folders = [f"d{number}" for number in range(LISTED_OBJECTS - 2)]
+    files = [f"f{number}" for number in range(2)]
+    for name in [f"{folder}/object" for folder in folders] + files:
+        await io.put_async(f"{base}/{name}", b"x")
+    bucket, _, key = base.partition("/")
+    prefix = f"{key}/"
+    if client.kind == "s3fs":
+        prefixes, keys, pages, oversized = await _s3fs_pages(client.fs, bucket, prefix)
+        how = f"in {pages} page(s) of at most {LIST_PAGE}"
+    else:
+        import obstore
+
+        found = await obstore.list_with_delimiter_async(client.s3_store(bucket), key)
+        prefixes = [f"{name.rstrip('/')}/" for name in found["common_prefixes"]]
+        keys = [meta["path"] for meta in found["objects"]]
+        oversized, how = False, "in the server's pages (obstore sets no max-keys: small pages are not exercised)"
+    want_prefixes, want_keys = sorted(f"{prefix}{folder}/" for folder in folders), sorted(prefix + f for f in files)
+    if sorted(prefixes) != want_prefixes or sorted(keys) != want_keys:
+        return "fail", (
+            f"a delimited listing {how} gave {len(prefixes)} common prefix(es) and {len(keys)} key(s) "
+            f"(want {len(folders)} and {len(files)}, each once)"
+        )
+    if oversized:
+        return "warn", f"complete, but a page held more than the {LIST_PAGE} keys asked for (MaxKeys ignored)"
+    return "pass", f"{len(folders)} common prefixes and {len(files)} keys, complete and each once {how}"
+
+
+async def _s3fs_pages(fs: Any, bucket: str, prefix: str) -> tuple[list[str], list[str], int, bool]:
+    prefixes: list[str] = []
+    keys: list[str] = []
+    token: str | None = None
+    oversized = False
+    for page in range(1, _MAX_PAGES + 1):
+        extra = {"ContinuationToken": token} if token else {}
+        answer = await fs._call_s3(
+            "list_objects_v2", Bucket=bucket, Prefix=prefix, Delimiter="/", MaxKeys=LIST_PAGE, **extra
+        )
+        page_prefixes = [entry["Prefix"] for entry in answer.get("CommonPrefixes") or []]
+        page_keys = [entry["Key"] for entry in answer.get("Contents") or []]
+        oversized = oversized or len(page_prefixes) + len(page_keys) > LIST_PAGE
+        prefixes += page_prefixes
+        keys += page_keys
+        token = answer.get("NextContinuationToken")
+        if not answer.get("IsTruncated"):
+            return prefixes, keys, page, oversized
+        if not token:
+            raise OSError("a truncated listing page carried no continuation token")
+    raise OSError(f"the listing did not end within {_MAX_PAGES} pages of {LIST_PAGE} for {LISTED_OBJECTS} objects")
+
+
+async def _batch_delete(io: StorageIO, base: str) -> tuple[Verdict, str]:
+    present, missing = f"{base}/present", f"{base}/missing"
+    await io.put_async(present, b"x")
+    await io.delete_async([present, missing])
+    if await io.find_async(base):
+        return "fail", "a batch delete of one existing and one missing key left the existing one in place"
+    return "pass", "a batch delete of one existing and one missing key: no error, and the existing one is gone"
+
+
+def _multipart_content() -> Iterator[bytes]:
+    # Block n is filled with n, so a part stored out of order or twice shows up in the bytes read back.
+    for block in range(MULTIPART_THRESHOLD // _MULTIPART_BLOCK + 1):
+        yield bytes([block]) * _MULTIPART_BLOCK
+
+
+async def _multipart_write(io: StorageIO, client: _S3Client, path: str) -> tuple[Verdict, str]:
+    if client.kind is None:
+        return "skipped", f"{_NOT_S3} (writes elsewhere are whole, never multipart)"
+    content = ContentChunks(b"".join(_multipart_content()), chunk_chars=_MULTIPART_BLOCK)
+    total = content.nbytes
+    await io.put_chunks_async(path, content)
+    del content
+    size = await io.size_async(path)
+    if size != total:
+        return "fail", f"a multipart write of {total:,} bytes reads back as {size:,}"
+    blocks = total // _MULTIPART_BLOCK
+    for block in (0, blocks // 2, blocks - 1):
+        data, _ = await io.get_range_and_size_async(path, block * _MULTIPART_BLOCK, block * _MULTIPART_BLOCK + 4)
+        if data != bytes([block]) * 4:
+            return "fail", f"a multipart write of {total:,} bytes reads back wrong at MiB {block}"
+    return "pass", f"a multipart write of {total // 2**20} MiB (above {MULTIPART_THRESHOLD // 2**20} MiB) reads back"
+
+
+async def _conditional_multipart(io: StorageIO, client: _S3Client, base: str) -> CheckResult:
+    name = "conditional-multipart"
+    if client.kind is None:
+        return CheckResult(name, "skipped", f"{_NOT_S3} (multipart uploads are S3's)")
+    if client.kind == "obstore":
+        return CheckResult(
+            name,
+            "skipped",
+            "obstore cannot send a conditional CompleteMultipartUpload (and its exclusive creates are single PUTs); "
+            "run with --engine fsspec to check the server",
+        )
+    path = f"{base}/conditional"
+    await io.put_async(path, b"original")
+    fs = client.fs
+    bucket, _, key = path.partition("/")
+    upload = (await fs._call_s3("create_multipart_upload", Bucket=bucket, Key=key))["UploadId"]
+    completed = False
+    try:
+        part = await fs._call_s3("upload_part", Bucket=bucket, Key=key, UploadId=upload, PartNumber=1, Body=b"new")
+        parts = {"Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]}
+        try:
+            await fs._call_s3(
+                "complete_multipart_upload",
+                Bucket=bucket,
+                Key=key,
+                UploadId=upload,
+                MultipartUpload=parts,
+                IfNoneMatch="*",
+            )
+        except Exception as error:
+            return _refused_completion(name, error)
+        completed = True
+    finally:
+        if not completed:
+            with contextlib.suppress(Exception):
+                await fs._call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload)
+        fs.invalidate_cache(path)
+    now = await io.get_async(path)
+    what = "overwrote the existing object" if now == b"new" else "was accepted"
+    return CheckResult(
+        name,
+        "warn",
+        f"CompleteMultipartUpload with If-None-Match: * {what} (as Ceph RGW does); this library writes coordination "
+        "documents as single PUTs only, so coordination is unaffected",
+        finding="ignored",
+    )
+
+
+def _refused_completion(name: str, error: Exception) -> CheckResult:
+    status = http_status(error)
+    if status == 412 or isinstance(error, FileExistsError):
+        return CheckResult(
+            name, "pass", "CompleteMultipartUpload with If-None-Match: * on an existing key: refused (412)", "refused"
+        )
+    if status == 501 or isinstance(error, NotImplementedError):
+        return CheckResult(
+            name,
+            "warn",
+            "CompleteMultipartUpload with If-None-Match: * answered 501 (not supported); coordination is unaffected",
+            finding="unsupported",
+        )
+    raise error
+
+
+async def _cleanup(io: StorageIO, client: _S3Client, base: str) -> tuple[Verdict, str]:
+    found = await io.find_async(base)
+    if found:
+        await io.delete_async(list(found))
+    if client.kind is None:
+        # Local disk and memory keep the directories the objects were in.
+        with contextlib.suppress(FileNotFoundError):
+            await asyncio.to_thread(io.fs.rm, base, recursive=True)
+    left = await io.find_async(base)
+    if left:
+        return "fail", f"{len(left)} object(s) left under {base}/: delete them by hand"
+    return "pass", f"removed the {len(found)} object(s) the checks wrote, and their prefix"

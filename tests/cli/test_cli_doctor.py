@@ -1,0 +1,154 @@
+"""
+``offload-haystack doctor``: the object-store checks on memory, local disk and moto (both engines), their exit
+statuses, a store that ignores conditional writes, and that nothing is left behind.
+"""
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from haystack_integrations.offload.cli import main
+from haystack_integrations.offload.operations.conformance import (
+    EXIT_FAILED,
+    EXIT_PASSED,
+    EXIT_UNKNOWN,
+    CheckResult,
+    ConformanceReport,
+)
+from haystack_integrations.offload.testing.faults import FaultProxy
+from haystack_integrations.offload.testing.local_s3 import LocalS3Server
+
+CHECKS = [
+    "exclusive-create",
+    "ranged-read",
+    "list-delimiter",
+    "batch-delete",
+    "multipart-write",
+    "conditional-multipart",
+    "cleanup",
+]
+S3_ONLY = {"list-delimiter", "multipart-write", "conditional-multipart"}
+
+
+def _doctor(capsys: pytest.CaptureFixture[str], *arguments: str) -> tuple[int, dict[str, Any]]:
+    code = main(["doctor", *arguments, "--json"])
+    captured = capsys.readouterr()
+    return code, json.loads(captured.out)
+
+
+def _verdicts(report: dict[str, Any]) -> dict[str, str]:
+    return {check["name"]: check["verdict"] for check in report["checks"]}
+
+
+def _s3_arguments(server: LocalS3Server, prefix: str, endpoint: str | None = None) -> list[str]:
+    options = server.storage_options()
+    options["endpoint_url"] = endpoint or options["endpoint_url"]
+    return ["--store", f"{server.bucket_url}/{prefix}", "--storage-options", json.dumps(options)]
+
+
+def _keys(server: LocalS3Server, prefix: str) -> list[str]:
+    listed = server.client().list_objects_v2(Bucket=server.bucket, Prefix=prefix)
+    return [entry["Key"] for entry in listed.get("Contents", [])]
+
+
+def test_doctor_on_memory_passes_and_skips_the_s3_checks(capsys: pytest.CaptureFixture[str]) -> None:
+    code, report = _doctor(capsys, "--store", f"memory://doctor-{uuid.uuid4().hex}")
+    verdicts = _verdicts(report)
+    assert code == EXIT_PASSED and report["ok"] is True and list(verdicts) == CHECKS
+    assert {name for name, verdict in verdicts.items() if verdict == "skipped"} == S3_ONLY
+    assert all(verdict == "pass" for name, verdict in verdicts.items() if name not in S3_ONLY)
+    skipped = [check["detail"] for check in report["checks"] if check["verdict"] == "skipped"]
+    assert all("S3 only" in detail for detail in skipped)
+
+
+def test_doctor_on_a_local_directory_leaves_it_as_it_was(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "README").write_text("an operator's file")
+    code, report = _doctor(capsys, str(tmp_path))  # the URL alone, as the other commands take it
+    assert code == EXIT_PASSED, report
+    assert _verdicts(report)["exclusive-create"] == "pass" and _verdicts(report)["ranged-read"] == "pass"
+    assert report["prefix"].startswith(f"{tmp_path}/.doctor-")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["README"]
+
+
+def test_doctor_prints_a_table_for_people(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor", "--store", f"memory://doctor-{uuid.uuid4().hex}"]) == EXIT_PASSED
+    out = capsys.readouterr().out
+    for name in CHECKS:
+        assert name in out
+    assert "PASS" in out and "SKIPPED" in out and out.rstrip().endswith("exit 0")
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("engine", ["fsspec", "obstore"])
+def test_doctor_on_s3_passes_and_leaves_no_object_behind(
+    s3_server: LocalS3Server, engine: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prefix = f"doctor-{uuid.uuid4().hex}"
+    code, report = _doctor(capsys, *_s3_arguments(s3_server, prefix), "--engine", engine)
+    verdicts = _verdicts(report)
+    assert code == EXIT_PASSED, report
+    assert list(verdicts) == CHECKS and report["engine"] == engine
+    expected = {name: "pass" for name in CHECKS}
+    if engine == "obstore":
+        expected["conditional-multipart"] = "skipped"  # obstore cannot send the conditional completion
+    assert verdicts == expected, report
+    assert report["checks"][0]["finding"] == "enforced"
+    assert _keys(s3_server, prefix) == []
+    uploads = s3_server.client().list_multipart_uploads(Bucket=s3_server.bucket, Prefix=prefix)
+    assert uploads.get("Uploads", []) == []
+
+
+@pytest.mark.s3
+def test_doctor_on_a_store_that_ignores_conditional_writes_fails(
+    s3_server: LocalS3Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prefix = f"doctor-{uuid.uuid4().hex}"
+    with FaultProxy(s3_server.endpoint_url, ignore_conditional_writes=True) as proxy:
+        code, report = _doctor(capsys, *_s3_arguments(s3_server, prefix, proxy.endpoint_url))
+        stripped = len(proxy.stripped.snapshot())
+    checks = {check["name"]: check for check in report["checks"]}
+    assert code == EXIT_FAILED and report["ok"] is False
+    assert checks["exclusive-create"]["verdict"] == "fail"
+    assert checks["exclusive-create"]["finding"] == "ignored"  # not "unsupported": the server said nothing of it
+    # A conditional multipart completion that is ignored is a warning: coordination never goes through multipart.
+    assert checks["conditional-multipart"]["verdict"] == "warn"
+    assert checks["conditional-multipart"]["finding"] == "ignored"
+    assert checks["ranged-read"]["verdict"] == "pass" and checks["cleanup"]["verdict"] == "pass"
+    assert stripped >= 3  # the probe's two creates and the completion
+    assert _keys(s3_server, prefix) == []
+
+
+@pytest.mark.s3
+def test_doctor_cannot_run_without_a_bucket(s3_server: LocalS3Server, capsys: pytest.CaptureFixture[str]) -> None:
+    options = json.dumps(s3_server.storage_options())
+    code = main(["doctor", "--store", f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}", "--storage-options", options])
+    captured = capsys.readouterr()
+    # Every check fails (the bucket is missing), and none is mistaken for a transient "unknown".
+    assert code == EXIT_FAILED, captured.err
+    assert "FAIL" in captured.out and "UNKNOWN" not in captured.out
+
+
+def test_doctor_refuses_two_different_stores(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor", str(tmp_path), "--store", "memory://other"]) == 2
+    assert "Give the store once" in capsys.readouterr().err
+    assert main(["doctor"]) == 2
+    assert "--store URL" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("verdicts", "status"),
+    [
+        (["pass", "warn", "skipped"], EXIT_PASSED),
+        (["pass", "unknown"], EXIT_UNKNOWN),
+        (["unknown", "fail"], EXIT_FAILED),
+        (["fail", "pass"], EXIT_FAILED),
+    ],
+)
+def test_exit_status_rules(verdicts: list[Any], status: int) -> None:
+    checks = tuple(CheckResult(f"check-{number}", verdict, "-") for number, verdict in enumerate(verdicts))
+    report = ConformanceReport("memory://x", "fsspec", "memory://x/.doctor-0", checks)
+    assert report.exit_status == status
+    assert report.to_dict()["exit_status"] == status
