@@ -179,6 +179,18 @@ def _reset_fsspec_globals() -> None:
         fs.invalidate_cache()
 
 
+@pytest.fixture(autouse=True)
+def _fresh_exclusive_create_checks() -> None:
+    """
+    Each test's first coordinated create probes its backend (`stores.exclusive_creates`), whichever tests ran before
+    in this worker: request counts do not depend on test order, and a verdict about one test's fault proxy never
+    outlives it (a later proxy may get the same port).
+    """
+    checks = sys.modules.get("haystack_integrations.offload.stores.exclusive_creates")
+    if checks is not None:
+        checks.forget_checks()
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     """A fresh, unique, empty root for one test, on each backend in turn."""

@@ -74,6 +74,12 @@ def checked(backend: tuple[str, ...]) -> ExclusiveCreateCheck | None:
         return _CHECKED.get(backend)
 
 
+def forget_checks() -> None:
+    """Drop every verdict this process holds, so the next coordinated create probes again (e.g. between tests)."""
+    with _CHECKED_LOCK:
+        _CHECKED.clear()
+
+
 async def check_exclusive_creates(
     io: StorageIO, directory: str, *, backend: tuple[str, ...], store: str
 ) -> ExclusiveCreateCheck:
