@@ -40,5 +40,8 @@ def roots(s3_server: LocalS3Server, fault_proxy: FaultProxy) -> Roots:
     # One real request first: it opens the client, and aiobotocore's read timeout holds from then on (right after a
     # bare warm_up, the very first request was seen waiting out the whole withheld answer instead).
     faulty.for_session("warm", "up").list()
+    # And the exclusive-create probe, which precedes the first coordinated create: the faults a test scripts then hit
+    # the requests the test makes.
+    faulty.check_exclusive_creates().require()
     fault_proxy.requests.clear()
     return Roots(faulty, FsspecToolResultStore(url, storage_options=s3_server.storage_options()))

@@ -42,6 +42,8 @@ def obstore_roots(s3_server: LocalS3Server, fault_proxy: FaultProxy) -> Roots:
     options = proxied_options(s3_server, fault_proxy)
     faulty = FsspecToolResultStore(url, storage_options=options, retry=FAST_RETRY, engine="obstore")
     direct = FsspecToolResultStore(url, storage_options=s3_server.storage_options(), engine="obstore")
+    faulty.check_exclusive_creates().require()  # the probe first: scripted faults hit the requests a test makes
+    fault_proxy.requests.clear()
     return Roots(faulty, direct)
 
 

@@ -111,6 +111,7 @@ def test_s3_create_is_one_conditional_put_and_a_lost_race_one_read_back(s3_serve
     )
     docs = store.for_session("acme", "chat-1").documents("claims")
     store.warm_up()
+    store.check_exclusive_creates().require()  # once per process and backend, before the first create
     s3_requests.clear()
     docs.create("call_9", b"first")
     with pytest.raises(DocumentExistsError):
