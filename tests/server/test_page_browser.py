@@ -61,10 +61,15 @@ document.addEventListener("securitypolicyviolation", (event) => {
 
 
 @pytest.fixture(scope="module")
-def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def page_directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The live server's directory: its store is ``results`` in it."""
+    return tmp_path_factory.mktemp("page")
+
+
+@pytest.fixture(scope="module")
+def live_server(page_directory: Path) -> Iterator[ServerProcess]:
     """The server on a local store, as `offload-haystack serve` runs it."""
-    directory = tmp_path_factory.mktemp("page")
-    with serve(store=str(directory / "results"), tokens=TOKENS, log=directory / "server.log") as server:
+    with serve(store=str(page_directory / "results"), tokens=TOKENS, log=page_directory / "server.log") as server:
         yield server
 
 
@@ -777,5 +782,52 @@ def test_an_approved_calls_progress_shows_live_before_the_final_answer(
         appearances = page.evaluate("window.appearances")
         assert appearances[0] == "progress" and "assistant" in appearances, appearances
         assert errors == [] and page.evaluate("window.cspViolations") == [] and _policy_errors(console) == []
+    finally:
+        context.close()
+
+
+def test_a_failed_resume_offers_continue_which_runs_the_decided_call(
+    live_server: ServerProcess, page_directory: Path, browser: "Browser", monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from playwright.sync_api import expect
+
+    from haystack_integrations.offload import FsspecToolResultStore
+    from haystack_integrations.offload.approvals.ledger import ApprovalLedger
+    from haystack_integrations.offload.demo.model import scripted_generator
+    from haystack_integrations.offload.errors import StorageUnavailableError
+    from haystack_integrations.offload.server import ChatService, build_agent
+    from haystack_integrations.offload.server.errors import RunFailedError
+
+    # The live server's store, from this process: a decision whose resume failed before the call ran.
+    session = FsspecToolResultStore(str(page_directory / "results")).for_session("acme", "failed-resume")
+    service = ChatService(build_agent(scripted_generator()))
+
+    async def unavailable(self: ApprovalLedger, claim: object) -> None:
+        raise StorageUnavailableError("injected: the store is unavailable")
+
+    async def decide_and_fail() -> None:
+        [request] = (await service.send_message(session, INVOICE)).pending
+        monkeypatch.setattr(ApprovalLedger, "claim_step_async", unavailable)
+        with pytest.raises(RunFailedError):
+            await service.decide(session, request.request_id, approved=True)
+        monkeypatch.undo()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:  # Playwright's own loop runs in this thread
+        pool.submit(lambda: asyncio.run(decide_and_fail())).result()
+    context = browser.new_context(viewport={"width": 1366, "height": 900})
+    errors: list[str] = []
+    console: list[str] = []
+    try:
+        page = _signed_in(context, errors, console, live_server.base_url, "failed-resume")
+        transcript = page.get_by_test_id("transcript")
+        expect(transcript).to_contain_text("The last turn failed")
+        expect(transcript).not_to_contain_text("sent to Initech")
+        page.get_by_test_id("continue").click()
+        expect(transcript).to_contain_text("sent to Initech for 250 EUR")
+        expect(page.get_by_test_id("continue")).to_have_count(0)
+        assert errors == [] and _policy_errors(console) == []
     finally:
         context.close()

@@ -123,3 +123,45 @@ def test_token_table_maps_bearer_headers_to_callers() -> None:
     assert table.caller(f"bearer   {TOKEN}  ") == caller
     for header in (None, "", "Bearer", f"Token {TOKEN}", f"Bearer {TOKEN.upper()}", TOKEN):
         assert table.caller(header) is None
+
+
+def test_the_engine_and_the_resume_lease_come_from_the_environment_and_serialize(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    defaults = ServerSettings(tokens={TOKEN: "acme"})
+    assert (defaults.engine, defaults.resume_lease) == ("fsspec", 120.0)
+    monkeypatch.setenv("OFFLOAD_SERVER_STORE", "s3://acme-results/prod")
+    monkeypatch.setenv("OFFLOAD_SERVER_ENGINE", "obstore")
+    monkeypatch.setenv("OFFLOAD_SERVER_RESUME_LEASE", "45.5")
+    settings = ServerSettings(tokens={TOKEN: "acme"})
+    assert (settings.engine, settings.resume_lease) == ("obstore", 45.5)
+    exported = settings.environment()
+    assert exported["OFFLOAD_SERVER_ENGINE"] == "obstore"
+    assert exported["OFFLOAD_SERVER_RESUME_LEASE"] == "45.5"
+    for name in ("OFFLOAD_SERVER_ENGINE", "OFFLOAD_SERVER_RESUME_LEASE"):
+        monkeypatch.delenv(name)
+    for name, value in exported.items():
+        monkeypatch.setenv(name, value)
+    rebuilt = ServerSettings()
+    assert (rebuilt.engine, rebuilt.resume_lease) == ("obstore", 45.5)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"resume_lease": 0}, "resume_lease"),
+        ({"resume_lease": -1}, "resume_lease"),
+        ({"engine": "boto"}, "engine"),
+        ({"engine": "obstore", "store": "memory://results"}, "serves s3:// stores only"),
+    ],
+)
+def test_bad_engines_and_resume_leases_are_refused(values: dict[str, object], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        ServerSettings(tokens={TOKEN: "acme"}, **values)
+
+
+def test_the_app_passes_the_engine_and_the_resume_lease_on(tmp_path: Path) -> None:
+    settings = ServerSettings(store=str(tmp_path / "results"), tokens={TOKEN: "acme"}, resume_lease=7.0)
+    app = create_app(settings)
+    assert app.state.root.engine == "fsspec"
+    assert app.state.service.resume_lease == 7.0

@@ -481,6 +481,7 @@ def _serve(arguments: argparse.Namespace) -> int:
     settings = _serve_s3(settings, arguments)
     _check_store(settings, arguments.workers)
     settings.check_model()  # --model openai: one request to the endpoint; a ModelEndpointError (ValueError) is one line
+    settings.check_store()  # the store refuses a second exclusive create, or serve stops (ServerStartupError: one line)
     base = f"http://{arguments.host}:{arguments.port}/"
     made: dict[str, str] = {}
     if not settings.tokens:

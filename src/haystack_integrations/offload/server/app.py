@@ -39,8 +39,8 @@ from haystack_integrations.offload.server.events import RunningTurns
 from haystack_integrations.offload.server.routes import HttpError, router
 from haystack_integrations.offload.server.service import ChatService
 from haystack_integrations.offload.server.settings import ServerSettings
+from haystack_integrations.offload.server.startup import require_exclusive_creates_async
 from haystack_integrations.offload.server.views import approval_view
-from haystack_integrations.offload.stores import FsspecToolResultStore
 
 logger = logging.getLogger("haystack_integrations.offload.server")
 
@@ -86,7 +86,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             'No bearer tokens are configured: set OFFLOAD_SERVER_TOKENS=\'{"<token>": "<tenant>"}\' or '
             "OFFLOAD_SERVER_TOKENS_FILE (offload-haystack serve makes demo tokens when none are given)."
         )
-    root = FsspecToolResultStore(settings.store, storage_options=settings.resolved_storage_options())
+    root = settings.results_store()
     agent = build_agent(
         settings.chat_generator(),
         offload_over_chars=settings.offload_over_chars,
@@ -97,12 +97,16 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         agent,
         approval_ttl=settings.approval_ttl,
         turn_lease=settings.turn_lease,
+        resume_lease=settings.resume_lease,
         system_prompt=settings.resolved_system_prompt(),
     )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await root.warm_up_async()
+        # Before the first request: on a store that ignores conditional writes no turn or approval could be made
+        # exactly once. Free when this process checked already (`app_from_environment`, `serve`): verdicts are cached.
+        app.state.exclusive_creates = await require_exclusive_creates_async(root)
         logger.info(
             "offload-haystack server %s: model: %s; store: %s; %d token(s) for %d tenant(s).",
             service.worker,
@@ -121,6 +125,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.state.tokens = tokens
     app.state.model_label = settings.model_label()
     app.state.scripted = settings.scripted
+    app.state.exclusive_creates = None  # the start-up check's verdict, for the health answer
     app.include_router(router)
     _add_error_handlers(app)
     # Outside everything but Starlette's error handler: an oversized body is refused before routing, auth or parsing.
@@ -239,9 +244,16 @@ def app_from_environment() -> FastAPI:
     """
     The application factory for ``uvicorn --factory``: settings from ``OFFLOAD_SERVER_*`` variables.
 
+    The store's exclusive creates are checked here, before the app exists, so a store that cannot coordinate stops
+    the worker with `ServerStartupError` in one line (uvicorn passes a factory's error on; a failed lifespan would be
+    a traceback).
+
     :returns: The ASGI application.
+    :raises ServerStartupError: If the store does not refuse a second exclusive create (or the check could not tell).
     """
-    return create_app(ServerSettings())
+    settings = ServerSettings()
+    settings.check_store()
+    return create_app(settings)
 
 
 def _declared_length(scope: Scope) -> int | None:

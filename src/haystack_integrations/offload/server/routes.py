@@ -219,13 +219,20 @@ router = APIRouter(prefix="/api")
 
 @router.get("/health")
 async def health(request: Request) -> dict[str, Any]:
-    """Liveness, and which model answers (the page shows it; a scripted model is labelled as such)."""
+    """
+    Liveness, which model answers (the page shows it; a scripted model is labelled as such), and the start-up check
+    of the store's exclusive creates.
+
+    Unauthenticated, so the check shows its verdict only: its store and detail name the bucket and the endpoint.
+    """
     service = _service(request)
+    check = request.app.state.exclusive_creates
     return {
         "status": "ok",
         "model": request.app.state.model_label,
         "scripted": request.app.state.scripted,
         "worker": service.worker,
+        "exclusive_creates": {"verdict": check.verdict if check is not None else "unchecked"},
     }
 
 

@@ -17,7 +17,8 @@ claimed, gets the run's events through Haystack's streaming callback and the pro
 the run stopped for. Without one the run is the same, minus the callback.
 
 A decision: `decide_async` (created once); when it was the step's last, a "resume" turn continues the conversation
-with `resume_async` (the approved call runs exactly once, whichever worker decided). A client that watches brings a
+with `resume_async` (the approved call runs exactly once, whichever worker decided). The same decision again, while
+its step is open (that resume failed), resumes it; another decision is a conflict. A client that watches brings a
 `TurnProgress` to the decision too (``decide(..., progress=...)``): the resumed run reports to it as a message turn
 does (the approved call, its result and offload, the model's reply, new approval requests).
 """
@@ -54,6 +55,7 @@ from haystack_integrations.offload.approvals import (
     resume_async,
 )
 from haystack_integrations.offload.approvals.decisions import newest_done_async, open_step_async
+from haystack_integrations.offload.approvals.ledger import sequence_of
 from haystack_integrations.offload.approvals.resume import (
     DEFAULT_RESUME_LEASE,
     OUTCOMES_KEY,
@@ -134,6 +136,8 @@ class Transcript:
     busy: bool
     status: TurnStatus | None
     error: str | None
+    resumable: bool = False
+    """Whether the newest turn failed (or was abandoned) with a held step decided but not run: `resume` continues it."""
 
 
 @dataclass
@@ -338,12 +342,19 @@ class ChatService:
         """
         state = await self._history(store).read()
         last = state.last_end
+        busy = state.busy(datetime.now(UTC))
+        resumable = False
+        if not busy and last is not None and last.status in ("failed", "abandoned"):
+            # Only after a failure is the ledger read: a resume that failed leaves its step open, decided, unrun.
+            step = await open_step_async(store)
+            resumable = step is not None and not step.waiting and step.resuming_until is None
         return Transcript(
             messages=state.conversation,
             turns=state.next_turn - 1,
-            busy=state.busy(datetime.now(UTC)),
+            busy=busy,
             status=last.status if last is not None else None,
             error=last.error if last is not None else None,
+            resumable=resumable,
         )
 
     # Approvals
@@ -382,7 +393,9 @@ class ChatService:
         :returns: The decision and what followed.
         :raises NotFoundError: If this session has no such request (whether or not another session has).
         :raises ApprovalExpiredConflict: If the request expired.
-        :raises AlreadyDecidedError: If it already has a decision.
+        :raises AlreadyDecidedError: If it already has another decision (another verdict or other arguments), or its
+            step is finished. The same decision again, while its step is still open (a resume that failed), continues
+            the step instead, as the first answer would have.
         :raises InvalidDecisionError: If the edit is invalid or the decision is malformed.
         """
         try:
@@ -398,7 +411,11 @@ class ChatService:
         except ApprovalExpiredError as error:
             raise ApprovalExpiredConflict(str(error)) from error
         except ApprovalAlreadyDecidedError as error:
-            raise AlreadyDecidedError(str(error)) from error
+            if not error.repeated or not await self._decided_step_open(store, error.recorded):
+                raise AlreadyDecidedError(str(error)) from error
+            # The same decision again, while its step is still open: its first answer failed while resuming (or never
+            # arrived). Continue the step as that answer would have; the resume's claims keep every call to one run.
+            record = error.recorded
         except InvalidApprovalEditError as error:
             raise InvalidDecisionError(str(error)) from error
         pending = await pending_approvals_async(store)
@@ -570,6 +587,13 @@ class ChatService:
             await self._fail(history, turn, error, messages=conversation)
             raise RunFailedError(f"The agent failed to continue: {type(error).__name__}.") from error
         return await self._finish(history, turn, store, reply, before=turn.conversation, progress=progress)
+
+    async def _decided_step_open(self, store: FsspecToolResultStore, decision: ApprovalDecision | None) -> bool:
+        """Whether the decision's held step is the session's open one (so a repeat of the decision may continue it)."""
+        if decision is None:
+            return False
+        step = await open_step_async(store)
+        return step is not None and step.sequence == sequence_of(decision.step_id)
 
     async def _resumed_elsewhere(self, store: FsspecToolResultStore) -> bool:
         step = await open_step_async(store)

@@ -4,7 +4,8 @@ The reference server's configuration: environment variables (``OFFLOAD_SERVER_*`
 Everything a deployment changes is here: where results go (a directory, or S3 with its endpoint and credentials),
 which bearer tokens map to which tenants (inline JSON or a JSON file), and which model answers (the built-in scripted
 one, or any OpenAI-compatible endpoint). Invalid values fail at start-up with a message naming the setting, and
-`ServerSettings.check_model` asks an OpenAI-compatible endpoint once whether it can serve before ``serve`` starts.
+`ServerSettings.check_model` asks an OpenAI-compatible endpoint once whether it can serve before ``serve`` starts
+(`ServerSettings.check_store`: whether the store refuses a second exclusive create).
 """
 
 import json
@@ -23,8 +24,11 @@ try:
 except ImportError as import_error:  # pragma: no cover - depends on what is installed
     raise ImportError(SERVER_EXTRA_HINT) from import_error
 
+from haystack_integrations.offload.approvals.resume import DEFAULT_RESUME_LEASE
 from haystack_integrations.offload.demo.model import SCRIPTED_CONTEXT_WINDOW, SCRIPTED_MODEL_LABEL, scripted_generator
 from haystack_integrations.offload.server.model_check import DEFAULT_CHECK_TIMEOUT, check_openai_endpoint
+from haystack_integrations.offload.server.startup import require_exclusive_creates
+from haystack_integrations.offload.stores import FsspecToolResultStore
 from haystack_integrations.offload.stores.scope import validate_scope_id
 
 DEFAULT_SERVER_STORE = "./offload-server-results"
@@ -55,7 +59,9 @@ class ServerSettings(BaseSettings):
     The same from the environment: ``OFFLOAD_SERVER_STORE=s3://acme-agent-results/prod``,
     ``OFFLOAD_SERVER_TOKENS='{"a-long-random-token-for-acme": "acme"}'`` (or ``OFFLOAD_SERVER_TOKENS_FILE=tokens.json``
     holding the same JSON object), ``OFFLOAD_SERVER_MODEL=openai`` with ``OFFLOAD_SERVER_OPENAI_BASE_URL``,
-    ``OFFLOAD_SERVER_OPENAI_MODEL`` and ``OFFLOAD_SERVER_OPENAI_API_KEY`` (or ``OPENAI_API_KEY``).
+    ``OFFLOAD_SERVER_OPENAI_MODEL`` and ``OFFLOAD_SERVER_OPENAI_API_KEY`` (or ``OPENAI_API_KEY``);
+    ``OFFLOAD_SERVER_ENGINE=obstore`` for the obstore S3 engine; ``OFFLOAD_SERVER_RESUME_LEASE=60`` for the lease, in
+    seconds, of a worker's claim on a held step it resumes.
 
     Multi-user use: a token names exactly one tenant, taken from this table and never from a request; several tokens
     may name the same tenant (one per user or per client).
@@ -64,6 +70,9 @@ class ServerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="OFFLOAD_SERVER_", extra="forbid", validate_default=True)
 
     store: str = Field(default=DEFAULT_SERVER_STORE, description="Root URL of the results store (directory or s3://).")
+    engine: Literal["fsspec", "obstore"] = Field(
+        default="fsspec", description="The store's engine: the URL's fsspec backend, or obstore (s3:// only)."
+    )
     storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options for the store, as JSON.")
     s3_endpoint_url: str | None = Field(default=None, description="S3 endpoint (MinIO, moto, a VPC endpoint).")
     s3_access_key_id: SecretStr | None = None
@@ -82,6 +91,11 @@ class ServerSettings(BaseSettings):
     context_window: int | None = Field(default=None, ge=256, description="Tokens; default 6,000 scripted, 128,000.")
     approval_ttl: float = Field(default=24 * 3600.0, gt=0, description="Seconds an approval request stays open.")
     turn_lease: float = Field(default=300.0, gt=0, description="Seconds before a stuck turn may be abandoned.")
+    resume_lease: float = Field(
+        default=DEFAULT_RESUME_LEASE,
+        gt=0,
+        description="Seconds a resuming worker's claim on a held step lasts unrenewed (renewed while it works).",
+    )
     system_prompt: str | None = Field(default=None, description="Default: a prompt explaining the read-back tools.")
     max_body_bytes: int = Field(
         default=DEFAULT_MAX_BODY_BYTES, ge=1024, description="Larger request bodies are refused (413) unread."
@@ -108,6 +122,13 @@ class ServerSettings(BaseSettings):
             except (ImportError, ValueError) as error:
                 raise ValueError(f"unknown or unavailable storage protocol {protocol!r}: {error}") from error
         return value
+
+    @model_validator(mode="after")
+    def _engine_serves_the_store(self) -> "ServerSettings":
+        # The store would refuse it too, but only when the app is built: say it at start-up, naming the setting.
+        if self.engine == "obstore" and split_protocol(self.store)[0] not in {"s3", "s3a"}:
+            raise ValueError(f"engine 'obstore' serves s3:// stores only, and {self.store!r} is not one")
+        return self
 
     @field_validator("tokens")
     @classmethod
@@ -208,6 +229,25 @@ class ServerSettings(BaseSettings):
         check_openai_endpoint(
             self.openai_base_url, api_key=key, model=self.openai_model, timeout=self.openai_check_timeout
         )
+
+    def results_store(self) -> FsspecToolResultStore:
+        """
+        Build the server's root store (no network I/O: the client connects on first use).
+
+        :returns: The store at `store`, with `engine` and the resolved storage options.
+        """
+        return FsspecToolResultStore(self.store, storage_options=self.resolved_storage_options(), engine=self.engine)
+
+    def check_store(self) -> None:
+        """
+        Check, once at start-up, that the store refuses a second exclusive create (S3 ``If-None-Match: *``), as the
+        server's turns and approvals need; an "unknown" answer (a transient failure) is asked again a few times.
+
+        :raises ServerStartupError: In one line, if the store ignores or refuses exclusive creates, or the check could
+            not tell.
+        :raises StoragePermissionError: If the check's probe may not be written.
+        """
+        require_exclusive_creates(self.results_store())
 
     def resolved_storage_options(self) -> dict[str, Any]:
         """

@@ -243,6 +243,7 @@ def transcript_view(session: str, transcript: Transcript) -> dict[str, Any]:
         "busy": transcript.busy,
         "status": transcript.status,
         "error": transcript.error,
+        "resumable": transcript.resumable,
         "messages": messages,
     }
 

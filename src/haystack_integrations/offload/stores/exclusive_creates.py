@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import secrets
 import threading
 from dataclasses import dataclass
@@ -14,8 +13,6 @@ from haystack_integrations.offload.stores.io import StorageIO
 from haystack_integrations.offload.stores.names import new_temporary_name
 from haystack_integrations.offload.stores.retry import http_status, transient_cause
 from haystack_integrations.offload.stores.translate import storage_errors
-
-logger = logging.getLogger(__name__)
 
 Verdict = Literal["enforced", "ignored", "unsupported", "unknown"]
 
@@ -107,8 +104,6 @@ async def check_exclusive_creates(
     if verdict != "unknown":
         with _CHECKED_LOCK:
             _CHECKED[backend] = check
-    if verdict in {"ignored", "unsupported"}:
-        logger.error("Exclusive creates: %s %s; approvals, claims and turns are refused on it.", store, detail)
     return check
 
 

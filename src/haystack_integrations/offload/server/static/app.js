@@ -14,7 +14,7 @@ const SUGGESTIONS = [
 ];
 
 const state = {
-  token: "", session: "", signedIn: false, viewer: null, status: null, attempt: 0, offered: null,
+  token: "", session: "", signedIn: false, viewer: null, status: null, resumable: false, attempt: 0, offered: null,
   pending: [], sessions: [], images: new Map(), live: null,
 };
 const $ = (id) => document.getElementById(id);
@@ -222,6 +222,7 @@ async function refreshAll() {
     ]);
     if (session !== state.session) return;  // another chat was opened meanwhile
     state.status = transcript.status;
+    state.resumable = Boolean(transcript.resumable);
     state.pending = approvals.pending;
     renderTranscript(transcript);
     renderApprovals();
@@ -586,6 +587,10 @@ function renderApprovals() {
     // Held, but nothing left to decide: the requests expired. Resuming tells the model so.
     box.appendChild(element("p", { className: "muted", text: "The approval requests expired before anyone decided." }));
     box.appendChild(element("button", { text: "Continue the chat", testid: "resume", attrs: { type: "button" }, onclick: resume }));
+  } else if (!pending.length && state.resumable) {
+    // The calls are decided, but the run that should have made them failed: continuing runs them (once).
+    box.appendChild(element("p", { className: "muted", text: "The last turn failed before the decided calls ran." }));
+    box.appendChild(element("button", { text: "Continue", testid: "continue", attrs: { type: "button" }, onclick: resume }));
   } else if (!pending.length) {
     box.appendChild(element("p", { className: "muted", text: "Nothing waits for approval." }));
   }
