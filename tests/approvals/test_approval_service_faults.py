@@ -25,10 +25,11 @@ from test_approval_composition import (
 
 from haystack_integrations.offload import FsspecToolResultStore, RetryPolicy
 from haystack_integrations.offload.approvals.ledger import ApprovalLedger
-from haystack_integrations.offload.server.errors import ApprovalPendingConflict, RunFailedError
+from haystack_integrations.offload.errors import StorageUnavailableError
+from haystack_integrations.offload.server.errors import AlreadyDecidedError, ApprovalPendingConflict, RunFailedError
 from haystack_integrations.offload.server.history import SessionBusyError, SessionHistory
 from haystack_integrations.offload.server.service import ChatService
-from haystack_integrations.offload.testing.faults import Fault, FaultProxy
+from haystack_integrations.offload.testing.faults import Fault, FaultPlan, FaultProxy, ProxiedRequest
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 
 FAST_RETRY = RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05, attempt_timeout=2.0)
@@ -248,3 +249,90 @@ async def test_a_lost_final_resume_turn_is_finished_by_resume(
     assert [m.tool_call_result.origin.id for m in transcript.messages if m.tool_call_result] == ["c1"]
     assert transcript.status == "completed"
     assert len(ran(ledger)) == 1
+
+
+class _FailWhileArmed(FaultPlan):
+    """Answer 503 to every PUT whose path holds `fragment` while armed: a resume that fails at one chosen write."""
+
+    def __init__(self, fragment: str) -> None:
+        super().__init__()
+        self.fragment = fragment
+        self.armed = True
+        self.failed = 0
+
+    def decide(self, request: ProxiedRequest) -> Fault | None:
+        if self.armed and request.method == "PUT" and self.fragment in request.target:
+            self.failed += 1
+            return Fault.SLOW_DOWN
+        return super().decide(request)
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize(
+    "fragment",
+    [
+        pytest.param("/.approvals/resume.", id="the-step-claim-fails"),
+        # The step's claim landed (its lease is live), then the call's claim failed: the claim must not block a retry.
+        pytest.param("/.approvals/claim.", id="the-call-claim-fails"),
+    ],
+)
+async def test_the_same_decision_again_continues_a_step_whose_resume_failed(
+    faulty_session: FsspecToolResultStore, fault_proxy: FaultProxy, ledger: Path, fragment: str
+) -> None:
+    invoice_hook, _ = approvals()
+    service = ChatService(agent_with([invoice_hook]))  # the default resume lease: far longer than this test
+    held = await service.send_message(
+        faulty_session, plan(("send_invoice", {"customer": "a", "amount": 5}, "c1")).text or ""
+    )
+    [request] = held.pending
+    edited = {"customer": "a", "amount": 4}
+    failing = _FailWhileArmed(fragment)
+    fault_proxy.plan = failing
+    try:
+        with pytest.raises(RunFailedError):
+            await service.decide(faulty_session, request.request_id, approved=True, arguments=edited)
+        assert failing.failed > 0 and ran(ledger) == []
+        assert (await service.transcript(faulty_session)).resumable
+    finally:
+        failing.armed = False
+    # Another verdict, or other arguments, is a conflict: the decision stands, and nothing runs.
+    with pytest.raises(AlreadyDecidedError):
+        await service.decide(faulty_session, request.request_id, approved=False)
+    with pytest.raises(AlreadyDecidedError):
+        await service.decide(faulty_session, request.request_id, approved=True)  # the unedited arguments
+    assert ran(ledger) == []
+    # The same decision again continues the held step: the approved call runs, once, with the edited arguments.
+    again = await service.decide(faulty_session, request.request_id, approved=True, arguments=edited, reason="again")
+    assert again.resumed is not None and again.resumed.status == "completed"
+    assert [o.outcome for o in again.resumed.approval_outcomes] == ["executed"]
+    assert ran(ledger) == [("invoice", "a:4")]
+    assert not (await service.transcript(faulty_session)).resumable
+    # Once the step is finished, even the same decision is a conflict: nothing runs twice.
+    with pytest.raises(AlreadyDecidedError):
+        await service.decide(faulty_session, request.request_id, approved=True, arguments=edited)
+    assert ran(ledger) == [("invoice", "a:4")]
+
+
+async def test_the_same_denial_again_continues_the_step_without_running_the_call(
+    store: FsspecToolResultStore, ledger: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = store.for_session("acme", "chat-deny")
+    invoice_hook, _ = approvals()
+    service = ChatService(agent_with([invoice_hook]))
+    held = await service.send_message(session, plan(("send_invoice", {"customer": "b", "amount": 2}, "c1")).text or "")
+    [request] = held.pending
+    real_claim = ApprovalLedger.claim_step_async
+
+    async def unavailable(self: ApprovalLedger, claim: Any) -> None:
+        raise StorageUnavailableError("injected: the store is unavailable")
+
+    monkeypatch.setattr(ApprovalLedger, "claim_step_async", unavailable)
+    with pytest.raises(RunFailedError):
+        await service.decide(session, request.request_id, approved=False, reason="No.")
+    monkeypatch.setattr(ApprovalLedger, "claim_step_async", real_claim)
+    with pytest.raises(AlreadyDecidedError):
+        await service.decide(session, request.request_id, approved=True)
+    again = await service.decide(session, request.request_id, approved=False, reason="Still no.")
+    assert again.resumed is not None and [o.outcome for o in again.resumed.approval_outcomes] == ["denied"]
+    assert again.decision.reason == "No."  # the recorded decision stands
+    assert ran(ledger) == []

@@ -10,7 +10,7 @@ Both are stateless and take the session's store, so any worker can serve them::
 
 A decision is validated before it is recorded (the request exists in *this* session and has not expired; an edit keeps
 the tool and passes the tool's parameter schema) and is then created once: a second decision for the same request
-fails with `ApprovalAlreadyDecidedError`, whichever worker makes it.
+fails with `ApprovalAlreadyDecidedError`, whichever worker makes it (saying whether it repeated the recorded one).
 """
 
 from dataclasses import dataclass
@@ -18,7 +18,11 @@ from datetime import datetime, timedelta
 
 from haystack_integrations.offload.approvals.audit import append_audit, append_audit_async, new_event
 from haystack_integrations.offload.approvals.binding import arguments_digest
-from haystack_integrations.offload.approvals.errors import ApprovalExpiredError, ApprovalNotFoundError
+from haystack_integrations.offload.approvals.errors import (
+    ApprovalAlreadyDecidedError,
+    ApprovalExpiredError,
+    ApprovalNotFoundError,
+)
 from haystack_integrations.offload.approvals.ledger import (
     ApprovalLedger,
     ApprovalListing,
@@ -89,14 +93,19 @@ def decide(
     :raises ApprovalNotFoundError: If this session has no such request.
     :raises ApprovalExpiredError: If the request has expired.
     :raises InvalidApprovalEditError: If the decision names another tool, or its edited arguments are invalid.
-    :raises ApprovalAlreadyDecidedError: If the request already has a decision.
+    :raises ApprovalAlreadyDecidedError: If the request already has a decision (its ``repeated`` says whether this
+        one was the same: same verdict, same final arguments).
     """
     ledger = ApprovalLedger(store)
     step_id, position = parse_request_id(request_id)
     request = _request(ledger.step(sequence_of(step_id)), position, request_id)
     at = now()
     record = _decision_record(request, decision, at=at, ttl=ttl)
-    ledger.create_decision(record)
+    try:
+        ledger.create_decision(record)
+    except ApprovalAlreadyDecidedError as error:
+        _compare(error, record, ledger.decision(record.request_id))
+        raise
     if record.approved and not record.edited and request.remember is not None:
         ledger.remember(*remembered_approval(request, decision.decided_by, at))
     append_audit(store, _decided_event(request, record))
@@ -112,7 +121,11 @@ async def decide_async(
     request = _request(await ledger.step_async(sequence_of(step_id)), position, request_id)
     at = now()
     record = _decision_record(request, decision, at=at, ttl=ttl)
-    await ledger.create_decision_async(record)
+    try:
+        await ledger.create_decision_async(record)
+    except ApprovalAlreadyDecidedError as error:
+        _compare(error, record, await ledger.decision_async(record.request_id))
+        raise
     if record.approved and not record.edited and request.remember is not None:
         await ledger.remember_async(*remembered_approval(request, decision.decided_by, at))
     await append_audit_async(store, _decided_event(request, record))
@@ -207,6 +220,19 @@ def _decision_record(request: ApprovalRequest, decision: Decision, *, at: dateti
         decided_by=decision.decided_by,
         decided_at=at,
         expires=at + timedelta(seconds=ttl),
+    )
+
+
+def _compare(
+    error: ApprovalAlreadyDecidedError, attempted: ApprovalDecision, recorded: ApprovalDecision | None
+) -> None:
+    # The verdict and the arguments that would run are what a repeat must match; who decided, when, and a denial's
+    # reason may differ (a client retrying after a failed answer), and the recorded ones stand.
+    error.recorded = recorded
+    error.repeated = (
+        recorded is not None
+        and recorded.approved == attempted.approved
+        and recorded.final_arguments_digest == attempted.final_arguments_digest
     )
 
 

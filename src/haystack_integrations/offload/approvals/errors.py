@@ -74,7 +74,26 @@ class ResumeInterruptedError(RuntimeError):
 
 
 class ApprovalAlreadyDecidedError(DocumentExistsError):
-    """The request already has a decision; a decision is created once and never replaced."""
+    """
+    The request already has a decision; a decision is created once and never replaced.
+
+    `recorded` is the decision that stands (when `decide` could read it), and `repeated` says whether the refused one
+    was the same: same verdict and, for an approval, the same final arguments. A repeat may continue a held step whose
+    resume failed; anything else is a conflict.
+    """
+
+    def __init__(self, message: str, *, recorded: Any = None, repeated: bool = False) -> None:
+        """
+        :param message: The explanation.
+        :param recorded: The `ApprovalDecision` that stands, if known.
+        :param repeated: Whether the refused decision was the same as `recorded`.
+        """
+        super().__init__(message)
+        self.recorded = recorded
+        self.repeated = repeated
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self),), self.__dict__)
 
 
 class ApprovalClaimedError(DocumentExistsError):

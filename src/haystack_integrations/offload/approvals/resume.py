@@ -28,11 +28,12 @@ expiry: see `binding`), and approved arguments are re-validated against the live
 """
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import os
 import socket
-from collections.abc import Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -238,7 +239,11 @@ async def resume_async(
     async def renew() -> None:
         await ledger.renew_step_async(claim.model_copy(update={"lease_until": now() + timedelta(seconds=lease)}))
 
-    async with renewing(lease, renew, what=f"the claim on held step {step.sequence}"):
+    # Leaving the block stops the renewals first, then (on a failure) releases the claim, so no renewal outruns it.
+    async with (
+        _released_on_failure(ledger, claim),
+        renewing(lease, renew, what=f"the claim on held step {step.sequence}"),
+    ):
         resumed = _Resumed(ledger, listing, step, decisions, worker, len(messages))
         await before_tool_async(agent, state)
         pending = resumed.pending(state)
@@ -575,6 +580,26 @@ def _open_sequence(listing: ApprovalListing) -> int:
     if listing.done(sequence):
         raise ApprovalClaimedError(f"Held step {sequence} was already resumed; its decisions cannot be used again.")
     return sequence
+
+
+@contextlib.asynccontextmanager
+async def _released_on_failure(ledger: ApprovalLedger, claim: StepClaim) -> AsyncIterator[None]:
+    """
+    End this worker's lease on the step when its resumption fails, so a retry need not wait for the lease to lapse.
+
+    As safe as a lapse: a later attempt reuses the calls' recorded results and holds a call claimed without one as
+    "may have run"; the claim documents decide, never this worker. A cancellation keeps the lease (a tool may still be
+    running in a thread), and a release that fails leaves the lease to lapse on its own.
+    """
+    try:
+        yield
+    except Exception:
+        try:
+            # A lease that ends when it began: lapsed for every worker whose clock is not behind this one's.
+            await ledger.renew_step_async(claim.model_copy(update={"lease_until": claim.claimed_at}))
+        except Exception as error:
+            logger.warning("Could not release the claim on held step %s: %s", claim.step_id, error)
+        raise
 
 
 async def _next_attempt(ledger: ApprovalLedger, listing: ApprovalListing, step: HeldStep, at: datetime) -> int:
