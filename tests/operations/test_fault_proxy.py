@@ -59,7 +59,8 @@ def test_rate_is_reproducible_from_the_seed_and_near_the_share() -> None:
     assert draw(3) != draw(4)
     failed = sum(kind is not None for kind in draw(3))
     assert 140 <= failed <= 260  # 10% of 2000, far inside any plausible spread
-    assert {kind for kind in draw(3) if kind is not None} == set(DEFAULT_FAULTS) == set(Fault) - {Fault.CONFLICT}
+    assert {kind for kind in draw(3) if kind is not None} == set(DEFAULT_FAULTS)
+    assert set(DEFAULT_FAULTS) == set(Fault) - {Fault.CONFLICT, Fault.NOT_IMPLEMENTED}
 
 
 def test_methods_and_scripts_choose_which_requests_fail() -> None:
@@ -370,6 +371,7 @@ MID_CONNECTION: dict[Fault, tuple[int | None, bytes, bool, bool]] = {
     Fault.INTERNAL_ERROR: (500, b"<Code>InternalError</Code>", False, True),
     Fault.SLOW_DOWN: (503, b"<Code>SlowDown</Code>", False, True),
     Fault.CONFLICT: (409, b"<Code>ConditionalRequestConflict</Code>", False, True),
+    Fault.NOT_IMPLEMENTED: (501, b"<Code>NotImplemented</Code>", False, True),
     Fault.RESET: (None, b"", False, False),
     Fault.RESET_AFTER: (None, b"", True, False),
     Fault.READ_TIMEOUT: (None, b"", True, False),

@@ -70,6 +70,11 @@ class Fault(StrEnum):
     to retry. Not among `DEFAULT_FAULTS`: ask for it (``kinds=[Fault.CONFLICT]``, `FaultProxy.inject`, or
     ``FaultPlan(conflict_first_conditional_put=True)``).
     """
+    NOT_IMPLEMENTED = "501"
+    """
+    ``501 NotImplemented``, answered by the proxy: what a store without conditional writes (Backblaze B2) answers to
+    ``If-None-Match``. Not among `DEFAULT_FAULTS`: script it for the PUTs that carry the header.
+    """
 
 
 DEFAULT_FAULTS = (
@@ -80,8 +85,8 @@ DEFAULT_FAULTS = (
     Fault.READ_TIMEOUT,
     Fault.SLOW,
 )
-"""The kinds a `FaultPlan` draws from unless told otherwise: all but `Fault.CONFLICT`, which only conditional writes
-meet."""
+"""The kinds a `FaultPlan` draws from unless told otherwise: all but `Fault.CONFLICT` and `Fault.NOT_IMPLEMENTED`, which
+only conditional writes meet."""
 
 AMBIGUOUS_FAULTS = frozenset({Fault.RESET_AFTER, Fault.READ_TIMEOUT})
 """Faults after which the request has taken effect on the server although the client saw a failure."""
@@ -94,6 +99,12 @@ _ERROR_ANSWERS = {
         "Conflict",
         "ConditionalRequestConflict",
         "A conflicting conditional operation is currently in progress against this resource. Please try again.",
+    ),
+    Fault.NOT_IMPLEMENTED: (
+        501,
+        "Not Implemented",
+        "NotImplemented",
+        "A header you provided implies functionality that is not implemented.",
     ),
 }
 # The request headers `FaultProxy(ignore_conditional_writes=True)` strips, and the methods it leaves alone.
