@@ -1,5 +1,5 @@
 """
-Across real worker processes: decisions made in one process, resumes racing in two, on shared storage.
+Across real worker processes: decisions made in one process, resumes racing in three, on shared storage.
 
 The workers are separate Python processes (``approval_worker.py``) that talk to the same store: moto's S3 server over
 HTTP (and Ceph RGW in the real-S3 lane), or a local directory. ``send_invoice`` appends to a ledger file, so its
@@ -76,7 +76,7 @@ class Worker:
 
 @pytest.fixture
 def workers(ledger: Path) -> Iterator[list[Worker]]:
-    started = [Worker(ledger), Worker(ledger)]
+    started = [Worker(ledger) for _ in range(3)]
     yield started
     for worker in started:
         worker.close()
@@ -95,7 +95,7 @@ def _held(store: FsspecToolResultStore, customer: str) -> list[Any]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["fsspec", "obstore"])
-def test_two_workers_racing_to_resume_run_the_call_exactly_once(
+def test_three_workers_racing_to_resume_run_the_call_exactly_once(
     s3_endpoint: Any, workers: list[Worker], ledger: Path, engine: str
 ) -> None:
     # On moto and, in the real-S3 lane, on Ceph RGW: the claim's exclusive create is the real server's.
@@ -120,12 +120,12 @@ def test_two_workers_racing_to_resume_run_the_call_exactly_once(
                 # One worker resumes with the sync API, the other with the async one.
                 **{"async": (index + round_) % 2 == 0},
             )
-        assert [worker.receive() for worker in workers] == [{"status": "ready"}] * 2
+        assert [worker.receive() for worker in workers] == [{"status": "ready"}] * len(workers)
         for worker in workers:
             worker.send(op="go")
         answers = [worker.receive() for worker in workers]
 
-        assert sorted(answer["status"] for answer in answers) == ["claimed", "resumed"]
+        assert sorted(answer["status"] for answer in answers) == ["claimed", "claimed", "resumed"]
         [winner] = [answer for answer in answers if answer["status"] == "resumed"]
         assert winner["final"] == f"final: invoice sent to customer-{round_} for 10"
         executed = [line for line in ledger_lines(ledger) if line.startswith(f"customer-{round_}:")]
