@@ -601,3 +601,27 @@ def test_ignore_conditional_writes_lets_a_second_create_of_a_key_succeed_on_moto
     assert s3_server.client().get_object(Bucket=s3_server.bucket, Key=key)["Body"].read() == b"second"
     with pytest.raises(ClientError, match="PreconditionFailed"):  # moto itself honours the condition it sees
         s3_server.client().put_object(Bucket=s3_server.bucket, Key=key, Body=b"third", IfNoneMatch="*")
+
+
+@pytest.mark.rgw
+def test_on_ceph_rgw_a_rate_fails_its_share_of_one_kept_alive_clients_requests(real_s3_server: Any) -> None:
+    # RGW keeps connections alive, as AWS does: a proxy deciding once per connection injected 2 faults in 40 here.
+    total, plan = 40, FaultPlan(rate=0.5, kinds=[Fault.INTERNAL_ERROR, Fault.SLOW_DOWN], seed=5)
+    with FaultProxy(real_s3_server.endpoint_url, plan=plan) as proxy:
+        key, secret = real_s3_server.storage_options()["key"], real_s3_server.storage_options()["secret"]
+        session = boto3.session.Session(aws_access_key_id=key, aws_secret_access_key=secret, region_name="us-east-1")
+        client = session.client(
+            "s3", endpoint_url=proxy.endpoint_url, config=Config(retries={"mode": "standard", "total_max_attempts": 1})
+        )
+        failed = 0
+        for number in range(total):
+            try:
+                client.put_object(Bucket=real_s3_server.bucket, Key=f"kept-alive/{number}", Body=b"x" * 100)
+            except ClientError:
+                failed += 1
+        client.close()
+        connections = set(_connections(proxy))
+    assert failed == len(proxy.faults) and 10 <= failed <= 30  # about half, each one a fault the proxy logged
+    assert len(proxy.requests) == total > len(connections)  # more requests than connections: they were kept alive
+    stored = real_s3_server.client().list_objects_v2(Bucket=real_s3_server.bucket, Prefix="kept-alive/")
+    assert stored.get("KeyCount", 0) == total - failed  # the injected errors never reached the server
