@@ -11,7 +11,8 @@ per-tenant IAM prefix and lifecycle rules) but never show up as tool results::
 
 `create` is a conditional write (S3 ``If-None-Match: *``, a hard link on local disk), so two workers racing to
 create the same document get one winner and one `DocumentExistsError`: the basis for exactly-once claims and
-optimistic concurrency on history.
+optimistic concurrency on history. The first create in a process checks that the backend really refuses a second one
+(`stores.exclusive_creates`), and raises `ExclusiveCreatesUnsupportedError` where it does not.
 
 "Already exists" is not taken for an answer: the network may have lost the reply to our own create (HTTP clients
 resend a PUT on a dropped connection, and the resend finds our first transmission). So `create` reads the document

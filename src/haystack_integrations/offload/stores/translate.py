@@ -39,7 +39,7 @@ def storage_errors(action: str, *, reference: str | None) -> Iterator[None]:
         # TypeError is a caller's mistake (e.g. a sync call on an asynchronous=True filesystem), not a storage fault.
         raise
     except FileExistsError as error:
-        # Only conditional creates raise this: somebody else created the object first.
+        # Only conditional creates raise this (each engine maps a 412 to it): somebody else created the object first.
         raise DocumentExistsError(f"Could not {action}: it already exists.") from error
     except FileNotFoundError as error:
         if reference is not None:
