@@ -43,7 +43,9 @@ def test_with_409_on_every_keys_first_create_the_durable_flow_runs_each_call_exa
     agent = make_agent({"send_invoice": AlwaysAskPolicy(), "*": NeverAskPolicy()})
     with FaultProxy(s3_endpoint.endpoint_url, plan=FaultPlan(conflict_first_conditional_put=True)) as proxy:
         session = _session(s3_endpoint, engine, proxy.endpoint_url)
-        reply = agent.run([plan(INVOICE, DENIED)], hook_context=offload_context(session, approval_channel=DurableApprovals()))
+        reply = agent.run(
+            [plan(INVOICE, DENIED)], hook_context=offload_context(session, approval_channel=DurableApprovals())
+        )
         assert reply["exit_reason"] == APPROVAL_REQUIRED
         requests = {request.tool_call_id: request for request in pending_approvals(session)}
         decide(session, requests["call_inv"].request_id, Decision.approve(by="alice"))

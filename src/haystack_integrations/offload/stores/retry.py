@@ -10,8 +10,8 @@ therefore turns botocore's and s3fs's retries off for the S3 client it creates, 
   the store's I/O), when the failure is transient (`transient_cause`): HTTP 500, 502, 503 (SlowDown), 504, 429, 409
   (a conflicting write in flight, such as AWS's ConditionalRequestConflict) and S3's throttling codes, connection
   failures and resets, read timeouts, answers cut short. The status decides; S3's error code refines it. Never a
-  missing object, a refused permission, a lost conditional create (412) or a bad request. Never memory or local disk either
-  (`retries_can_help`): nothing there fails transiently, so a retry would only repeat a real failure, later.
+  missing object, a refused permission, a lost conditional create (412) or a bad request. Never memory or local disk
+  either (`retries_can_help`): nothing there fails transiently, so a retry would only repeat a real failure, later.
 - **Bounded**: at most `RetryPolicy.attempts` attempts, each cut off after `RetryPolicy.attempt_timeout` seconds, and no
   new attempt after `RetryPolicy.deadline` seconds, with exponential backoff and full jitter (many clients failing
   together do not retry together). The attempt timeout is there because the client's own read timeout is not enough:
