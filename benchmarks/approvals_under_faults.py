@@ -229,13 +229,15 @@ def session_plans(count: int, run: str) -> list[SessionPlan]:
     return plans
 
 
-# Server processes: moto's S3 and the fault proxy, each in a process of its own (as in soak.py)
+# Server processes: the S3 server (moto's, or a one-node Ceph RGW) and the fault proxy, each in a process of its own
 
 
-def _moto_process(connection: Connection) -> None:
+def _s3_process(connection: Connection, server_kind: str) -> None:
+    from haystack_integrations.offload.testing.ceph_rgw import CephRGWServer
     from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 
-    with LocalS3Server(bucket=BUCKET) as server:
+    server_class = CephRGWServer if server_kind == "rgw" else LocalS3Server
+    with server_class(bucket=BUCKET) as server:
         connection.send(server.storage_options())
         while connection.recv() != "stop":
             pass
@@ -300,6 +302,7 @@ class WorkerConfig:
     name: str
     die_at: int | None = None
     """SIGKILL this process right after the side effect of its n-th tool execution (None: never)."""
+    engine: str = "fsspec"
 
 
 def _requests_of(pending: list[Any]) -> list[dict[str, Any]]:
@@ -377,7 +380,7 @@ def _worker_process(connection: Connection, config: WorkerConfig) -> None:
 
 
 async def _worker(connection: Connection, config: WorkerConfig) -> None:
-    root = FsspecToolResultStore(config.url, storage_options=config.storage_options, retry=RETRY)
+    root = FsspecToolResultStore(config.url, storage_options=config.storage_options, retry=RETRY, engine=config.engine)
     await root.warm_up_async()
     service = ChatService(build_agent(), turn_lease=LEASE, resume_lease=LEASE, worker=config.name)
     loop = asyncio.get_running_loop()
@@ -906,7 +909,7 @@ async def run_scenario(
         if scenario.kills == "mid-call" and kills_left[0] > 0 and slot == 0:
             die_at = rng.randint(1, 4)  # the n-th execution of this worker dies right after its side effect
             kills_left[0] -= 1
-        return WorkerConfig(url, proxied, str(ledger), f"w{slot}.{generation}", die_at)
+        return WorkerConfig(url, proxied, str(ledger), f"w{slot}.{generation}", die_at, args.engine)
 
     proxy.ask(("plan", (0.0, seed)))
     pool = WorkerPool(args.workers, make_config)
@@ -953,7 +956,7 @@ async def run_scenario(
         cut_requests=cut,
         hung_requests=hung,
     )
-    direct = FsspecToolResultStore(url, storage_options=s3_options)
+    direct = FsspecToolResultStore(url, storage_options=s3_options, engine=args.engine)
     await check(plans, flows, direct, ledger, result)
     ledger.unlink(missing_ok=True)
     trips = sorted(trip for done in flows for trip in done.round_trips)
@@ -986,7 +989,8 @@ def tables(setup: dict[str, Any], results: list[RunResult]) -> str:
     base_requests = base.s3_requests / max(base.sessions, 1)
     lines = [
         f"{setup['sessions']} sessions per run, {setup['workers']} worker processes, {setup['concurrency']} flows at "
-        f"a time; moto S3 and the fault proxy in processes of their own; leases {LEASE:.0f} s; S3 read timeout "
+        f"a time; {setup['server']} S3 ({setup['engine']} engine) and the fault proxy in processes of their own "
+        f"(faults per request); leases {LEASE:.0f} s; S3 read timeout "
         f"{S3_TIMEOUTS['read_timeout']:.0f} s; {setup['cpus']} CPUs; seed {setup['seed']}. Faults drawn among "
         "reset-after, 503 SlowDown and timeout.",
         "",
@@ -1039,13 +1043,13 @@ async def main_async(args: argparse.Namespace) -> list[RunResult]:
         scenarios += [
             Scenario(f"SIGKILL mid-call + {args.kills_with_faults:.0%} faults", args.kills_with_faults, "mid-call")
         ]
-    moto = ServerProcess(_moto_process)
-    proxy = ServerProcess(_proxy_process, moto.hello["endpoint_url"])
+    s3 = ServerProcess(_s3_process, args.server)
+    proxy = ServerProcess(_proxy_process, s3.hello["endpoint_url"])
     results: list[RunResult] = []
     try:
         for number, scenario in enumerate(scenarios):
             baseline_wall = results[0].wall_s if results else None
-            result = await run_scenario(scenario, args, moto.hello, proxy, args.seed + number, baseline_wall)
+            result = await run_scenario(scenario, args, s3.hello, proxy, args.seed + number, baseline_wall)
             summary = {k: v for k, v in asdict(result).items() if k not in {"notes", "unexpected"}}
             print(f"# {json.dumps(summary)}", file=sys.stderr, flush=True)
             for note in result.notes[:20]:
@@ -1055,7 +1059,7 @@ async def main_async(args: argparse.Namespace) -> list[RunResult]:
             results.append(result)
     finally:
         proxy.stop(("stop", None))
-        moto.stop("stop")
+        s3.stop("stop")
     return results
 
 
@@ -1080,6 +1084,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--flow-timeout", type=float, default=90.0, help="a client gives up a flow after this")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--server", choices=["moto", "rgw"], default="moto", help="the S3 server (rgw: a Ceph RGW)")
+    parser.add_argument("--engine", choices=["fsspec", "obstore"], default="fsspec", help="the store's S3 engine")
     parser.add_argument("--quick", action="store_true", help="10 sessions; baseline, 10%% faults, one kill mid-call")
     parser.add_argument("--json", help="also write the numbers to this file")
     args = parser.parse_args(argv)
@@ -1095,6 +1101,8 @@ def main(argv: list[str] | None = None) -> int:
         "concurrency": args.concurrency,
         "cpus": os.cpu_count(),
         "seed": args.seed,
+        "server": args.server,
+        "engine": args.engine,
     }
     print(tables(setup, results))
     if args.json:
