@@ -166,16 +166,16 @@ async def test_failures_retrying_cannot_fix_are_not_retried(
     options = proxied_options(s3_server, fault_proxy)
     missing_bucket = FsspecToolResultStore("s3://no-such-bucket/p", storage_options=options, retry=FAST_RETRY)
     session = missing_bucket.for_session("acme", "chat-1")
-    fault_proxy.requests.clear()
     with pytest.raises(StorageError, match="does not exist") as caught:
         await session.write_async(key="k.txt", content="x")
     assert not isinstance(caught.value, StorageUnavailableError)
-    assert fault_proxy.requests.count(method="PUT") == 1
-    existing = FsspecToolResultStore(f"{s3_server.bucket_url}/nf", storage_options=options, retry=FAST_RETRY)
-    fault_proxy.requests.clear()
+    # Count this test's own requests only: the proxy is shared by every test of the worker.
+    assert _sent(fault_proxy, "PUT", "/no-such-bucket/p/acme/chat-1/") == 1
+    prefix = uuid.uuid4().hex
+    existing = FsspecToolResultStore(f"{s3_server.bucket_url}/{prefix}", storage_options=options, retry=FAST_RETRY)
     with pytest.raises(ResultNotFoundError):
         existing.for_session("acme", "chat-1").read("20261129T213400123456Z-5f3a9c1e.t.search.k.txt")
-    assert fault_proxy.requests.count(method="GET") == 1
+    assert _sent(fault_proxy, "GET", f"/{prefix}/acme/chat-1/") == 1
     assert missing_bucket.retry_stats.as_dict()["retries"] == existing.retry_stats.as_dict()["retries"] == 0
 
 
@@ -305,3 +305,7 @@ def test_policies_are_validated_and_backoff_is_bounded() -> None:
     policy = RetryPolicy(base_delay=0.1, max_delay=0.3)
     for retry, ceiling in ((1, 0.1), (2, 0.2), (3, 0.3), (10, 0.3)):
         assert all(0 <= policy.backoff(retry) <= ceiling for _ in range(50))
+
+
+def _sent(proxy: FaultProxy, method: str, path_part: str) -> int:
+    return sum(request.method == method and path_part in request.target for request in proxy.requests.snapshot())
