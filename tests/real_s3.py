@@ -5,10 +5,12 @@ import uuid
 from types import TracebackType
 from typing import Any, Self
 
+from haystack_integrations.offload.testing.endpoint import S3Endpoint
+
 VARIABLES = ("OFFLOAD_TEST_S3_ENDPOINT", "OFFLOAD_TEST_S3_BUCKET", "OFFLOAD_TEST_S3_KEY", "OFFLOAD_TEST_S3_SECRET")
 
 
-class ExternalS3:
+class ExternalS3(S3Endpoint):
     """
     An S3 endpoint and bucket the tests do not own: they write below ``offload-tests-<random>/``, removed at the end.
 
@@ -20,11 +22,17 @@ class ExternalS3:
     """
 
     def __init__(self, endpoint_url: str, bucket: str, key: str, secret: str, region: str = "us-east-1") -> None:
-        self.endpoint_url = endpoint_url
+        self._endpoint_url = endpoint_url
         self.bucket = bucket
         self.region = region
         self.prefix = f"offload-tests-{uuid.uuid4().hex}"
         self._credentials = (key, secret)
+        self._clients: dict[str, Any] = {}
+
+    @property
+    def endpoint_url(self) -> str:
+        """The endpoint the tests talk to."""
+        return self._endpoint_url
 
     @classmethod
     def from_environment(cls) -> "ExternalS3":
@@ -42,24 +50,6 @@ class ExternalS3:
     def bucket_url(self) -> str:
         """``s3://<bucket>/<prefix>``: tests add their own unique segment below it."""
         return f"s3://{self.bucket}/{self.prefix}"
-
-    def storage_options(self) -> dict[str, Any]:
-        """Options for the store (s3fs spellings; the obstore engine reads the same)."""
-        key, secret = self._credentials
-        return {
-            "endpoint_url": self.endpoint_url,
-            "key": key,
-            "secret": secret,
-            "client_kwargs": {"region_name": self.region},
-        }
-
-    def client(self) -> Any:
-        """A boto3 S3 client for this endpoint."""
-        import boto3
-
-        key, secret = self._credentials
-        session = boto3.session.Session(aws_access_key_id=key, aws_secret_access_key=secret, region_name=self.region)
-        return session.client("s3", endpoint_url=self.endpoint_url)
 
     def __enter__(self) -> Self:
         return self

@@ -30,8 +30,10 @@ from typing import IO, Any, Self
 
 from haystack.lazy_imports import LazyImport
 
+from haystack_integrations.offload.testing.endpoint import S3Endpoint
+
 with LazyImport(message="Run 'pip install \"offload-haystack[local-s3]\"'") as _boto3_import:
-    import boto3
+    import boto3  # noqa: F401 - client() needs it; checked at construction, so the error names the extra
 
 __all__ = ["APT_INSTALL", "DEFAULT_BUCKET", "CephRGWServer", "ceph_available"]
 
@@ -113,7 +115,7 @@ class _Daemon:
         self.process.wait()
 
 
-class CephRGWServer:
+class CephRGWServer(S3Endpoint):
     """
     A one-node Ceph cluster serving S3 through radosgw on a free loopback port, with a bucket and a user of its own.
 
@@ -170,7 +172,7 @@ class CephRGWServer:
         self._mon_port = 0
         self._rgw_port = 0
         self._credentials = ("", "")
-        self._client: Any = None
+        self._clients: dict[str, Any] = {}
         self._owner_pid = os.getpid()
 
     # -- life cycle ---------------------------------------------------------------------------------------------
@@ -220,7 +222,7 @@ class CephRGWServer:
         daemons, self._daemons = self._daemons, []
         watchdog, self._watchdog = self._watchdog, None
         directory, self._directory = self._directory, None
-        self._client = None
+        self._clients = {}
         try:
             for daemon in reversed(daemons):
                 daemon.stop(_STOP_GRACE)
@@ -290,52 +292,6 @@ class CephRGWServer:
         :returns: A new dict from daemon name (``"mon.a"``, ``"osd.0"``, ``"client.rgw.test"``) to pid.
         """
         return {daemon.name: daemon.process.pid for daemon in self._daemons}
-
-    def storage_options(self) -> dict[str, Any]:
-        """
-        Options for ``s3fs.S3FileSystem(**options)`` or ``FsspecToolResultStore(url, storage_options=options)``.
-
-        :returns: A new dict on every call, so callers may add to it (e.g. ``config_kwargs``).
-        :raises RuntimeError: If the server is not running.
-        """
-        key, secret = self._credentials
-        return {
-            "endpoint_url": self.endpoint_url,
-            "key": key,
-            "secret": secret,
-            "client_kwargs": {"region_name": self.region},
-        }
-
-    def environment(self) -> dict[str, str]:
-        """
-        Environment variables that point AWS SDKs (botocore >= 1.31, hence s3fs and boto3) at this server.
-
-        :returns: ``AWS_ENDPOINT_URL``, credentials and region.
-        :raises RuntimeError: If the server is not running.
-        """
-        key, secret = self._credentials
-        return {
-            "AWS_ENDPOINT_URL": self.endpoint_url,
-            "AWS_ACCESS_KEY_ID": key,
-            "AWS_SECRET_ACCESS_KEY": secret,
-            "AWS_DEFAULT_REGION": self.region,
-        }
-
-    def client(self) -> Any:
-        """
-        A boto3 S3 client for this server, made once and shared (boto3 clients are thread-safe).
-
-        :returns: A ``botocore`` S3 client with the server's keys.
-        :raises RuntimeError: If the server is not running.
-        """
-        if self._client is None:
-            key, secret = self._credentials
-            # A private Session: boto3's module-level default session is shared, and not thread-safe to create.
-            session = boto3.session.Session(
-                aws_access_key_id=key, aws_secret_access_key=secret, region_name=self.region
-            )
-            self._client = session.client("s3", endpoint_url=self.endpoint_url)
-        return self._client
 
     def create_bucket(self, name: str) -> None:
         """

@@ -55,8 +55,10 @@ from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 from haystack.lazy_imports import LazyImport
 
+from haystack_integrations.offload.testing.endpoint import S3Endpoint
+
 with LazyImport(message="Run 'pip install \"offload-haystack[local-s3]\"'") as _local_s3_import:
-    import boto3
+    import boto3  # noqa: F401 - client() needs it; checked at construction, so the error names the extra
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
     from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
@@ -363,7 +365,7 @@ def _request_handler(verbose: bool) -> type[WSGIRequestHandler]:
     return _QuietMotoRequestHandler
 
 
-class LocalS3Server:
+class LocalS3Server(S3Endpoint):
     """
     moto's S3 server on a loopback port, in a background thread, with every request recorded.
 
@@ -506,56 +508,6 @@ class LocalS3Server:
         :returns: ``s3://<bucket>``.
         """
         return f"s3://{self.bucket}"
-
-    def storage_options(self) -> dict[str, Any]:
-        """
-        Options for ``s3fs.S3FileSystem(**options)`` or ``FsspecToolResultStore(url, storage_options=options)``.
-
-        :returns: A new dict on every call, so callers may add to it (e.g. ``config_kwargs``).
-        :raises RuntimeError: If the server is not running.
-        """
-        key, secret = self._credentials
-        return {
-            "endpoint_url": self.endpoint_url,
-            "key": key,
-            "secret": secret,
-            "client_kwargs": {"region_name": self.region},
-        }
-
-    def environment(self) -> dict[str, str]:
-        """
-        Environment variables that point AWS SDKs (botocore >= 1.31, hence s3fs and boto3) at this server.
-
-        :returns: ``AWS_ENDPOINT_URL``, credentials and region.
-        :raises RuntimeError: If the server is not running.
-        """
-        key, secret = self._credentials
-        return {
-            "AWS_ENDPOINT_URL": self.endpoint_url,
-            "AWS_ACCESS_KEY_ID": key,
-            "AWS_SECRET_ACCESS_KEY": secret,
-            "AWS_DEFAULT_REGION": self.region,
-        }
-
-    def client(self, service: str = "s3") -> Any:
-        """
-        A boto3 client for this server, made once per service and shared (boto3 clients are thread-safe).
-
-        moto's server answers every AWS service it emulates on the same port, so ``client("iam")`` or
-        ``client("kms")`` work too.
-
-        :param service: The AWS service, ``"s3"`` by default.
-        :returns: A ``botocore`` client, with the admin user's keys when IAM is enforced.
-        :raises RuntimeError: If the server is not running.
-        """
-        if service not in self._clients:
-            key, secret = self._credentials
-            # A private Session: boto3's module-level default session is shared, and not thread-safe to create.
-            session = boto3.session.Session(
-                aws_access_key_id=key, aws_secret_access_key=secret, region_name=self.region
-            )
-            self._clients[service] = session.client(service, endpoint_url=self.endpoint_url)
-        return self._clients[service]
 
     def create_bucket(self, name: str) -> None:
         """
