@@ -42,7 +42,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -192,14 +192,10 @@ def transient_cause(error: BaseException) -> str | None:
     :returns: A short description safe to log or show ("HTTP 503 SlowDown", "read timeout", "connection failed"), or
         `None` when the failure is not transient (a missing object, a refused permission, a bad request, ...).
     """
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        verdict = _classify(current)
+    for link in _chain(error):
+        verdict = _classify(link)
         if verdict is not None:
             return verdict or None
-        current = current.__cause__ or current.__context__
     return None
 
 
@@ -210,15 +206,17 @@ def http_status(error: BaseException) -> int | None:
     :param error: The exception a storage call raised.
     :returns: The status, or None when no link of the chain carries an answer (a network failure, a local error).
     """
+    return next((status for link in _chain(error) if (status := _answer_status(link)) is not None), None)
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    """`error`, then what caused it, link by link (each once: a chain can loop)."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        status = _answer_status(current)
-        if status is not None:
-            return status
+        yield current
         current = current.__cause__ or current.__context__
-    return None
 
 
 def _answer_status(error: BaseException) -> int | None:
