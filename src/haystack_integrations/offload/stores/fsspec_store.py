@@ -886,8 +886,8 @@ class FsspecToolResultStore(ToolResultStore):
         return await check_exclusive_creates(io, self._scope_path(), backend=backend, store=described)
 
     async def _require_exclusive_creates_async(self) -> None:
-        known = checked(self._handle.backend_key())  # the hot path: one look-up once a verdict is in
-        (known or await self.check_exclusive_creates_async()).require()
+        # Every coordinated create's first step: once a verdict is in, one dictionary look-up.
+        (await self.check_exclusive_creates_async()).require()
 
     def warm_up(self) -> None:
         """Create the filesystem client now (and, on S3, its session) instead of on the first request."""
