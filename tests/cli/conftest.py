@@ -14,8 +14,8 @@ import pytest
 from cli_stores import FilledStore, IamEndpoint
 
 from haystack_integrations.offload import FsspecToolResultStore
-from haystack_integrations.offload.demo.model import scripted_generator
 from haystack_integrations.offload.server.agent import build_agent
+from haystack_integrations.offload.server.scripted_model import scripted_generator
 from haystack_integrations.offload.server.service import ChatService
 from haystack_integrations.offload.testing.local_s3 import local_s3_process
 

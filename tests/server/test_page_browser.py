@@ -796,10 +796,10 @@ def test_a_failed_resume_offers_continue_which_runs_the_decided_call(
 
     from haystack_integrations.offload import FsspecToolResultStore
     from haystack_integrations.offload.approvals.ledger import ApprovalLedger
-    from haystack_integrations.offload.demo.model import scripted_generator
     from haystack_integrations.offload.errors import StorageUnavailableError
     from haystack_integrations.offload.server import ChatService, build_agent
     from haystack_integrations.offload.server.errors import RunFailedError
+    from haystack_integrations.offload.server.scripted_model import scripted_generator
 
     # The live server's store, from this process: a decision whose resume failed before the call ran.
     session = FsspecToolResultStore(str(page_directory / "results")).for_session("acme", "failed-resume")

@@ -15,8 +15,8 @@ from httpx import Response
 from server_tenants import ACME_TOKEN, GLOBEX_TOKEN, TOKENS, bearer
 
 from haystack_integrations.offload import FsspecToolResultStore
-from haystack_integrations.offload.demo.tools import chart_png, search_results
 from haystack_integrations.offload.server import ServerSettings, create_app
+from haystack_integrations.offload.server.demo_tools import chart_png, search_results
 from haystack_integrations.offload.server.history import SessionHistory
 from haystack_integrations.offload.stores.names import new_object_name
 

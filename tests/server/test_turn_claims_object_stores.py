@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from haystack_integrations.offload import FsspecToolResultStore
-from haystack_integrations.offload.demo.model import scripted_generator
 from haystack_integrations.offload.server import ChatService, build_agent
 from haystack_integrations.offload.server.errors import SessionBusyError
+from haystack_integrations.offload.server.scripted_model import scripted_generator
 
 AT_ONCE = 4
 

@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
-from haystack_integrations.offload.demo.model import SCRIPTED_MODEL_LABEL
 from haystack_integrations.offload.errors import StoragePermissionError
+from haystack_integrations.offload.server.scripted_model import SCRIPTED_MODEL_LABEL
 
 DEFAULT_DEMO_STORE = "./offload-demo-results"
 DEMO_TENANTS = ("acme", "globex")

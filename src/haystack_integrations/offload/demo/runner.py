@@ -35,13 +35,13 @@ from typing import Any
 from haystack.dataclasses import ChatMessage
 
 from haystack_integrations.offload.approvals import ApprovalRequest
-from haystack_integrations.offload.demo.model import SCRIPTED_CONTEXT_WINDOW, scripted_generator
-from haystack_integrations.offload.demo.tools import expected_blocks, invoice_number
 from haystack_integrations.offload.errors import InvalidReferenceError, ResultNotFoundError, StorageError
 from haystack_integrations.offload.hooks.compaction_rounds import COMPACTION_META_KEY
 from haystack_integrations.offload.hooks.pointers import OFFLOADED_META_KEY
 from haystack_integrations.offload.server.agent import build_agent
+from haystack_integrations.offload.server.demo_tools import expected_blocks, invoice_number
 from haystack_integrations.offload.server.errors import NotFoundError
+from haystack_integrations.offload.server.scripted_model import SCRIPTED_CONTEXT_WINDOW, scripted_generator
 from haystack_integrations.offload.server.service import ChatService, TurnOutcome
 from haystack_integrations.offload.stores import FsspecToolResultStore
 from haystack_integrations.offload.stores.names import new_object_name

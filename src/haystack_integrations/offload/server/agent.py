@@ -18,8 +18,8 @@ from haystack.hooks.human_in_the_loop import AlwaysAskPolicy
 from haystack.hooks.tool_result_offloading import AlwaysOffload, OffloadOverChars
 from haystack.tools.tool import Tool
 
-from haystack_integrations.offload.demo.tools import APPROVAL_TOOL_NAMES, DEMO_TOOLS
 from haystack_integrations.offload.hooks import ApprovalHook, OffloadCompactionHook, OffloadHook
+from haystack_integrations.offload.server.demo_tools import APPROVAL_TOOL_NAMES, DEMO_TOOLS
 from haystack_integrations.offload.server.progress import (
     OffloadProgressHook,
     ToolCallProgressHook,
@@ -47,7 +47,7 @@ def build_agent(
     channel in ``hook_context``; the hooks keep nothing between runs.
 
     ```python
-    from haystack_integrations.offload.demo.model import scripted_generator
+    from haystack_integrations.offload.server.scripted_model import scripted_generator
     from haystack_integrations.offload.server.agent import build_agent
 
     agent = build_agent(scripted_generator())          # once, at start-up; shared by every request

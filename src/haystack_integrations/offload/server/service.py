@@ -176,7 +176,7 @@ class ChatService:
 
     ```python
     from haystack_integrations.offload import FsspecToolResultStore
-    from haystack_integrations.offload.demo.model import scripted_generator
+    from haystack_integrations.offload.server.scripted_model import scripted_generator
     from haystack_integrations.offload.server.agent import build_agent
     from haystack_integrations.offload.server.service import ChatService
 

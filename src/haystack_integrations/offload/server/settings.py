@@ -25,8 +25,12 @@ except ImportError as import_error:  # pragma: no cover - depends on what is ins
     raise ImportError(SERVER_EXTRA_HINT) from import_error
 
 from haystack_integrations.offload.approvals.resume import DEFAULT_RESUME_LEASE
-from haystack_integrations.offload.demo.model import SCRIPTED_CONTEXT_WINDOW, SCRIPTED_MODEL_LABEL, scripted_generator
 from haystack_integrations.offload.server.model_check import DEFAULT_CHECK_TIMEOUT, check_openai_endpoint
+from haystack_integrations.offload.server.scripted_model import (
+    SCRIPTED_CONTEXT_WINDOW,
+    SCRIPTED_MODEL_LABEL,
+    scripted_generator,
+)
 from haystack_integrations.offload.server.startup import require_exclusive_creates
 from haystack_integrations.offload.stores import FsspecToolResultStore
 from haystack_integrations.offload.stores.scope import validate_scope_id

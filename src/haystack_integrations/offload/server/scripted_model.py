@@ -1,5 +1,6 @@
 """
-The demo's scripted model: Haystack's MockChatGenerator with a response function, labelled as scripted everywhere.
+The reference server's scripted model (the demo drives it too): Haystack's MockChatGenerator with a response
+function, labelled as scripted everywhere.
 
 The response function decides from the conversation alone (never from a call counter), so one generator serves any
 number of concurrent runs, in any worker process, and a conversation can move between processes mid-way. It reads the

@@ -1,5 +1,6 @@
 """
-The demo's tools: deterministic results of the kinds that crowd a context window, and one that needs approval.
+The tools the reference server serves (and the demo drives): deterministic results of the kinds that crowd a
+context window, and one that needs approval.
 
 - `web_search`: about 20 KB of search hits (text);
 - `sql_query`: about 30 KB of CSV (a table);
