@@ -206,9 +206,7 @@ class StorageIO:
 
     async def delete_async(self, paths: Iterable[str]) -> None:
         """Async `delete`."""
-        batch = list(paths)
-        # One unlink costs less than a thread hop, as a small write does; a batch may be a whole session's.
-        await self._in_thread(self.delete, batch, size=0 if len(batch) == 1 else None)
+        await self._in_thread(self.delete, list(paths))
 
 
 class SyncFilesystemIO(StorageIO):
