@@ -747,6 +747,10 @@ class S3IO(AsyncFilesystemIO):
         finally:
             self.async_fs.invalidate_cache(path)
 
+    async def _size(self, path: str) -> int:
+        # One HEAD, never s3fs's listing cache: another worker may have written or deleted the key since we listed.
+        return int((await self.async_fs._info(path, refresh=True))["size"])
+
     async def _get(self, path: str) -> bytes:
         # With s3fs's default max_concurrency (10), `_cat_file` first HEADs the object to plan parallel ranged reads.
         # A tool result is read whole in one GET.
