@@ -37,8 +37,8 @@ class Backend(NamedTuple):
 
     @property
     def store_kwargs(self) -> dict[str, Any]:
-        """The store's engine argument; none for the default engine."""
-        return {} if self.engine == "fsspec" else {"engine": self.engine}
+        """The store's engine argument, always named: the default (auto) would pick obstore for S3 lanes."""
+        return {"engine": self.engine}
 
 
 class ObstoreBackend(Backend):

@@ -368,7 +368,9 @@ def test_a_worker_process_killed_mid_call_leaves_a_may_have_run_request(
     import sys
 
     url, options = backend
-    session = FsspecToolResultStore(url, storage_options=options).for_session("acme", "chat-kill")
+    session = FsspecToolResultStore(url, storage_options=options, **backend.store_kwargs).for_session(
+        "acme", "chat-kill"
+    )
     invoice_hook, _ = approvals()
     agent = agent_with([invoice_hook])
     reply = agent.run([plan(INVOICE)], hook_context=durable(session))

@@ -49,7 +49,7 @@ def faulty_session(s3_server: LocalS3Server, fault_proxy: FaultProxy) -> FsspecT
         "config_kwargs": {"read_timeout": 0.5, "connect_timeout": 1},
     }
     root = FsspecToolResultStore(
-        f"{s3_server.bucket_url}/{uuid.uuid4().hex}", storage_options=options, retry=FAST_RETRY
+        f"{s3_server.bucket_url}/{uuid.uuid4().hex}", storage_options=options, retry=FAST_RETRY, engine="fsspec"
     )
     return root.for_session("acme", "chat-1")
 

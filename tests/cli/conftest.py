@@ -34,7 +34,7 @@ async def _fill(root: FsspecToolResultStore) -> None:
 def filled(backend: Any) -> FilledStore:
     """A store on each backend (memory, local, S3) with three conversations in it."""
     url, storage_options = backend
-    root = FsspecToolResultStore(url, storage_options=storage_options)
+    root = FsspecToolResultStore(url, storage_options=storage_options, **backend.store_kwargs)
     asyncio.run(_fill(root))
     return FilledStore(url=url, storage_options=dict(storage_options), root=root)
 

@@ -92,12 +92,12 @@ BAD_ARGUMENTS = [
     (["purge", STORE, "--older-than", "soon", "--yes"], "Invalid age 'soon'"),
     (["purge", STORE, "--session", "chat-1", "--yes"], "--session needs --tenant"),
     (["audit", STORE, "--tenant", "acme"], "the following arguments are required: --session"),
-    # --engine: a choice, obstore for s3:// stores only, and without AWS profiles (obstore reads keys, not profiles).
+    # --engine: a choice, obstore for s3:// stores only; a profile that does not exist is named.
     (["ls", STORE, "--engine", "boto"], "argument --engine: invalid choice: 'boto'"),
     (["du", STORE, "--engine", "obstore"], "--engine obstore serves s3:// stores only"),
     (["ls", "memory://x", "--engine", "obstore"], "--engine obstore serves s3:// stores only"),
     (["purge", "file:///tmp/x", "--tenant", "a", "--engine", "obstore"], "--engine obstore serves s3:// stores only"),
-    (["ls", "s3://bucket/x", "--engine", "obstore", "--profile", "prod"], "--profile names an AWS profile"),
+    (["ls", "s3://bucket/x", "--engine", "obstore", "--profile", "prod"], "No AWS profile 'prod'"),
     (
         ["ls", "s3://bucket/x", "--engine", "obstore", "--storage-options", '{"config_kwargs": {"proxies": {}}}'],
         "not supported by the obstore engine",
@@ -147,7 +147,7 @@ def test_a_bad_aws_variable_is_one_line_and_a_non_zero_exit(
     assert len(captured.err.splitlines()) == 1 and message in captured.err, captured.err
 
 
-def test_aws_profile_with_the_obstore_engine_is_one_line(
+def test_a_missing_aws_profile_with_the_obstore_engine_is_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("AWS_PROFILE", "prod")
@@ -155,7 +155,7 @@ def test_aws_profile_with_the_obstore_engine_is_one_line(
     captured = capsys.readouterr()
     assert code == 2 and captured.out == ""
     assert captured.err.splitlines() == [captured.err.strip()]
-    assert "AWS_PROFILE names an AWS profile, which --engine obstore cannot read" in captured.err
+    assert "No AWS profile 'prod' in the shared config or credentials files" in captured.err
 
 
 def test_the_obstore_engine_without_obstore_installed_is_one_line(
@@ -166,7 +166,7 @@ def test_the_obstore_engine_without_obstore_installed_is_one_line(
     captured = capsys.readouterr()
     assert code == 2 and captured.out == ""
     assert captured.err.splitlines() == [captured.err.strip()] and "Traceback" not in captured.err
-    assert '--engine obstore needs obstore, which is not installed: install the "fast" extra' in captured.err
+    assert '--engine obstore needs obstore, which is not installed: install the "s3" extra' in captured.err
 
 
 def test_aws_variables_do_not_disturb_a_local_store(

@@ -107,7 +107,7 @@ def test_doctor_on_a_store_that_ignores_conditional_writes_fails(
 ) -> None:
     prefix = f"doctor-{uuid.uuid4().hex}"
     with FaultProxy(s3_server.endpoint_url, ignore_conditional_writes=True) as proxy:
-        code, report = _doctor(capsys, *_s3_arguments(s3_server, prefix, proxy.endpoint_url))
+        code, report = _doctor(capsys, *_s3_arguments(s3_server, prefix, proxy.endpoint_url), "--engine", "fsspec")
         stripped = len(proxy.stripped.snapshot())
     checks = {check["name"]: check for check in report["checks"]}
     assert code == EXIT_FAILED and report["ok"] is False

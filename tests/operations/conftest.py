@@ -36,7 +36,9 @@ def fault_proxy(_shared_fault_proxy: FaultProxy) -> FaultProxy:
 def roots(s3_server: LocalS3Server, fault_proxy: FaultProxy) -> Roots:
     """A fresh prefix, through the proxy (retrying under `FAST_RETRY`) and directly."""
     url = f"{s3_server.bucket_url}/{uuid.uuid4().hex}"
-    faulty = FsspecToolResultStore(url, storage_options=proxied_options(s3_server, fault_proxy), retry=FAST_RETRY)
+    faulty = FsspecToolResultStore(
+        url, storage_options=proxied_options(s3_server, fault_proxy), retry=FAST_RETRY, engine="fsspec"
+    )
     # One real request first: it opens the client, and aiobotocore's read timeout holds from then on (right after a
     # bare warm_up, the very first request was seen waiting out the whole withheld answer instead).
     faulty.for_session("warm", "up").list()
@@ -44,4 +46,4 @@ def roots(s3_server: LocalS3Server, fault_proxy: FaultProxy) -> Roots:
     # the requests the test makes.
     faulty.check_exclusive_creates().require()
     fault_proxy.requests.clear()
-    return Roots(faulty, FsspecToolResultStore(url, storage_options=s3_server.storage_options()))
+    return Roots(faulty, FsspecToolResultStore(url, storage_options=s3_server.storage_options(), engine="fsspec"))

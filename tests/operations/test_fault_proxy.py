@@ -124,10 +124,12 @@ def test_each_fault_at_the_wire(
     injected, fails, handled, stored = WIRE[kind]
     url = f"{s3_server.bucket_url}/{uuid.uuid4().hex}"
     once = FsspecToolResultStore(
-        url, storage_options=proxied_options(s3_server, fault_proxy), retry=ONE_ATTEMPT
+        url, storage_options=proxied_options(s3_server, fault_proxy), retry=ONE_ATTEMPT, engine="fsspec"
     ).for_session("acme", "chat-1")
     once.list()  # open the client with one real request
-    direct = FsspecToolResultStore(url, storage_options=s3_server.storage_options()).for_session("acme", "chat-1")
+    direct = FsspecToolResultStore(url, storage_options=s3_server.storage_options(), engine="fsspec").for_session(
+        "acme", "chat-1"
+    )
     s3_requests.clear()
 
     fault_proxy.inject(*injected, method="PUT")
@@ -151,6 +153,7 @@ def test_one_reset_is_resent_by_aiohttp_below_the_store(
         f"{s3_server.bucket_url}/{uuid.uuid4().hex}",
         storage_options=proxied_options(s3_server, fault_proxy),
         retry=ONE_ATTEMPT,
+        engine="fsspec",
     ).for_session("acme", "chat-1")
     once.list()
     fault_proxy.requests.clear()
@@ -171,6 +174,7 @@ def test_errors_reach_get_and_head_too_and_big_bodies_pass_intact(
         f"{s3_server.bucket_url}/{uuid.uuid4().hex}",
         storage_options=proxied_options(s3_server, fault_proxy),
         retry=ONE_ATTEMPT,
+        engine="fsspec",
     ).for_session("acme", "chat-1")
     content = bytes(range(256)) * 20_000  # 5 MB each way
     reference = once.write(key="big.bin", content=content)

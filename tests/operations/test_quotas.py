@@ -36,7 +36,8 @@ from haystack_integrations.offload.testing.local_s3 import LocalS3Server, Reques
 
 def _root(backend: tuple[str, dict[str, Any]], quota: Quota, **kwargs: Any) -> FsspecToolResultStore:
     url, storage_options = backend
-    return FsspecToolResultStore(url, storage_options=storage_options, quota=quota, **kwargs)
+    pinned = {**getattr(backend, "store_kwargs", {}), **kwargs}
+    return FsspecToolResultStore(url, storage_options=storage_options, quota=quota, **pinned)
 
 
 async def _write_all(store: FsspecToolResultStore, count: int, content: str = "x") -> list[str | BaseException]:

@@ -129,7 +129,7 @@ def test_the_engine_and_the_resume_lease_come_from_the_environment_and_serialize
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     defaults = ServerSettings(tokens={TOKEN: "acme"})
-    assert (defaults.engine, defaults.resume_lease) == ("fsspec", 120.0)
+    assert (defaults.engine, defaults.resume_lease) == ("auto", 120.0)
     monkeypatch.setenv("OFFLOAD_SERVER_STORE", "s3://acme-results/prod")
     monkeypatch.setenv("OFFLOAD_SERVER_ENGINE", "obstore")
     monkeypatch.setenv("OFFLOAD_SERVER_RESUME_LEASE", "45.5")
@@ -163,5 +163,5 @@ def test_bad_engines_and_resume_leases_are_refused(values: dict[str, object], me
 def test_the_app_passes_the_engine_and_the_resume_lease_on(tmp_path: Path) -> None:
     settings = ServerSettings(store=str(tmp_path / "results"), tokens={TOKEN: "acme"}, resume_lease=7.0)
     app = create_app(settings)
-    assert app.state.root.engine == "fsspec"
+    assert (app.state.root.engine, app.state.root.resolved_engine) == ("auto", "fsspec")  # a directory
     assert app.state.service.resume_lease == 7.0

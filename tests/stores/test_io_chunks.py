@@ -199,7 +199,9 @@ async def test_s3_an_abort_that_fails_is_repeated_until_no_part_is_left(s3_serve
     # The store's own retry policy turns botocore's retries off, so only the store can repeat the failed abort.
     with FaultProxy(s3_server.endpoint_url) as proxy:
         options = {**s3_server.storage_options(), "endpoint_url": proxy.endpoint_url}
-        store = FsspecToolResultStore(f"{s3_server.bucket_url}/{uuid.uuid4().hex}", storage_options=options)
+        store = FsspecToolResultStore(
+            f"{s3_server.bucket_url}/{uuid.uuid4().hex}", storage_options=options, engine="fsspec"
+        )
         storage, root = store._handle.io(), store._handle.root_path()
         proxy.inject(Fault.INTERNAL_ERROR, method="DELETE")  # the first AbortMultipartUpload
         with pytest.raises(Broken):
@@ -223,7 +225,7 @@ async def test_a_retrying_io_writes_chunks_through_the_wrapped_io(
     # The store's default RetryPolicy wraps the I/O, which forwards put_chunks_async inside its retry loop (large
     # content through it is a multipart upload: tests/stores/test_streamed_writes.py).
     store = FsspecToolResultStore(
-        f"{s3_server.bucket_url}/{uuid.uuid4().hex}", storage_options=s3_server.storage_options()
+        f"{s3_server.bucket_url}/{uuid.uuid4().hex}", storage_options=s3_server.storage_options(), engine="fsspec"
     )
     storage = store._handle.io()
     assert type(storage).__name__ == "RetryingIO"

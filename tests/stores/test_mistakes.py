@@ -116,7 +116,9 @@ def _written_by(store: FsspecToolResultStore, *, clock_off_by: timedelta, writte
 
 def _session(backend: tuple[str, dict[str, Any]], retention: Retention) -> FsspecToolResultStore:
     url, storage_options = backend
-    return FsspecToolResultStore(url, storage_options=storage_options, retention=retention).for_session("acme", "c")
+    return FsspecToolResultStore(
+        url, storage_options=storage_options, retention=retention, **backend.store_kwargs
+    ).for_session("acme", "c")
 
 
 HOUR = Retention(ttl=timedelta(hours=1))
@@ -152,7 +154,7 @@ def test_a_writer_minutes_fast_is_read_normally(backend: tuple[str, dict[str, An
 
 def test_a_writer_hours_fast_cannot_keep_its_results_for_ever(backend: tuple[str, dict[str, Any]]) -> None:
     url, storage_options = backend
-    root = FsspecToolResultStore(url, storage_options=storage_options, retention=HOUR)
+    root = FsspecToolResultStore(url, storage_options=storage_options, retention=HOUR, **backend.store_kwargs)
     session = root.for_session("acme", "c")
     ahead = _written_by(session, clock_off_by=timedelta(hours=2))
     far_ahead = _written_by(session, clock_off_by=timedelta(days=3650))

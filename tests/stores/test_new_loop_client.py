@@ -33,7 +33,7 @@ def _twins(store: FsspecToolResultStore) -> Any:
 @pytest.mark.s3
 def test_a_second_loop_gets_its_own_client_on_the_shared_session(s3_server: LocalS3Server) -> None:
     store = FsspecToolResultStore(
-        f"{s3_server.bucket_url}/{uuid.uuid4().hex}", storage_options=s3_server.storage_options()
+        f"{s3_server.bucket_url}/{uuid.uuid4().hex}", storage_options=s3_server.storage_options(), engine="fsspec"
     )
     session = store.for_session("acme", "chat-1")
     seen: list[tuple[Any, Any]] = []
@@ -62,7 +62,7 @@ def test_a_second_loop_gets_its_own_client_on_the_shared_session(s3_server: Loca
 @pytest.mark.s3
 def test_concurrent_new_loops_build_their_clients_on_one_session(s3_server: LocalS3Server) -> None:
     store = FsspecToolResultStore(
-        f"{s3_server.bucket_url}/{uuid.uuid4().hex}", storage_options=s3_server.storage_options()
+        f"{s3_server.bucket_url}/{uuid.uuid4().hex}", storage_options=s3_server.storage_options(), engine="fsspec"
     )
     start = threading.Barrier(4)
     sessions: list[Any] = []
@@ -99,7 +99,9 @@ def test_a_session_given_in_storage_options_is_used_as_given(s3_server: LocalS3S
 
     mine = AioSession()
     store = FsspecToolResultStore(
-        f"{s3_server.bucket_url}/{uuid.uuid4().hex}", storage_options={**s3_server.storage_options(), "session": mine}
+        f"{s3_server.bucket_url}/{uuid.uuid4().hex}",
+        storage_options={**s3_server.storage_options(), "session": mine},
+        engine="fsspec",
     )
 
     async def run() -> Any:

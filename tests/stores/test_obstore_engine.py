@@ -32,16 +32,17 @@ A_NAME = "20261129T213400123456Z-5f3a9c1e.t.search.k.txt"
 # Choosing the engine, and serializing the choice
 
 
-def test_the_default_engine_is_fsspec_and_the_choice_round_trips() -> None:
-    assert FsspecToolResultStore("memory://engines").engine == "fsspec"
+def test_the_default_engine_is_auto_and_the_choice_round_trips() -> None:
+    memory = FsspecToolResultStore("memory://engines")
+    assert (memory.engine, memory.resolved_engine) == ("auto", "fsspec")
     store = FsspecToolResultStore("s3://bucket/prefix", engine="obstore").for_session("acme", "chat-1")
     data = json.loads(json.dumps(store.to_dict()))
     assert data["init_parameters"]["engine"] == "obstore"
     restored = FsspecToolResultStore.from_dict(data)
     assert (restored.engine, restored.scope, restored.url) == ("obstore", ("acme", "chat-1"), "s3://bucket/prefix")
-    # A store serialized before engines existed comes back on the default engine.
+    # A store serialized without an engine comes back on the default engine.
     del data["init_parameters"]["engine"]
-    assert FsspecToolResultStore.from_dict(data).engine == "fsspec"
+    assert FsspecToolResultStore.from_dict(data).resolved_engine == "obstore"
 
 
 def test_an_engine_that_cannot_serve_the_store_is_refused_before_any_io() -> None:
@@ -56,9 +57,9 @@ def test_an_engine_that_cannot_serve_the_store_is_refused_before_any_io() -> Non
 
 
 def test_storage_options_it_cannot_honour_are_refused_not_ignored() -> None:
-    with pytest.raises(ValueError, match=r"profile, config_kwargs\['proxies'\] not supported by the obstore engine"):
+    with pytest.raises(ValueError, match=r"version_aware, config_kwargs\['proxies'\] not supported by the obstore"):
         FsspecToolResultStore(
-            "s3://bucket/x", storage_options={"profile": "prod", "config_kwargs": {"proxies": {}}}, engine="obstore"
+            "s3://bucket/x", storage_options={"version_aware": True, "config_kwargs": {"proxies": {}}}, engine="obstore"
         )
     # s3fs's own caching options mean nothing here and are accepted, so one set of options serves both engines.
     FsspecToolResultStore("s3://bucket/x", storage_options={"use_listings_cache": False}, engine="obstore")
@@ -67,9 +68,11 @@ def test_storage_options_it_cannot_honour_are_refused_not_ignored() -> None:
 def test_a_missing_obstore_names_the_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "obstore", None)  # `import obstore` now fails as if it were not installed
     monkeypatch.delitem(sys.modules, "haystack_integrations.offload.stores.obstore_io")
-    with pytest.raises(ImportError, match=r'pip install "offload-haystack\[fast\]"'):
+    with pytest.raises(ImportError, match=r'pip install "offload-haystack\[s3\]"'):
         FsspecToolResultStore("s3://bucket/x", engine="obstore")
-    assert FsspecToolResultStore("s3://bucket/x").engine == "fsspec"  # the default engine does not need it
+    default = FsspecToolResultStore("s3://bucket/x")  # the default engine falls back to s3fs, and says why
+    assert (default.engine, default.resolved_engine) == ("auto", "fsspec")
+    assert "obstore is not installed" in default.engine_choice.reason
 
 
 # Settings: the storage_options s3fs takes, translated
@@ -284,16 +287,20 @@ async def test_an_answer_the_client_cannot_handle_is_a_storage_error(wrong_key_e
 
 
 @pytest.mark.s3
-@pytest.mark.xfail(
-    reason="object_store cannot parse a key with a '.' or empty path segment, and fails the whole listing; s3fs lists "
-    "it. This library never writes such keys; one planted under a scope blocks list and purge there (loudly).",
-    raises=StorageError,
-    strict=True,
-)
-def test_a_key_object_store_cannot_parse_does_not_block_listing(s3_server: LocalS3Server) -> None:
-    url, options = f"{s3_server.bucket_url}/{uuid.uuid4().hex}", s3_server.storage_options()
-    session = FsspecToolResultStore(url, storage_options=options, engine="obstore").for_session("acme", "chat-1")
+@pytest.mark.parametrize("segment", [".", ""])
+async def test_a_key_object_store_cannot_parse_does_not_block_listing_or_purge(
+    s3_server: LocalS3Server, segment: str
+) -> None:
+    # object_store fails a whole listing on a key with a "." or empty segment; s3fs lists and deletes it for obstore.
+    prefix = uuid.uuid4().hex
+    root = FsspecToolResultStore(f"{s3_server.bucket_url}/{prefix}", storage_options=s3_server.storage_options())
+    assert root.resolved_engine == "obstore"  # the default
+    session = root.for_session("acme", "chat-1")
     reference = session.write(key="k.txt", content="x")
-    plain = FsspecToolResultStore(url, storage_options=options)
-    plain._handle.io().fs.pipe_file(f"{plain._scope_path()}/acme/chat-1/./planted", b"x")
-    assert [record.reference for record in session.list()] == [reference]
+    old = session.write(key="old.txt", content="x")
+    planted = f"{prefix}/acme/chat-1/{segment}/{old}"  # a result's name, below a segment object_store refuses
+    s3_server.client().put_object(Bucket=s3_server.bucket, Key=planted, Body=b"x")
+    assert {record.reference for record in await session.list_async()} == {reference, old}
+    assert await session.purge_async() == 2
+    listed = s3_server.client().list_objects_v2(Bucket=s3_server.bucket, Prefix=prefix)
+    assert [entry["Key"] for entry in listed.get("Contents", [])] == [planted]  # not a result of this scope: kept

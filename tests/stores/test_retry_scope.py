@@ -15,7 +15,7 @@ _ZERO = {"retries": 0, "recovered": 0, "gave_up": 0, "causes": {}}
 
 def test_only_network_backends_are_retried(backend: tuple[str, dict[str, Any]], request: pytest.FixtureRequest) -> None:
     url, storage_options = backend
-    store = FsspecToolResultStore(url, storage_options=storage_options)
+    store = FsspecToolResultStore(url, storage_options=storage_options, **backend.store_kwargs)
     session = store.for_session("acme", "chat-1")
     reference = session.write(key="k.txt", content="hello")
     assert session.read(reference) == "hello"

@@ -10,11 +10,13 @@ from haystack_integrations.offload.testing.local_s3 import LocalS3Server, Reques
 pytestmark = pytest.mark.s3
 
 
-@pytest.fixture(params=[{}, {"engine": "obstore"}], ids=["fsspec", "obstore"])
+@pytest.fixture(params=["fsspec", "obstore"])
 def s3_session(s3_server: LocalS3Server, request: pytest.FixtureRequest) -> FsspecToolResultStore:
     """A session store on each S3 engine: the requests each operation makes must be the same."""
     store = FsspecToolResultStore(
-        f"{s3_server.bucket_url}/{uuid.uuid4().hex}", storage_options=s3_server.storage_options(), **request.param
+        f"{s3_server.bucket_url}/{uuid.uuid4().hex}",
+        storage_options=s3_server.storage_options(),
+        engine=request.param,
     )
     store.warm_up()
     return store.for_session("acme", "chat-1")
@@ -123,7 +125,9 @@ def test_refused_references_make_no_request(s3_session: FsspecToolResultStore, s
 
 
 def test_connection_pool_is_sized_for_concurrency(s3_server: LocalS3Server) -> None:
-    store = FsspecToolResultStore(s3_server.bucket_url + "/pool", storage_options=s3_server.storage_options())
+    store = FsspecToolResultStore(
+        s3_server.bucket_url + "/pool", storage_options=s3_server.storage_options(), engine="fsspec"
+    )
     store.warm_up()
     client = store._handle.io().fs.s3  # type: ignore[attr-defined]
     assert client.meta.config.max_pool_connections >= 64

@@ -11,8 +11,9 @@ The ``offload-haystack`` command line.
 S3 as the AWS CLI has it: ``--endpoint-url``, ``--profile`` and ``--region`` on every command with a store, defaulting
 to ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, and ``AWS_REGION`` or ``AWS_DEFAULT_REGION``. They
 become s3fs storage options (``endpoint_url``, ``profile``, ``client_kwargs.region_name``): a flag overrides the same
-key in ``--storage-options``, which overrides the environment. They apply to ``s3://`` stores only. ``--engine obstore``
-serves an ``s3://`` store through obstore (the ``fast`` extra) instead of s3fs.
+key in ``--storage-options``, which overrides the environment. They apply to ``s3://`` stores only. ``--engine`` picks
+the S3 client as the store's ``engine`` does: ``auto`` (obstore where it can serve the options), ``fsspec`` or
+``obstore``.
 
 Progress goes to standard error, never to standard output (scripts parse it): on a terminal, ``ls``, ``du`` and
 ``purge`` show a line while a long listing runs and a bar while a purge deletes; ``--progress`` shows them wherever
@@ -59,7 +60,7 @@ S3_ENVIRONMENT = {
 }
 """Where each S3 flag's default comes from, first set variable first (the service-specific endpoint before the global
 one, as the AWS CLI reads them)."""
-ENGINES = ("fsspec", "obstore")
+ENGINES = ("auto", "fsspec", "obstore")
 PROGRESS_DELAY = 1.0
 """Seconds a listing runs before its progress line appears on a terminal (with ``--progress``: at once)."""
 PROGRESS_INTERVAL = 0.5
@@ -201,11 +202,11 @@ def _root(arguments: argparse.Namespace) -> Any:
     engine: str = arguments.engine
     options = _storage_options(arguments, url)
     if engine == "obstore":
-        _check_obstore(arguments, url)
+        _check_obstore(url)
     try:
         root = FsspecToolResultStore(url, storage_options=options, engine=engine)
     except ValueError as error:
-        what = "Invalid store URL" if engine == "fsspec" else "Cannot use --engine obstore for"
+        what = "Cannot use --engine obstore for" if engine == "obstore" else "Invalid store URL"
         raise CommandError(f"{what} {url!r}: {error}") from error
     if "://" not in url or url.startswith("file://"):
         directory = url.removeprefix("file://")
@@ -214,25 +215,18 @@ def _root(arguments: argparse.Namespace) -> Any:
     return root
 
 
-def _check_obstore(arguments: argparse.Namespace, url: str) -> None:
+def _check_obstore(url: str) -> None:
     """
     Refuse ``--engine obstore`` where it cannot work, in one line, before anything is built.
 
-    :raises CommandError: If the store is not on S3, obstore is not installed, or an AWS profile is asked for (obstore
-        reads keys, not profiles).
+    :raises CommandError: If the store is not on S3 or obstore is not installed.
     """
     if not _is_s3(url):
         raise CommandError(f"--engine obstore serves s3:// stores only, and {url!r} is not one: use --engine fsspec.")
     if importlib.util.find_spec("obstore") is None:
         raise CommandError(
-            '--engine obstore needs obstore, which is not installed: install the "fast" extra (pip install ".[fast]" '
-            "in a checkout, or a built wheel with [fast]), or use --engine fsspec."
-        )
-    profile = _s3_choices(arguments, url).get("profile")
-    if profile is not None:
-        raise CommandError(
-            f"{profile[1]} names an AWS profile, which --engine obstore cannot read: give keys (AWS_ACCESS_KEY_ID and "
-            "AWS_SECRET_ACCESS_KEY, or --storage-options), or use --engine fsspec."
+            '--engine obstore needs obstore, which is not installed: install the "s3" extra (pip install ".[s3]" '
+            "in a checkout, or a built wheel with [s3]), or use --engine fsspec."
         )
 
 
@@ -919,8 +913,8 @@ def _store_arguments(parser: argparse.ArgumentParser, *, url_flag: bool = False)
     parser.add_argument(
         "--engine",
         choices=ENGINES,
-        default="fsspec",
-        help='S3 client for s3:// stores: fsspec (s3fs, the default) or obstore (the "fast" extra)',
+        default="auto",
+        help="S3 client for s3:// stores: auto (the default: obstore where it serves the options), fsspec or obstore",
     )
 
 

@@ -64,8 +64,8 @@ class ServerSettings(BaseSettings):
     ``OFFLOAD_SERVER_TOKENS='{"a-long-random-token-for-acme": "acme"}'`` (or ``OFFLOAD_SERVER_TOKENS_FILE=tokens.json``
     holding the same JSON object), ``OFFLOAD_SERVER_MODEL=openai`` with ``OFFLOAD_SERVER_OPENAI_BASE_URL``,
     ``OFFLOAD_SERVER_OPENAI_MODEL`` and ``OFFLOAD_SERVER_OPENAI_API_KEY`` (or ``OPENAI_API_KEY``);
-    ``OFFLOAD_SERVER_ENGINE=obstore`` for the obstore S3 engine; ``OFFLOAD_SERVER_RESUME_LEASE=60`` for the lease, in
-    seconds, of a worker's claim on a held step it resumes.
+    ``OFFLOAD_SERVER_ENGINE=fsspec`` to keep S3 on s3fs (the default, ``auto``, takes obstore where it can);
+    ``OFFLOAD_SERVER_RESUME_LEASE=60`` for the lease, in seconds, of a worker's claim on a held step it resumes.
 
     Multi-user use: a token names exactly one tenant, taken from this table and never from a request; several tokens
     may name the same tenant (one per user or per client).
@@ -74,8 +74,9 @@ class ServerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="OFFLOAD_SERVER_", extra="forbid", validate_default=True)
 
     store: str = Field(default=DEFAULT_SERVER_STORE, description="Root URL of the results store (directory or s3://).")
-    engine: Literal["fsspec", "obstore"] = Field(
-        default="fsspec", description="The store's engine: the URL's fsspec backend, or obstore (s3:// only)."
+    engine: Literal["auto", "fsspec", "obstore"] = Field(
+        default="auto",
+        description="The store's engine: auto (obstore for s3:// where it serves the options), fsspec, or obstore.",
     )
     storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options for the store, as JSON.")
     s3_endpoint_url: str | None = Field(default=None, description="S3 endpoint (MinIO, moto, a VPC endpoint).")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import copy
+import importlib.util
 import os
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Mapping
@@ -22,6 +23,7 @@ from haystack_integrations.offload.errors import InvalidReferenceError, ResultEx
 from haystack_integrations.offload.stores.blocking import blocking, blocking_here
 from haystack_integrations.offload.stores.chunks import ContentChunks
 from haystack_integrations.offload.stores.documents import SessionDocuments
+from haystack_integrations.offload.stores.engines import DEFAULT_ENGINE, EngineChoice, choose_engine
 from haystack_integrations.offload.stores.exclusive_creates import (
     ExclusiveCreateCheck,
     check_exclusive_creates,
@@ -69,7 +71,6 @@ DEFAULT_S3_MAX_POOL_CONNECTIONS = 128
 _EXTRAS_BY_PROTOCOL = {"s3": "s3", "s3a": "s3"}
 # What moves the bytes: "fsspec" (the URL's fsspec backend: s3fs, local disk, memory, ...) or, for s3:// only,
 # "obstore" (Rust object_store: the same requests for a fraction of the client CPU; see stores/obstore_io.py).
-ENGINES = ("fsspec", "obstore")
 DEFAULT_RETRY = RetryPolicy()
 
 # Results larger than this are written from chunks (S3 sends one PUT below it anyway: io.MULTIPART_THRESHOLD).
@@ -116,9 +117,9 @@ class FsspecToolResultStore(ToolResultStore):
     creates directories on S3. Local writes are atomic (temporary file, then rename). Every method has an async twin
     that never blocks the event loop.
 
-    Engine: on a busy multi-user server the S3 client's own CPU adds up; ``engine="obstore"`` (``pip install
-    "offload-haystack[fast]"``) does S3 through Rust's object_store with the same requests and semantics, for about a
-    third of s3fs's client CPU per request. The default, ``engine="fsspec"``, is the URL's fsspec backend (s3fs).
+    Engine: on a busy multi-user server the S3 client's own CPU adds up, so ``s3://`` goes through Rust's object_store
+    (obstore) by default, with the same requests and semantics as s3fs for about a third of its client CPU; where the
+    storage options need s3fs, the default uses s3fs and logs why (`engine_choice`).
 
     Operations: transient failures (5xx, SlowDown, resets, timeouts) are retried under `retry` (`RetryPolicy`; counts
     in `retry_stats`); `quota` (`Quota`) refuses writes that would pass a session's or tenant's limits before sending
@@ -139,7 +140,7 @@ class FsspecToolResultStore(ToolResultStore):
         quota: Quota | None = None,
         retention: Retention | None = None,
         retry: RetryPolicy | None = DEFAULT_RETRY,
-        engine: str = "fsspec",
+        engine: str = DEFAULT_ENGINE,
     ) -> None:
         """
         Create a store rooted at `url`. No network I/O happens here; the client is created on first use or `warm_up`.
@@ -160,10 +161,11 @@ class FsspecToolResultStore(ToolResultStore):
         :param retry: How transient storage failures are retried (see `RetryPolicy`). On S3 it replaces botocore's and
             s3fs's own retries for the client this store creates (unless `storage_options` sets botocore's
             ``retries``); None leaves retrying entirely to the backend's defaults.
-        :param engine: ``"fsspec"`` (the default): the URL's fsspec backend (s3fs for ``s3://``). ``"obstore"``, for
-            ``s3://`` URLs only: the same requests through Rust's object_store, far less CPU per request; it takes the
-            same `storage_options` (those it cannot honour, such as ``profile``, are refused) and the environment, and
-            each attempt of the `retry` policy is bounded by the client's request timeout (``attempt_timeout``).
+        :param engine: ``"auto"`` (the default): ``"obstore"`` for ``s3://`` URLs whose `storage_options` it can
+            honour, else ``"fsspec"`` (logged once, with the reason). ``"fsspec"``: the URL's fsspec backend (s3fs for
+            ``s3://``). ``"obstore"``, for ``s3://`` only: the same requests through Rust's object_store, far less CPU
+            per request; it takes the same `storage_options` (refusing those it cannot honour), profiles through
+            botocore, and the environment; each attempt of the `retry` policy is bounded by its request timeout.
         :raises ValueError: If the URL has no path (e.g. ``s3://``), is a local path that can only be a mistyped URL
             (``s3:/bucket``, ``s3//bucket``, ``s3:bucket``: the message names the URL meant), `session` is given
             without `tenant`, or `engine` cannot serve the store (unknown; ``"obstore"`` for another protocol, a
@@ -172,7 +174,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises ImportError: If the backend for the URL's protocol (or obstore, for ``engine="obstore"``) is not
             installed.
         """
-        _check_engine(engine, url, storage_options, filesystem)
+        choice = choose_engine(engine, url, storage_options, filesystem)
         protocol, _ = split_protocol(url)
         if protocol is None and filesystem is None:
             check_local_path(url)  # "s3:/bucket" would otherwise be a local folder named "s3:"
@@ -183,12 +185,12 @@ class FsspecToolResultStore(ToolResultStore):
         try:
             filesystem_class = type(filesystem) if filesystem is not None else fsspec.get_filesystem_class(protocol)
         except ImportError as error:
-            if engine != "obstore":  # which needs no s3fs
+            if choice.engine != "obstore":  # which needs no s3fs
                 extra = _EXTRAS_BY_PROTOCOL.get(protocol)
                 hint = f' Install it with: pip install "offload-haystack[{extra}]"' if extra else ""
                 raise ImportError(f"The backend for '{protocol}://' URLs is not installed.{hint}") from error
             filesystem_class = None
-        root_path = _strip_protocol(engine, filesystem_class, url)
+        root_path = _strip_protocol(filesystem_class, url)
         if not root_path:
             raise ValueError(f"The store URL {url!r} has no path: give a bucket or a directory, e.g. 's3://bucket'.")
 
@@ -198,8 +200,9 @@ class FsspecToolResultStore(ToolResultStore):
         self.retention = retention
         self.retry = retry
         self.engine = engine
+        self.engine_choice: EngineChoice = choice
         self._filesystem = filesystem
-        self._handle = _FilesystemHandle(protocol, root_path, self.storage_options, filesystem, retry, engine)
+        self._handle = _FilesystemHandle(protocol, root_path, self.storage_options, filesystem, retry, choice.engine)
         self._scope: tuple[str, ...] = ()
         if session is not None and tenant is None:
             raise ValueError("A session scope needs a tenant: pass tenant= as well.")
@@ -224,6 +227,11 @@ class FsspecToolResultStore(ToolResultStore):
     def session(self) -> str | None:
         """The session this store is scoped to, if any."""
         return self._scope[1] if len(self._scope) > 1 else None
+
+    @property
+    def resolved_engine(self) -> str:
+        """The engine serving this store's requests: ``"obstore"`` or ``"fsspec"`` (`engine_choice` says why)."""
+        return self.engine_choice.engine
 
     @property
     def retry_stats(self) -> RetryStats:
@@ -877,7 +885,8 @@ class FsspecToolResultStore(ToolResultStore):
             return known
         endpoint = backend[2]
         described = (
-            f"The object store {self.url!r} (engine {self.engine!r}{f', endpoint {endpoint}' if endpoint else ''})"
+            f"The object store {self.url!r} (engine {self.resolved_engine!r}"
+            f"{f', endpoint {endpoint}' if endpoint else ''})"
         )
         io = self._handle.io()
         if not retries_can_help(io):
@@ -956,7 +965,7 @@ class _FilesystemHandle:
         storage_options: dict[str, Any],
         filesystem: AbstractFileSystem | None,
         retry: RetryPolicy | None,
-        engine: str = "fsspec",
+        engine: str,
     ) -> None:
         self._protocol = protocol
         self._engine = engine
@@ -980,18 +989,10 @@ class _FilesystemHandle:
             if fs is None:
                 options = resolve_secrets(self._storage_options)
                 if self._engine == "obstore":
-                    io = _obstore_io(options, self._retry)
+                    io = _obstore_io(options, self._retry, fallback=self._s3fs_fallback(options))
                     fs = io.fs
                 elif self._protocol in {"s3", "s3a"}:
-                    config = dict(options.get("config_kwargs") or {})
-                    config.setdefault("max_pool_connections", DEFAULT_S3_MAX_POOL_CONNECTIONS)
-                    options["config_kwargs"] = config
-                    if self._retry is not None:
-                        options = s3_client_options(options)
-                    # Async calls use a client on the caller's own loop (made on first use there), sync calls this one.
-                    io = s3_io_with_loop_twins(
-                        self._s3_filesystem(options), lambda: self._s3_filesystem(options, asynchronous=True)
-                    )
+                    io = self._s3fs_io(options)
                     fs = io.fs
                 else:
                     fs = fsspec.filesystem(self._protocol, **options)
@@ -1005,6 +1006,33 @@ class _FilesystemHandle:
             if self._retry is not None and retries_can_help(io):
                 io = RetryingIO(io, self._retry, self.retry_stats)
             self._io = io
+
+    def _s3fs_io(self, options: dict[str, Any]) -> StorageIO:
+        options = dict(options)
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("max_pool_connections", DEFAULT_S3_MAX_POOL_CONNECTIONS)
+        options["config_kwargs"] = config
+        if self._retry is not None:
+            options = s3_client_options(options)
+        # Async calls use a client on the caller's own loop (made on first use there), sync calls this one.
+        return s3_io_with_loop_twins(
+            self._s3_filesystem(options), lambda: self._s3_filesystem(options, asynchronous=True)
+        )
+
+    def _s3fs_fallback(self, options: dict[str, Any]) -> Callable[[], StorageIO] | None:
+        """s3fs, made on first need, for the keys obstore cannot list or delete; None without s3fs."""
+        if importlib.util.find_spec("s3fs") is None:
+            return None
+        made: list[StorageIO] = []
+        lock = threading.Lock()
+
+        def fallback() -> StorageIO:
+            with lock:
+                if not made:
+                    made.append(self._s3fs_io(options))
+                return made[0]
+
+        return fallback
 
     def _s3_filesystem(self, options: dict[str, Any], *, asynchronous: bool = False) -> AbstractFileSystem:
         if asynchronous:
@@ -1056,27 +1084,7 @@ class _FilesystemHandle:
         return self._resolved_root
 
 
-def _check_engine(
-    engine: str, url: str, storage_options: Mapping[str, Any] | None, filesystem: AbstractFileSystem | None
-) -> None:
-    """Refuse an engine that cannot serve the store, before anything is built (no I/O)."""
-    if engine not in ENGINES:
-        raise ValueError(f"Unknown engine {engine!r}: use one of {', '.join(map(repr, ENGINES))}.")
-    if engine != "obstore":
-        return
-    if filesystem is not None or split_protocol(url)[0] not in {"s3", "s3a"}:
-        raise ValueError('engine="obstore" serves s3:// URLs only (not a filesystem object); use engine="fsspec".')
-    from haystack_integrations.offload.stores.obstore_io import unsupported_options  # ImportError names the extra
-
-    unsupported = unsupported_options(storage_options or {})
-    if unsupported:
-        raise ValueError(
-            f"Storage option(s) {', '.join(unsupported)} not supported by the obstore engine: leave them out (the "
-            'environment is read as s3fs reads it, AWS profiles aside), or use engine="fsspec".'
-        )
-
-
-def _strip_protocol(engine: str, filesystem_class: type[AbstractFileSystem] | None, url: str) -> str:
+def _strip_protocol(filesystem_class: type[AbstractFileSystem] | None, url: str) -> str:
     if filesystem_class is None:  # the obstore engine, without s3fs installed
         from haystack_integrations.offload.stores.obstore_io import strip_s3_url
 
@@ -1084,13 +1092,15 @@ def _strip_protocol(engine: str, filesystem_class: type[AbstractFileSystem] | No
     return str(filesystem_class._strip_protocol(url)).rstrip("/")
 
 
-def _obstore_io(options: dict[str, Any], retry: RetryPolicy | None) -> StorageIO:
+def _obstore_io(
+    options: dict[str, Any], retry: RetryPolicy | None, *, fallback: Callable[[], StorageIO] | None
+) -> StorageIO:
     from haystack_integrations.offload.stores.obstore_io import ObstoreIO, obstore_settings
 
     settings = obstore_settings(
         options, retrying=retry is not None, attempt_timeout=retry.attempt_timeout if retry is not None else None
     )
-    return ObstoreIO(settings)
+    return ObstoreIO(settings, fallback=fallback)
 
 
 def _stale_temporaries(found: Mapping[str, int], grace: timedelta) -> builtins.list[str]:

@@ -26,20 +26,21 @@ everything but the call itself (`ObstoreIO`).
 
 Settings come from the same ``storage_options`` s3fs takes (`obstore_settings` says which are understood; any other is
 refused rather than ignored) and, for whatever they leave out, from the environment (``AWS_ACCESS_KEY_ID``,
-``AWS_REGION``, ``AWS_ENDPOINT_URL``, web identity and container credentials, the instance profile). Not supported:
-AWS profiles and shared config files (``profile=``, ``AWS_PROFILE``), botocore options without an ``object_store``
-counterpart, and keys that ``object_store`` cannot parse (``.`` or empty path segments; this library never writes
-them): a listing that meets one fails loudly rather than skipping it.
+``AWS_REGION``, ``AWS_ENDPOINT_URL``, web identity and container credentials, the instance profile). AWS profiles
+(``profile=``, ``AWS_PROFILE``) are read through botocore's session (`BotocoreCredentials`); with no region anywhere
+and AWS's own endpoint, the bucket's region is asked of S3 once (`bucket_region`). Not supported: botocore options
+without an ``object_store`` counterpart.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import os
 import re
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
@@ -49,6 +50,7 @@ try:
     from obstore.exceptions import (
         AlreadyExistsError,
         GenericError,
+        InvalidPathError,
         PermissionDeniedError,
         UnauthenticatedError,
     )
@@ -56,9 +58,11 @@ try:
     from obstore.store import S3Store
 except ImportError as error:  # pragma: no cover - tests/stores/test_obstore_engine.py hides obstore to see this
     raise ImportError(
-        'The obstore engine (engine="obstore") needs obstore. Install it with: pip install "offload-haystack[fast]"'
+        'The obstore engine (engine="obstore") needs obstore. Install it with: pip install "offload-haystack[s3]"'
     ) from error
 
+from haystack_integrations.offload.stores.aws_session import BotocoreCredentials, botocore_available
+from haystack_integrations.offload.stores.bucket_region import bucket_region
 from haystack_integrations.offload.stores.io import (
     MULTIPART_PART_BYTES,
     MULTIPART_PARTS_IN_FLIGHT,
@@ -69,7 +73,7 @@ from haystack_integrations.offload.stores.io import (
 )
 
 if TYPE_CHECKING:
-    from obstore.store import ClientConfig, RetryConfig, S3Config
+    from obstore.store import ClientConfig, RetryConfig, S3Config, S3CredentialProvider
 
 __all__ = [
     "ObstoreIO",
@@ -120,6 +124,7 @@ _ADDITIONAL_NAMES = {"ServerSideEncryption": "server_side_encryption", "SSEKMSKe
 # counterpart: reqwest's pool is not capped, so it never limits requests in flight the way botocore's does.
 _CONFIG_KWARGS = frozenset({"connect_timeout", "read_timeout", "retries", "region_name", "s3", "max_pool_connections"})
 _TOP_LEVEL = frozenset({*_CONFIG_NAMES, "anon", "use_ssl", "client_kwargs", "config_kwargs", "s3_additional_kwargs"})
+_EXPLICIT_CREDENTIALS = ("access_key_id", "secret_access_key", "session_token", "skip_signature")
 _UNSUPPORTED_HINT = 'the obstore engine cannot honour it; leave it out, or use engine="fsspec" (s3fs)'
 
 
@@ -130,6 +135,9 @@ class ObstoreSettings:
     config: dict[str, Any] = field(default_factory=dict)
     client_options: dict[str, Any] = field(default_factory=dict)
     retry_config: dict[str, Any] = field(default_factory=dict)
+    credential_provider: BotocoreCredentials | None = None
+    # No region anywhere and AWS's own endpoint: ask S3 for each bucket's region before its first request.
+    region_from_bucket: bool = False
 
 
 def unsupported_options(storage_options: Mapping[str, Any]) -> list[str]:
@@ -139,7 +147,8 @@ def unsupported_options(storage_options: Mapping[str, Any]) -> list[str]:
     :param storage_options: Options written for s3fs.
     :returns: Their paths, e.g. ``["profile", "config_kwargs['proxies']"]``; empty when all are understood.
     """
-    unknown = [name for name in storage_options if name not in _TOP_LEVEL | _S3FS_ONLY]
+    understood = _TOP_LEVEL | _S3FS_ONLY | ({"profile"} if botocore_available() else set())
+    unknown = [name for name in storage_options if name not in understood]
     for section, known in (
         ("client_kwargs", set(_CLIENT_KWARGS_NAMES) | {"verify"}),
         ("config_kwargs", set(_CONFIG_KWARGS)),
@@ -158,9 +167,10 @@ def obstore_settings(
     Understood: ``key``/``secret``/``token`` (and s3fs's ``username``/``password`` aliases), ``anon``,
     ``endpoint_url``, ``use_ssl``, ``requester_pays``; ``client_kwargs``: ``region_name``, ``endpoint_url``, the
     ``aws_*`` credentials, ``verify=False``; ``config_kwargs``: ``connect_timeout``, ``read_timeout``, ``retries``,
-    ``region_name``, ``s3={"addressing_style": ...}`` (``max_pool_connections`` is accepted and has no effect);
-    ``s3_additional_kwargs``: ``ServerSideEncryption``, ``SSEKMSKeyId``. s3fs's caching options are accepted and have
-    no effect. What is left out comes from the environment, as obstore reads it.
+    ``region_name``, ``s3={"addressing_style": ...}``, ``max_pool_connections`` (idle connections kept per host);
+    ``s3_additional_kwargs``: ``ServerSideEncryption``, ``SSEKMSKeyId``; ``profile`` (through botocore, as is
+    ``AWS_PROFILE`` when no keys are given). s3fs's caching options are accepted and have no effect. What is left out
+    comes from the environment, as obstore reads it.
 
     :param storage_options: Options written for s3fs, secrets resolved.
     :param retrying: Whether a `RetryPolicy` retries the store's calls: obstore's own retries are then off (unless
@@ -218,9 +228,31 @@ def obstore_settings(
         retry["max_retries"] = max(0, int(total) - 1) if total is not None else max(0, int(retries["max_attempts"]))
     elif retrying:
         retry["max_retries"] = 0  # RetryingIO retries; stacked retries would multiply
+    if botocore.get("max_pool_connections") is not None:
+        client["pool_max_idle_per_host"] = str(int(botocore["max_pool_connections"]))
     if attempt_timeout is not None:
         client["timeout"] = timedelta(seconds=attempt_timeout)
-    return ObstoreSettings(config, client, retry)
+    credentials = _profile_credentials(storage_options, config)
+    if credentials is not None and credentials.region is not None:
+        config.setdefault("region", credentials.region)
+    from_bucket = "region" not in config and endpoint is None and not _environment_region()
+    return ObstoreSettings(config, client, retry, credentials, from_bucket)
+
+
+def _profile_credentials(storage_options: Mapping[str, Any], config: Mapping[str, Any]) -> BotocoreCredentials | None:
+    """botocore's session for a named profile, or for ``AWS_PROFILE`` when neither options nor environment give keys."""
+    if any(name in config for name in _EXPLICIT_CREDENTIALS):
+        return None
+    profile = storage_options.get("profile")
+    if profile is not None:
+        return BotocoreCredentials(str(profile))
+    if os.environ.get("AWS_PROFILE") and not os.environ.get("AWS_ACCESS_KEY_ID") and botocore_available():
+        return BotocoreCredentials(None)
+    return None
+
+
+def _environment_region() -> str | None:
+    return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
 
 
 def _environment_endpoint() -> str | None:
@@ -330,9 +362,11 @@ class ObstoreIO(StorageIO):
 
     blocking = False
 
-    def __init__(self, settings: ObstoreSettings) -> None:
+    def __init__(self, settings: ObstoreSettings, *, fallback: Callable[[], StorageIO] | None = None) -> None:
         """
         :param settings: What every bucket's `S3Store` is built with (see `obstore_settings`).
+        :param fallback: The engine (s3fs) that lists and deletes keys object_store cannot parse (a ``.`` or empty
+            segment, never written by this library, but possibly planted by someone else); None: they fail loudly.
         """
         super().__init__(
             FsspecStore(
@@ -340,9 +374,11 @@ class ObstoreIO(StorageIO):
                 config=cast("S3Config", settings.config),
                 client_options=cast("ClientConfig", settings.client_options),
                 retry_config=cast("RetryConfig", settings.retry_config),
+                credential_provider=cast("S3CredentialProvider | None", settings.credential_provider),
             )
         )
         self.settings = settings
+        self.fallback = fallback
         self._stores: dict[str, S3Store] = {}
         self._lock = threading.Lock()
 
@@ -350,18 +386,34 @@ class ObstoreIO(StorageIO):
         bucket, _, key = path.partition("/")
         store = self._stores.get(bucket)
         if store is None:
-            with self._lock:
-                store = self._stores.get(bucket)
-                if store is None:
-                    # No request here: object_store connects (and fetches credentials) on the first call.
-                    store = S3Store(
-                        bucket,
-                        config=cast("S3Config", self.settings.config),
-                        client_options=cast("ClientConfig", self.settings.client_options),
-                        retry_config=cast("RetryConfig", self.settings.retry_config),
-                    )
-                    self._stores[bucket] = store
+            region = bucket_region(bucket) if self.settings.region_from_bucket else None
+            store = self._store_for(bucket, region)
         return store, key
+
+    async def _located_async(self, path: str) -> tuple[S3Store, str]:
+        bucket, _, key = path.partition("/")
+        store = self._stores.get(bucket)
+        if store is None:
+            # The one request a first call may add: the bucket's region, asked in a thread, off the event loop.
+            region = await asyncio.to_thread(bucket_region, bucket) if self.settings.region_from_bucket else None
+            store = self._store_for(bucket, region)
+        return store, key
+
+    def _store_for(self, bucket: str, region: str | None) -> S3Store:
+        with self._lock:
+            store = self._stores.get(bucket)
+            if store is None:
+                config = {**self.settings.config, **({"region": region} if region else {})}
+                # No request here: object_store connects (and fetches credentials) on the first call.
+                store = S3Store(
+                    bucket,
+                    config=cast("S3Config", config),
+                    client_options=cast("ClientConfig", self.settings.client_options),
+                    retry_config=cast("RetryConfig", self.settings.retry_config),
+                    credential_provider=cast("S3CredentialProvider | None", self.settings.credential_provider),
+                )
+                self._stores[bucket] = store
+        return store
 
     def warm_up(self) -> None:
         """Nothing to open: a bucket's client is made on its first call and connects on its first request."""
@@ -374,7 +426,7 @@ class ObstoreIO(StorageIO):
 
     async def put_async(self, path: str, data: bytes) -> None:
         """Async `put`."""
-        store, key = self._located(path)
+        store, key = await self._located_async(path)
         with _mapped_errors():
             await obstore.put_async(store, key, data, use_multipart=False)
 
@@ -391,7 +443,7 @@ class ObstoreIO(StorageIO):
 
     async def put_chunks_async(self, path: str, chunks: Iterable[Chunk]) -> None:
         """Async `put_chunks` (obstore pulls the chunks from the iterator on the caller's loop's thread)."""
-        store, key = self._located(path)
+        store, key = await self._located_async(path)
         head, rest = _leading_chunks(chunks, MULTIPART_THRESHOLD)
         with _mapped_errors():
             if rest is None:
@@ -408,7 +460,7 @@ class ObstoreIO(StorageIO):
 
     async def put_exclusive_async(self, path: str, data: bytes) -> None:
         """Async `put_exclusive`."""
-        store, key = self._located(path)
+        store, key = await self._located_async(path)
         with _mapped_errors():
             await obstore.put_async(store, key, data, mode="create", use_multipart=False)
 
@@ -420,7 +472,7 @@ class ObstoreIO(StorageIO):
 
     async def get_async(self, path: str) -> bytes:
         """Async `get`."""
-        store, key = self._located(path)
+        store, key = await self._located_async(path)
         with _mapped_errors():
             return bytes(await (await obstore.get_async(store, key)).bytes_async())
 
@@ -444,7 +496,7 @@ class ObstoreIO(StorageIO):
 
     async def get_range_and_size_async(self, path: str, start: int, end: int) -> tuple[bytes, int]:
         """Async `get_range_and_size`."""
-        store, key = self._located(path)
+        store, key = await self._located_async(path)
         if end > start:
             with _mapped_errors(), _PastTheEnd():
                 result = await obstore.get_async(store, key, options={"range": (start, end)})
@@ -459,7 +511,7 @@ class ObstoreIO(StorageIO):
 
     async def size_async(self, path: str) -> int:
         """Async `size`."""
-        store, key = self._located(path)
+        store, key = await self._located_async(path)
         with _mapped_errors():
             return (await obstore.head_async(store, key))["size"]
 
@@ -471,10 +523,15 @@ class ObstoreIO(StorageIO):
         return _listing(path, found)
 
     async def find_async(self, path: str) -> dict[str, int]:
-        """Async `find`."""
-        store, key = self._located(path)
-        with _mapped_errors():
-            found = await obstore.list(store, key or None, chunk_size=1000).collect_async()
+        """Async `find`; below a key object_store cannot parse, the listing is the fallback engine's."""
+        store, key = await self._located_async(path)
+        try:
+            with _mapped_errors():
+                found = await obstore.list(store, key or None, chunk_size=1000).collect_async()
+        except InvalidPathError:
+            if self.fallback is None:
+                raise
+            return await self.fallback().find_async(path)
         return _listing(path, found)
 
     def delete(self, paths: Iterable[str]) -> None:
@@ -484,7 +541,12 @@ class ObstoreIO(StorageIO):
                 obstore.delete(store, keys)
 
     async def delete_async(self, paths: Iterable[str]) -> None:
-        """Async `delete`."""
+        """Async `delete`; keys object_store cannot parse go through the fallback engine."""
+        paths = list(paths)
+        unparsable = [path for path in paths if not _parsable(path)] if self.fallback is not None else []
+        if unparsable and self.fallback is not None:
+            await self.fallback().delete_async(unparsable)
+            paths = [path for path in paths if _parsable(path)]
         for store, keys in self._by_bucket(paths):
             with _mapped_errors():
                 await obstore.delete_async(store, keys)
@@ -500,6 +562,11 @@ class ObstoreIO(StorageIO):
 # Part size and parts in flight: what a multipart upload holds in memory besides the content (obstore's default, 12
 # parts of 5 MiB, buffers 60 MiB).
 _MULTIPART: dict[str, Any] = {"chunk_size": MULTIPART_PART_BYTES, "max_concurrency": MULTIPART_PARTS_IN_FLIGHT}
+
+
+def _parsable(path: str) -> bool:
+    """Whether object_store can take the key of `path` (``bucket/key``): no empty, ``.`` or ``..`` segment."""
+    return not any(segment in {"", ".", ".."} for segment in path.partition("/")[2].split("/"))
 
 
 def _leading_chunks(chunks: Iterable[Chunk], limit: int) -> tuple[list[Chunk], Iterator[Chunk] | None]:

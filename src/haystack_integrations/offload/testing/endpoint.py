@@ -15,6 +15,8 @@ class S3Endpoint:
     region: str
     _credentials: tuple[str, str]
     _clients: dict[str, Any]
+    # Whether a request signed with the wrong secret is refused (moto accepts any signature).
+    checks_signatures = True
 
     @property
     def endpoint_url(self) -> str:

@@ -395,6 +395,8 @@ class LocalS3Server(S3Endpoint):
         run such a server in its own process (see the module docstring). :meth:`stop` switches it back.
     """
 
+    checks_signatures = False  # moto takes any signature
+
     def __init__(
         self,
         host: str = "127.0.0.1",

@@ -1,0 +1,100 @@
+"""Which engine serves a store's requests: obstore for ``s3://`` wherever it can serve the options, else fsspec."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fsspec import AbstractFileSystem
+from fsspec.core import split_protocol
+
+__all__ = ["DEFAULT_ENGINE", "ENGINES", "EngineChoice", "choose_engine"]
+
+logger = logging.getLogger(__name__)
+
+ENGINES = ("auto", "fsspec", "obstore")
+DEFAULT_ENGINE = "auto"
+
+_S3_PROTOCOLS = frozenset({"s3", "s3a"})
+_fallbacks_logged: set[tuple[str, str]] = set()
+_logged_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """
+    The engine a store resolved, and why.
+
+    :param engine: ``"obstore"`` or ``"fsspec"``.
+    :param reason: One sentence, for logs, ``doctor`` and health pages.
+    """
+
+    engine: str
+    reason: str
+
+
+def choose_engine(
+    engine: str, url: str, storage_options: Mapping[str, Any] | None, filesystem: AbstractFileSystem | None
+) -> EngineChoice:
+    """
+    Resolve the engine a store asked for (no I/O).
+
+    ``"auto"`` (the default) picks obstore for an ``s3://`` URL when obstore is installed and understands every
+    storage option, and otherwise fsspec's backend, logging why once per URL. A named engine is taken as asked, or
+    refused if it cannot serve the store.
+
+    :param engine: ``"auto"``, ``"fsspec"`` or ``"obstore"``.
+    :param url: The store's root URL.
+    :param storage_options: The options the store was given.
+    :param filesystem: The filesystem object the store was given, if any.
+    :returns: The engine and the reason.
+    :raises ValueError: If `engine` is unknown, or is ``"obstore"`` and cannot serve the store.
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"Unknown engine {engine!r}: use one of {', '.join(map(repr, ENGINES))}.")
+    if engine == "fsspec":
+        return EngineChoice("fsspec", 'engine="fsspec" was asked for')
+    on_s3 = filesystem is None and split_protocol(url)[0] in _S3_PROTOCOLS
+    if not on_s3:
+        if engine == "obstore":
+            raise ValueError('engine="obstore" serves s3:// URLs only (not a filesystem object); use engine="fsspec".')
+        what = "a filesystem object" if filesystem is not None else f"{split_protocol(url)[0] or 'file'}:// URLs"
+        return EngineChoice("fsspec", f"{what} are served by fsspec; obstore serves s3:// only")
+    problem = _obstore_problem(storage_options or {}, named=engine == "obstore")
+    if engine == "obstore":
+        return EngineChoice("obstore", 'engine="obstore" was asked for')
+    if problem is not None:
+        _log_once(url, problem)
+        return EngineChoice("fsspec", f"the obstore engine cannot serve this store: {problem}")
+    return EngineChoice("obstore", "s3:// with options the obstore engine serves")
+
+
+def _obstore_problem(storage_options: Mapping[str, Any], *, named: bool) -> str | None:
+    """Why obstore cannot serve these options, or None; for a named engine, the reason is raised instead."""
+    try:
+        from haystack_integrations.offload.stores.obstore_io import unsupported_options
+    except ImportError:
+        if named:
+            raise
+        return 'obstore is not installed (pip install "offload-haystack[s3]")'
+    unsupported = unsupported_options(storage_options)
+    if not unsupported:
+        return None
+    problem = f"storage option(s) {', '.join(unsupported)} have no obstore counterpart"
+    if named:
+        raise ValueError(
+            f"Storage option(s) {', '.join(unsupported)} not supported by the obstore engine: leave them out, or use "
+            'engine="fsspec" (or "auto", which falls back to it).'
+        )
+    return problem
+
+
+def _log_once(url: str, problem: str) -> None:
+    with _logged_lock:
+        if (url, problem) in _fallbacks_logged:
+            return
+        _fallbacks_logged.add((url, problem))
+    logger.info("The store %s uses the fsspec engine (s3fs): %s.", url, problem)
