@@ -18,7 +18,7 @@ from server_tenants import ACME_TOKEN, GLOBEX_TOKEN, bearer
 from haystack_integrations.offload.approvals.outcomes import denial_result, denied_by_person, edit_note, expired
 from haystack_integrations.offload.server import ServerSettings, create_app
 from haystack_integrations.offload.server.views import approval_event
-from haystack_integrations.offload.stores.io import StorageIO
+from haystack_integrations.offload.stores.io import SyncBackedIO
 
 ACME2_TOKEN = "acme2-token-0123456789abcdef"  # noqa: S105 - a test token for an in-process app
 TOKENS = {ACME_TOKEN: "acme", ACME2_TOKEN: "acme2", GLOBEX_TOKEN: "globex"}
@@ -91,19 +91,19 @@ def test_the_session_list_is_one_listing_and_reads_no_document(
     for session in ("one", "two", "three"):
         _send(client, session, "Chart revenue", ACME)
     calls: list[str] = []
-    find_async, get_async = StorageIO.find_async, StorageIO.get_async
+    find_async, get_async = SyncBackedIO.find_async, SyncBackedIO.get_async
 
-    async def counted_find(self: StorageIO, path: str) -> dict[str, int]:
+    async def counted_find(self: SyncBackedIO, path: str) -> dict[str, int]:
         calls.append(f"LIST {path.rsplit('/', 1)[-1]}")
         return await find_async(self, path)
 
-    async def counted_get(self: StorageIO, path: str) -> bytes:
+    async def counted_get(self: SyncBackedIO, path: str) -> bytes:
         calls.append("GET")
         return await get_async(self, path)
 
     # Patched on the class, so whichever I/O the store picked for the backend (memory, local disk) is counted.
-    monkeypatch.setattr(StorageIO, "find_async", counted_find)
-    monkeypatch.setattr(StorageIO, "get_async", counted_get)
+    monkeypatch.setattr(SyncBackedIO, "find_async", counted_find)
+    monkeypatch.setattr(SyncBackedIO, "get_async", counted_get)
     listing = _sessions(client, ACME)
     assert calls == ["LIST acme"]
     assert sorted(_ids(listing)) == ["one", "three", "two"]

@@ -142,40 +142,32 @@ def _s3_io(server: LocalS3Server, engine: str) -> tuple[io.StorageIO, str]:
 
 @pytest.mark.s3
 @pytest.mark.parametrize("engine", ["fsspec", "obstore"])
-@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
 async def test_s3_small_content_from_chunks_is_one_put(
-    s3_server: LocalS3Server, s3_requests: RequestLog, engine: str, asynchronous: bool
+    s3_server: LocalS3Server, s3_requests: RequestLog, engine: str
 ) -> None:
     storage, root = _s3_io(s3_server, engine)
     path = f"{root}/acme/chat-1/small.bin"
     chunks = ContentChunks(_expected(io.MULTIPART_THRESHOLD, 4096), chunk_chars=1 << 20)
-    if asynchronous:
-        await storage.put_chunks_async(path, chunks)
-    else:
-        await asyncio.to_thread(storage.put_chunks, path, chunks)
+    await storage.put_chunks_async(path, chunks)
     assert [request.method for request in s3_requests if request.key] == ["PUT"]
-    assert storage.get(path) == _expected(io.MULTIPART_THRESHOLD, 4096)
+    assert await storage.get_async(path) == _expected(io.MULTIPART_THRESHOLD, 4096)
 
 
 @pytest.mark.s3
 @pytest.mark.parametrize("engine", ["fsspec", "obstore"])
-@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
 async def test_s3_large_content_from_chunks_is_a_multipart_upload(
-    s3_server: LocalS3Server, s3_requests: RequestLog, engine: str, asynchronous: bool
+    s3_server: LocalS3Server, s3_requests: RequestLog, engine: str
 ) -> None:
     storage, root = _s3_io(s3_server, engine)
     path = f"{root}/acme/chat-1/large.bin"
     total = io.MULTIPART_THRESHOLD + 5 * (1 << 20) + 123
-    if asynchronous:
-        await storage.put_chunks_async(path, _chunks(total, 3 << 20))
-    else:
-        await asyncio.to_thread(storage.put_chunks, path, _chunks(total, 3 << 20))
+    await storage.put_chunks_async(path, _chunks(total, 3 << 20))
     methods = [request.method for request in s3_requests if request.key]
     # Initiate (POST ?uploads), the parts (PUT ?partNumber=...), complete (POST ?uploadId=...).
     parts = [request for request in s3_requests if request.method == "PUT" and "partNumber" in request.query]
     assert methods.count("POST") == 2
     assert len(parts) == methods.count("PUT") >= 2
-    assert storage.get(path) == _expected(total, 3 << 20)
+    assert await storage.get_async(path) == _expected(total, 3 << 20)
 
 
 @pytest.mark.s3

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from haystack_integrations.offload import FsspecToolResultStore, ResultNotFoundError, end_session, end_session_async
-from haystack_integrations.offload.stores.io import StorageIO
+from haystack_integrations.offload.stores.io import SyncBackedIO
 from haystack_integrations.offload.stores.pending import settle
 from haystack_integrations.offload.testing.latency_proxy import LatencyProxy, ProxiedRequest
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server
@@ -68,13 +68,13 @@ def held(
                 yield root, gate
                 gate.set()
         else:
-            put_async = StorageIO.put_async
+            put_async = SyncBackedIO.put_async
 
-            async def held_put_async(self: StorageIO, path: str, data: bytes) -> None:
+            async def held_put_async(self: SyncBackedIO, path: str, data: bytes) -> None:
                 await _until(gate)
                 await put_async(self, path, data)
 
-            monkeypatch.setattr(StorageIO, "put_async", held_put_async)
+            monkeypatch.setattr(SyncBackedIO, "put_async", held_put_async)
             yield FsspecToolResultStore(url, storage_options=storage_options), gate
     finally:
         gate.set()

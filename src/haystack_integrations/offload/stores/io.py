@@ -39,7 +39,7 @@ from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import Any, BinaryIO, Concatenate, ParamSpec, Self, TypeAlias, TypeVar
 
 from fsspec import AbstractFileSystem
-from fsspec.asyn import AsyncFileSystem, sync
+from fsspec.asyn import AsyncFileSystem
 
 from haystack_integrations.offload.errors import InvalidReferenceError, StorageError, StoragePermissionError
 from haystack_integrations.offload.stores.blocking import blocked_here
@@ -76,32 +76,83 @@ MULTIPART_PARTS_IN_FLIGHT = 2
 
 class StorageIO:
     """
-    Synchronous and asynchronous versions of put, get, ranged get, size, find and delete for one filesystem.
+    The async operations a store needs of one filesystem: put, put from chunks, exclusive create, get, ranged get
+    (with the size), size, find and delete.
 
     Paths are full paths in the filesystem's own form (``bucket/prefix/...`` for S3, absolute paths for local disk),
-    built and validated by the store. The base class serves synchronous filesystems; subclasses override what their
-    backend does better.
+    built and validated by the store, which derives its sync API from these (`stores.blocking`). Each engine
+    subclasses this: `SyncBackedIO` for synchronous filesystems, `AsyncFilesystemIO` and `S3IO` for async fsspec,
+    `ObstoreIO` for obstore.
     """
 
-    # Whether the synchronous calls touch a disk or network, and so must leave the event loop in async paths.
-    blocking = True
-    # For a blocking backend: calls moving at most this many bytes run inline on the loop anyway (None: never).
-    inline_io_bytes: int | None = None
+    # Whether calls touch a disk in a worker thread (memory and network engines do not block the loop).
+    blocking = False
 
     def __init__(self, fs: AbstractFileSystem) -> None:
         """
-        :param fs: The fsspec filesystem to use.
+        :param fs: The fsspec filesystem to use (for an engine that does not go through fsspec, one for callers).
         """
         self.fs = fs
 
-    def warm_up(self) -> None:
-        """Open whatever the backend opens lazily (nothing, for synchronous filesystems)."""
-
     async def warm_up_async(self) -> None:
-        """Async `warm_up`."""
+        """Open whatever the backend opens lazily (a client)."""
 
     async def ready_async(self) -> None:
         """Make what async calls from the running loop need (a client), so no request's time limit pays for it."""
+
+    async def put_async(self, path: str, data: bytes) -> None:
+        """Store `data` at `path`, replacing any object there."""
+        raise NotImplementedError
+
+    async def put_chunks_async(self, path: str, chunks: Iterable[Chunk]) -> None:
+        """
+        Store the concatenation of `chunks` at `path`, replacing any object there; as `put_async`, without needing it
+        whole. This base version joins the chunks; local disk writes them one by one, S3 uploads large content in parts.
+
+        :param path: Where to store it.
+        :param chunks: The content, in order. Iterated once per attempt: pass a re-iterable (`ContentChunks`) when
+            the call may be retried.
+        """
+        await self.put_async(path, b"".join(chunks))
+
+    async def put_exclusive_async(self, path: str, data: bytes) -> None:
+        """Store `data` at `path` only if nothing is there yet; raise `FileExistsError` otherwise."""
+        raise NotImplementedError
+
+    async def get_async(self, path: str) -> bytes:
+        """Return the whole object at `path`."""
+        raise NotImplementedError
+
+    async def get_range_async(self, path: str, start: int, end: int) -> bytes:
+        """Return bytes `start` (inclusive) to `end` (exclusive) of the object at `path`; short at the object's end."""
+        raise NotImplementedError
+
+    async def get_range_and_size_async(self, path: str, start: int, end: int) -> tuple[bytes, int]:
+        """Return bytes `start` to `end` (exclusive) of the object at `path`, and the object's total size."""
+        raise NotImplementedError
+
+    async def size_async(self, path: str) -> int:
+        """Return the size in bytes of the object at `path`."""
+        raise NotImplementedError
+
+    async def find_async(self, path: str) -> dict[str, int]:
+        """Return every object below the directory `path` (recursively) with its size; empty if there is none."""
+        raise NotImplementedError
+
+    async def delete_async(self, paths: Iterable[str]) -> None:
+        """Delete the objects at `paths`; a missing object is not an error."""
+        raise NotImplementedError
+
+
+class SyncBackedIO(StorageIO):
+    """
+    A synchronous filesystem (memory, local disk, any other): the operations written as sync calls, each async one
+    running its sync twin in a worker thread (or inline, when that is cheaper: see `inline_io_bytes`).
+    """
+
+    blocking = True
+    # Calls moving at most this many bytes run inline on the loop anyway (None: never).
+    inline_io_bytes: int | None = None
 
     def put(self, path: str, data: bytes) -> None:
         """Store `data` at `path`, replacing any object there."""
@@ -171,15 +222,6 @@ class StorageIO:
         """Async `put`."""
         await self._in_thread(self.put, path, data, size=len(data))
 
-    async def put_chunks_async(self, path: str, chunks: Iterable[Chunk]) -> None:
-        """
-        Async `put_chunks`.
-
-        This base version joins the chunks and awaits `put_async`, so a wrapper that does not forward `put_chunks_async`
-        (a `RetryingIO`) still writes through its own `put_async`, never a blocking call on the loop.
-        """
-        await self.put_async(path, b"".join(chunks))
-
     async def put_exclusive_async(self, path: str, data: bytes) -> None:
         """Async `put_exclusive`."""
         await self._in_thread(self.put_exclusive, path, data, size=len(data))
@@ -209,7 +251,7 @@ class StorageIO:
         await self._in_thread(self.delete, list(paths))
 
 
-class SyncFilesystemIO(StorageIO):
+class SyncFilesystemIO(SyncBackedIO):
     """In-memory and other synchronous filesystems."""
 
     def __init__(self, fs: AbstractFileSystem) -> None:
@@ -221,7 +263,7 @@ class SyncFilesystemIO(StorageIO):
         self.blocking = "memory" not in _protocols(fs)
 
 
-class _LocalDiskIO(StorageIO):
+class _LocalDiskIO(SyncBackedIO):
     """
     Async calls for local disk: small writes and reads inline on the loop, large ones (and listings) in a thread.
 
@@ -468,12 +510,7 @@ class PathCheckedLocalIO(_LocalDiskIO):
 
 
 class AsyncFilesystemIO(StorageIO):
-    """Async fsspec filesystems: coroutines run on the filesystem's own loop, sync calls wait for them."""
-
-    blocking = False
-    # Time limit of each sync call, in seconds (None: none); a `RetryingIO` sets it from its policy. fsspec cancels the
-    # coroutine on its loop when it runs out. Async calls are limited by their awaiter instead.
-    timeout: float | None = None
+    """Async fsspec filesystems: coroutines run on the caller's loop (a twin's) or on the filesystem's own loop."""
 
     def __init__(self, fs: AsyncFileSystem, *, loop_twins: LoopLocal[Self] | None = None) -> None:
         """
@@ -485,15 +522,6 @@ class AsyncFilesystemIO(StorageIO):
         super().__init__(fs)
         self.async_fs = fs
         self._loop_twins = loop_twins
-
-    def _sync(self, coroutine_function: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
-        if self.async_fs.asynchronous:
-            raise TypeError(
-                "This store is built on an fsspec filesystem created with asynchronous=True, which has no loop of its "
-                "own to wait on: use the store's *_async methods, or build the store from a URL instead."
-            )
-        result: T = sync(self.async_fs.loop, coroutine_function, *args, timeout=self.timeout)
-        return result
 
     async def _run_async(
         self, operation: Callable[Concatenate[Self, P], Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs
@@ -524,12 +552,8 @@ class AsyncFilesystemIO(StorageIO):
         if set_session is not None:
             await set_session()
 
-    def warm_up(self) -> None:
-        """Create the backend's client session (s3fs makes it on first request otherwise)."""
-        self._sync(self._warm_up)
-
     async def warm_up_async(self) -> None:
-        """Async `warm_up`: creates the client async calls from this loop use."""
+        """Create the client async calls from this loop use (s3fs makes it on first request otherwise)."""
         await self._run_async(type(self)._warm_up)
 
     async def ready_async(self) -> None:
@@ -578,42 +602,6 @@ class AsyncFilesystemIO(StorageIO):
     async def _put_chunks(self, path: str, chunks: Iterable[Chunk]) -> None:
         # Backends other than S3: fsspec has no async streaming write to build on; one whole write.
         await self._put(path, b"".join(chunks))
-
-    def put(self, path: str, data: bytes) -> None:
-        """Store `data` at `path`."""
-        self._sync(self._put, path, data)
-
-    def put_chunks(self, path: str, chunks: Iterable[Chunk]) -> None:
-        """Store the concatenation of `chunks` at `path` (see `StorageIO.put_chunks`)."""
-        self._sync(self._put_chunks, path, chunks)
-
-    def put_exclusive(self, path: str, data: bytes) -> None:
-        """Store `data` at `path` only if nothing is there yet (a conditional PUT on S3)."""
-        self._sync(self._put_exclusive, path, data)
-
-    def get(self, path: str) -> bytes:
-        """Return the whole object at `path`."""
-        return self._sync(self._get, path)
-
-    def get_range(self, path: str, start: int, end: int) -> bytes:
-        """Return bytes `start` to `end` (exclusive) of the object at `path`."""
-        return self._sync(self._get_range, path, start, end)
-
-    def get_range_and_size(self, path: str, start: int, end: int) -> tuple[bytes, int]:
-        """Return bytes `start` to `end` (exclusive) of the object at `path`, and the object's total size."""
-        return self._sync(self._get_range_and_size, path, start, end)
-
-    def size(self, path: str) -> int:
-        """Return the size of the object at `path`."""
-        return self._sync(self._size, path)
-
-    def find(self, path: str) -> dict[str, int]:
-        """Return every object below `path` with its size."""
-        return self._sync(self._find, path)
-
-    def delete(self, paths: Iterable[str]) -> None:
-        """Delete the objects at `paths`."""
-        self._sync(self._delete, list(paths))
 
     async def put_async(self, path: str, data: bytes) -> None:
         """Async `put`, on the caller's loop or the filesystem's."""

@@ -382,14 +382,6 @@ class ObstoreIO(StorageIO):
         self._stores: dict[str, S3Store] = {}
         self._lock = threading.Lock()
 
-    def _located(self, path: str) -> tuple[S3Store, str]:
-        bucket, _, key = path.partition("/")
-        store = self._stores.get(bucket)
-        if store is None:
-            region = bucket_region(bucket) if self.settings.region_from_bucket else None
-            store = self._store_for(bucket, region)
-        return store, key
-
     async def _located_async(self, path: str) -> tuple[S3Store, str]:
         bucket, _, key = path.partition("/")
         store = self._stores.get(bucket)
@@ -415,34 +407,14 @@ class ObstoreIO(StorageIO):
                 self._stores[bucket] = store
         return store
 
-    def warm_up(self) -> None:
-        """Nothing to open: a bucket's client is made on its first call and connects on its first request."""
-
-    def put(self, path: str, data: bytes) -> None:
-        """One PUT (never multipart, whatever the size)."""
-        store, key = self._located(path)
-        with _mapped_errors():
-            obstore.put(store, key, data, use_multipart=False)
-
     async def put_async(self, path: str, data: bytes) -> None:
-        """Async `put`."""
+        """One PUT (never multipart, whatever the size)."""
         store, key = await self._located_async(path)
         with _mapped_errors():
             await obstore.put_async(store, key, data, use_multipart=False)
 
-    def put_chunks(self, path: str, chunks: Iterable[Chunk]) -> None:
-        """One PUT up to `MULTIPART_THRESHOLD` bytes; above, obstore's multipart upload, fed the chunks as they come."""
-        store, key = self._located(path)
-        head, rest = _leading_chunks(chunks, MULTIPART_THRESHOLD)
-        with _mapped_errors():
-            if rest is None:
-                obstore.put(store, key, b"".join(head), use_multipart=False)
-            else:
-                remaining: Iterator[Chunk] = drained(head, rest)
-                obstore.put(store, key, remaining, use_multipart=True, **_MULTIPART)
-
     async def put_chunks_async(self, path: str, chunks: Iterable[Chunk]) -> None:
-        """Async `put_chunks` (obstore pulls the chunks from the iterator on the caller's loop's thread)."""
+        """One PUT up to `MULTIPART_THRESHOLD` bytes; above, obstore's multipart upload, fed the chunks as they come."""
         store, key = await self._located_async(path)
         head, rest = _leading_chunks(chunks, MULTIPART_THRESHOLD)
         with _mapped_errors():
@@ -452,50 +424,25 @@ class ObstoreIO(StorageIO):
                 remaining: Iterator[Chunk] = drained(head, rest)
                 await obstore.put_async(store, key, remaining, use_multipart=True, **_MULTIPART)
 
-    def put_exclusive(self, path: str, data: bytes) -> None:
-        """One PUT with ``If-None-Match: *``; `FileExistsError` if the key exists (S3's 412)."""
-        store, key = self._located(path)
-        with _mapped_errors():
-            obstore.put(store, key, data, mode="create", use_multipart=False)
-
     async def put_exclusive_async(self, path: str, data: bytes) -> None:
-        """Async `put_exclusive`."""
+        """One PUT with ``If-None-Match: *``; `FileExistsError` if the key exists (S3's 412)."""
         store, key = await self._located_async(path)
         with _mapped_errors():
             await obstore.put_async(store, key, data, mode="create", use_multipart=False)
 
-    def get(self, path: str) -> bytes:
-        """One GET."""
-        store, key = self._located(path)
-        with _mapped_errors():
-            return bytes(obstore.get(store, key).bytes())
-
     async def get_async(self, path: str) -> bytes:
-        """Async `get`."""
+        """One GET."""
         store, key = await self._located_async(path)
         with _mapped_errors():
             return bytes(await (await obstore.get_async(store, key)).bytes_async())
 
-    def get_range(self, path: str, start: int, end: int) -> bytes:
-        """One ranged GET; empty past the end."""
-        return self.get_range_and_size(path, start, end)[0] if end > start else b""
-
     async def get_range_async(self, path: str, start: int, end: int) -> bytes:
-        """Async `get_range`."""
+        """One ranged GET; empty past the end."""
         return (await self.get_range_and_size_async(path, start, end))[0] if end > start else b""
 
-    def get_range_and_size(self, path: str, start: int, end: int) -> tuple[bytes, int]:
-        """One ranged GET: the bytes, and the total size from its Content-Range. A HEAD if the range is empty or past
-        the end (S3 refuses those with 416)."""
-        store, key = self._located(path)
-        if end > start:
-            with _mapped_errors(), _PastTheEnd():
-                result = obstore.get(store, key, options={"range": (start, end)})
-                return bytes(result.bytes()), result.meta["size"]
-        return b"", self.size(path)
-
     async def get_range_and_size_async(self, path: str, start: int, end: int) -> tuple[bytes, int]:
-        """Async `get_range_and_size`."""
+        """One ranged GET: the bytes, and the total size from its Content-Range (a HEAD if the range is empty or
+        past the end, which S3 refuses with 416)."""
         store, key = await self._located_async(path)
         if end > start:
             with _mapped_errors(), _PastTheEnd():
@@ -503,27 +450,14 @@ class ObstoreIO(StorageIO):
                 return bytes(await result.bytes_async()), result.meta["size"]
         return b"", await self.size_async(path)
 
-    def size(self, path: str) -> int:
-        """One HEAD."""
-        store, key = self._located(path)
-        with _mapped_errors():
-            return obstore.head(store, key)["size"]
-
     async def size_async(self, path: str) -> int:
-        """Async `size`."""
+        """One HEAD."""
         store, key = await self._located_async(path)
         with _mapped_errors():
             return (await obstore.head_async(store, key))["size"]
 
-    def find(self, path: str) -> dict[str, int]:
-        """One LIST per 1000 keys below the directory `path`."""
-        store, key = self._located(path)
-        with _mapped_errors():
-            found = obstore.list(store, key or None, chunk_size=1000).collect()
-        return _listing(path, found)
-
     async def find_async(self, path: str) -> dict[str, int]:
-        """Async `find`; below a key object_store cannot parse, the listing is the fallback engine's."""
+        """One LIST per 1000 keys below the directory `path`; the fallback engine's if a key there cannot be parsed."""
         store, key = await self._located_async(path)
         try:
             with _mapped_errors():
@@ -534,27 +468,21 @@ class ObstoreIO(StorageIO):
             return await self.fallback().find_async(path)
         return _listing(path, found)
 
-    def delete(self, paths: Iterable[str]) -> None:
-        """One DeleteObjects per bucket and 1000 keys; a missing key is not an error, any other per-key error is."""
-        for store, keys in self._by_bucket(paths):
-            with _mapped_errors():
-                obstore.delete(store, keys)
-
     async def delete_async(self, paths: Iterable[str]) -> None:
-        """Async `delete`; keys object_store cannot parse go through the fallback engine."""
+        """One DeleteObjects per bucket and 1000 keys (a missing key is no error); unparsable keys via the fallback."""
         paths = list(paths)
         unparsable = [path for path in paths if not _parsable(path)] if self.fallback is not None else []
         if unparsable and self.fallback is not None:
             await self.fallback().delete_async(unparsable)
             paths = [path for path in paths if _parsable(path)]
-        for store, keys in self._by_bucket(paths):
+        for store, keys in await self._by_bucket(paths):
             with _mapped_errors():
                 await obstore.delete_async(store, keys)
 
-    def _by_bucket(self, paths: Iterable[str]) -> list[tuple[S3Store, list[str]]]:
+    async def _by_bucket(self, paths: Iterable[str]) -> list[tuple[S3Store, list[str]]]:
         batches: dict[str, tuple[S3Store, list[str]]] = {}
         for path in paths:
-            store, key = self._located(path)
+            store, key = await self._located_async(path)
             batches.setdefault(path.partition("/")[0], (store, []))[1].append(key)
         return list(batches.values())
 

@@ -48,7 +48,6 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from haystack_integrations.offload.errors import StorageUnavailableError
-from haystack_integrations.offload.stores.blocking import blocking
 from haystack_integrations.offload.stores.io import AsyncFilesystemIO, Chunk, StorageIO
 
 logger = logging.getLogger(__name__)
@@ -377,8 +376,7 @@ class RetryingIO(StorageIO):
     A `StorageIO` that retries another one's calls under a `RetryPolicy`.
 
     A store wraps the I/O `storage_io_for` picked when it reaches a network (`retries_can_help`), so every user of that
-    store's I/O (results, documents, operator commands) retries the same way. There is one retry loop, async; a sync
-    call runs it on fsspec's I/O loop and waits (`stores.blocking`), as the store's own sync API does.
+    store's I/O (results, documents, operator commands) retries the same way. There is one retry loop, async.
     """
 
     def __init__(self, inner: StorageIO, policy: RetryPolicy, stats: RetryStats) -> None:
@@ -393,10 +391,7 @@ class RetryingIO(StorageIO):
         self.stats = stats
         self.blocking = inner.blocking
         # Network calls get a time limit per attempt; a disk call cannot be cancelled, so it gets none.
-        self._limited = False
-        if isinstance(inner, AsyncFilesystemIO):
-            inner.timeout = policy.attempt_timeout
-            self._limited = True
+        self._limited = isinstance(inner, AsyncFilesystemIO)
 
     async def _run_async(self, operation: str, path: str, call: Callable[[_Attempts], Awaitable[T]]) -> T:
         attempts = _Attempts(self, operation, path)
@@ -414,19 +409,11 @@ class RetryingIO(StorageIO):
 
     # Lifecycle: nothing to retry (creating a client sends no request).
 
-    def warm_up(self) -> None:
-        """Open the wrapped backend's client."""
-        self.inner.warm_up()
-
     async def warm_up_async(self) -> None:
-        """Async `warm_up`."""
+        """Open the wrapped backend's client."""
         await self.inner.warm_up_async()
 
     # Conditional create: "already exists" is permanent here; SessionDocuments.create tells whether it was our own.
-
-    def put_exclusive(self, path: str, data: bytes) -> None:
-        """Store `data` at `path` only if nothing is there yet, retrying transient failures."""
-        blocking(self.put_exclusive_async, path, data)
 
     async def put_exclusive_async(self, path: str, data: bytes) -> None:
         """Async `put_exclusive`."""
@@ -434,41 +421,9 @@ class RetryingIO(StorageIO):
 
     # Idempotent calls: repeated as they are.
 
-    def put(self, path: str, data: bytes) -> None:
-        """Store `data` at `path`, retrying transient failures (the same bytes to the same name each time)."""
-        blocking(self.put_async, path, data)
-
-    def put_chunks(self, path: str, chunks: Iterable[Chunk]) -> None:
-        """Store the chunks at `path`, retrying transient failures (pass a re-iterable such as `ContentChunks`)."""
-        blocking(self.put_chunks_async, path, chunks)
-
     async def put_chunks_async(self, path: str, chunks: Iterable[Chunk]) -> None:
         """Async `put_chunks`."""
         await self._run_async("put", path, lambda _: self.inner.put_chunks_async(path, chunks))
-
-    def get(self, path: str) -> bytes:
-        """Return the whole object at `path`, retrying transient failures."""
-        return blocking(self.get_async, path)
-
-    def get_range(self, path: str, start: int, end: int) -> bytes:
-        """Return bytes `start` to `end` of the object at `path`, retrying transient failures."""
-        return blocking(self.get_range_async, path, start, end)
-
-    def get_range_and_size(self, path: str, start: int, end: int) -> tuple[bytes, int]:
-        """Return a byte range and the object's size, retrying transient failures."""
-        return blocking(self.get_range_and_size_async, path, start, end)
-
-    def size(self, path: str) -> int:
-        """Return the size of the object at `path`, retrying transient failures."""
-        return blocking(self.size_async, path)
-
-    def find(self, path: str) -> dict[str, int]:
-        """List every object below `path` with its size, retrying transient failures (the whole listing)."""
-        return blocking(self.find_async, path)
-
-    def delete(self, paths: Iterable[str]) -> None:
-        """Delete the objects at `paths`, retrying transient failures (deleting twice is harmless)."""
-        blocking(self.delete_async, paths)
 
     async def put_async(self, path: str, data: bytes) -> None:
         """Async `put`."""
