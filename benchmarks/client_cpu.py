@@ -1,45 +1,48 @@
 """
-Client CPU per S3 request: the store on its s3fs engine and on its obstore engine, against raw s3fs, in one run.
+Client CPU per S3 request: the store on each engine against raw obstore (the floor) and raw s3fs, in one run.
 
-On a multi-user server the S3 client is the CPU hot spot: every offloaded result is a PUT and every page a ranged GET,
-and with s3fs each one goes through botocore's request building, signing and event hooks and aiohttp, all in Python.
+On a multi-user server the S3 client is the CPU hot spot: every offloaded result is a PUT and every page a ranged GET.
 This measures what the *client* spends, in CPU seconds of its own process (`time.process_time`: every thread, so
 obstore's Rust threads count too), per operation, with 32 operations in flight at once:
 
 - write: a 50 KB result (`write_async`; raw: one PUT);
-- page: 10,000 bytes of a written result with its total size (`read_range_and_size_async`; raw s3fs: one ranged GET
-  with ``_cat_file``, which does not learn the size; raw obstore: one ranged GET, which does);
+- page: 10,000 bytes of a written result with its total size (`read_range_and_size_async`; raw obstore: one ranged
+  GET, which learns the size; raw s3fs: one ranged GET with ``_cat_file``, which does not);
+- write + page: one write plus one page, summed per round (the target: the store on its default engine at most 1.15x
+  raw obstore);
 - create: a conditional create of a small document (`SessionDocuments.create_async`; raw: one PUT with
   ``If-None-Match: *``).
 
 Contenders, each warmed up first, then measured in interleaved rounds (the order shuffled each round) so that load
 from other processes on a shared machine falls on all of them alike:
 
+- raw obstore: `obstore.store.S3Store` with the settings the store gives it (the baseline, 1.00: the floor);
+- the store, default engine: no ``engine`` argument; labelled with the engine it resolved to (`resolved_engine`);
+- the store, ``engine="obstore"`` and ``engine="fsspec"`` (s3fs), with the default `RetryPolicy`;
 - raw s3fs: an ``asynchronous=True`` `s3fs.S3FileSystem` on the benchmark's loop, with the pool size and single
-  attempt the store configures (the baseline: 1.00);
-- the store, ``engine="fsspec"`` (s3fs): the default, with its default `RetryPolicy`;
-- the store, ``engine="obstore"``;
-- raw obstore: `obstore.store.S3Store` with the settings the store gives it (the floor).
+  attempt the store configures.
 
-moto's S3 server runs in a process of its own (`local_s3_process`), so its CPU is not counted. Its speed limits the
-wall time only.
+The S3 server (``--server``: moto's, in a process of its own, or a one-node Ceph RGW, whose daemons are processes of
+their own) is not counted; its speed limits the wall time only.
 
-Run from the repository root (about half a minute)::
+Run from the repository root (about half a minute on moto)::
 
     PYTHONPATH=src python benchmarks/client_cpu.py
+    PYTHONPATH=src python benchmarks/client_cpu.py --server rgw
     PYTHONPATH=src python benchmarks/client_cpu.py --rounds 20 --concurrency 64
 
-Prints the Markdown table kept in benchmarks/README.md.
+Prints a Markdown table (the one for benchmarks/README.md) and whether the target is met.
 """
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
 import statistics
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import obstore
@@ -53,6 +56,9 @@ from haystack_integrations.offload.stores.retry import s3_client_options
 from haystack_integrations.offload.testing.local_s3 import local_s3_process
 
 OPERATIONS = ("write", "page", "create")
+# The columns: the operations, and one write plus one page of the same round.
+COLUMNS = ("write", "page", "write + page", "create")
+TARGET = 1.15  # the store on its default engine, CPU per write + page, at most this times raw obstore's
 RESULT_BYTES = 50_000
 PAGE = (20_000, 30_000)
 
@@ -79,7 +85,7 @@ class Contender:
 
 
 class RawS3fs(Contender):
-    name = "raw s3fs (baseline)"
+    name = "raw s3fs"
 
     def __init__(self, options: dict[str, Any], prefix: str) -> None:
         self.options = s3_client_options(
@@ -108,7 +114,7 @@ class RawS3fs(Contender):
 
 
 class RawObstore(Contender):
-    name = "raw obstore (floor)"
+    name = "raw obstore (baseline: the floor)"
 
     def __init__(self, options: dict[str, Any], bucket: str, prefix: str) -> None:
         settings = obstore_settings(options, retrying=True, attempt_timeout=DEFAULT_RETRY.attempt_timeout)
@@ -135,9 +141,16 @@ class RawObstore(Contender):
 
 
 class Store(Contender):
-    def __init__(self, url: str, options: dict[str, Any], engine: str, slots: int) -> None:
-        self.name = f"store, engine={engine!r}"
-        self.root = FsspecToolResultStore(url, storage_options=options, engine=engine)
+    """The store; `engine` None constructs it without an engine argument (its default)."""
+
+    def __init__(self, url: str, options: dict[str, Any], engine: str | None, slots: int) -> None:
+        if engine is None:
+            self.root = FsspecToolResultStore(url, storage_options=options)
+            self.name = f"store, default engine ({self.root.resolved_engine})"
+        else:
+            self.root = FsspecToolResultStore(url, storage_options=options, engine=engine)
+            self.name = f"store, engine={engine!r}"
+        self.default = engine is None
         self.sessions = [self.root.for_session("bench", f"session-{slot}") for slot in range(slots)]
 
     async def open(self) -> None:
@@ -178,21 +191,36 @@ async def one_round(contender: Contender, concurrency: int, data: bytes) -> dict
         await contender.create(slot, f"claim-{token}", f'{{"token": "{token}", "slot": {slot}}}'.encode())
 
     spent["create"], _ = await measure(create, concurrency)
-    return {operation: 1000 * seconds / concurrency for operation, seconds in spent.items()}
+    spent["write + page"] = spent["write"] + spent["page"]
+    return {column: 1000 * seconds / concurrency for column, seconds in spent.items()}
+
+
+@contextlib.contextmanager
+def s3_server(kind: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The bucket and storage options of a fresh S3 server: moto's in a process of its own, or a Ceph RGW."""
+    if kind == "rgw":
+        from haystack_integrations.offload.testing.ceph_rgw import CephRGWServer
+
+        # radosgw, the OSD and the mon are processes of their own: their CPU is not this process's.
+        with CephRGWServer(bucket="client-cpu") as rgw:
+            yield rgw.bucket, rgw.storage_options()
+    else:
+        with local_s3_process() as moto:
+            yield moto.bucket, moto.storage_options
 
 
 async def benchmark(args: argparse.Namespace) -> tuple[list[Contender], dict[str, dict[str, list[float]]]]:
     data = os.urandom(RESULT_BYTES)
     run = uuid.uuid4().hex[:8]
-    with local_s3_process() as s3:
-        options = s3.storage_options
+    with s3_server(args.server) as (bucket, options):
         contenders: list[Contender] = [
-            RawS3fs(options, f"{s3.bucket}/raw-s3fs-{run}"),
-            Store(f"{s3.bucket_url}/store-s3fs-{run}", options, "fsspec", args.concurrency),
-            Store(f"{s3.bucket_url}/store-obstore-{run}", options, "obstore", args.concurrency),
-            RawObstore(options, s3.bucket, f"raw-obstore-{run}"),
+            RawObstore(options, bucket, f"raw-obstore-{run}"),
+            Store(f"s3://{bucket}/store-default-{run}", options, None, args.concurrency),
+            Store(f"s3://{bucket}/store-obstore-{run}", options, "obstore", args.concurrency),
+            Store(f"s3://{bucket}/store-s3fs-{run}", options, "fsspec", args.concurrency),
+            RawS3fs(options, f"{bucket}/raw-s3fs-{run}"),
         ]
-        samples: dict[str, dict[str, list[float]]] = {c.name: {op: [] for op in OPERATIONS} for c in contenders}
+        samples: dict[str, dict[str, list[float]]] = {c.name: {col: [] for col in COLUMNS} for c in contenders}
         for contender in contenders:
             await contender.open()
             for _ in range(args.warm_up):
@@ -201,29 +229,37 @@ async def benchmark(args: argparse.Namespace) -> tuple[list[Contender], dict[str
         for _ in range(args.rounds):
             random.shuffle(order)
             for contender in order:
-                for operation, milliseconds in (await one_round(contender, args.concurrency, data)).items():
-                    samples[contender.name][operation].append(milliseconds)
+                for column, milliseconds in (await one_round(contender, args.concurrency, data)).items():
+                    samples[contender.name][column].append(milliseconds)
         for contender in contenders:
             await contender.close()
     return contenders, samples
 
 
 def table(args: argparse.Namespace, contenders: list[Contender], samples: dict[str, dict[str, list[float]]]) -> str:
-    baseline = {op: statistics.median(samples[contenders[0].name][op]) for op in OPERATIONS}
-    baseline_pair = baseline["write"] + baseline["page"]
+    medians = {c.name: {col: statistics.median(samples[c.name][col]) for col in COLUMNS} for c in contenders}
+    floor = medians[contenders[0].name]
+    server = "moto (its own process)" if args.server == "moto" else "Ceph RGW (one node, daemons of its own)"
     lines = [
-        f"{args.concurrency} concurrent operations per batch, {args.rounds} rounds; client CPU in ms per operation "
-        "(median over rounds), and as a ratio to raw s3fs.",
+        f"{args.concurrency} concurrent operations per batch, {args.rounds} rounds, on {server}; client CPU in ms per "
+        "operation (median over rounds; write + page summed per round), and as a ratio to raw obstore's.",
         "",
-        "| client | write (50 KB) | page (10,000 B + size) | conditional create | write + page |",
+        "| client | write (50 KB) | page (10,000 B + size) | write + page | conditional create |",
         "|---|---:|---:|---:|---:|",
     ]
     for contender in contenders:
-        medians = {op: statistics.median(samples[contender.name][op]) for op in OPERATIONS}
-        cells = [f"{medians[op]:.2f} ms ({medians[op] / baseline[op]:.2f}x)" for op in OPERATIONS]
-        pair = medians["write"] + medians["page"]
-        cells.append(f"{pair:.2f} ms ({pair / baseline_pair:.2f}x)")
+        cells = [
+            f"{medians[contender.name][col]:.2f} ms ({medians[contender.name][col] / floor[col]:.2f}x)"
+            for col in COLUMNS
+        ]
         lines.append(f"| {contender.name} | " + " | ".join(cells) + " |")
+    default = next(c for c in contenders if isinstance(c, Store) and c.default)
+    ratio = medians[default.name]["write + page"] / floor["write + page"]
+    verdict = "met" if ratio <= TARGET else "NOT met"
+    lines += [
+        "",
+        f"Target: {default.name}, write + page at most {TARGET:.2f}x raw obstore: {ratio:.2f}x, {verdict}.",
+    ]
     return "\n".join(lines)
 
 
@@ -232,6 +268,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10, help="measured rounds (default: %(default)s)")
     parser.add_argument("--warm-up", type=int, default=2, help="unmeasured rounds first (default: %(default)s)")
     parser.add_argument("--concurrency", type=int, default=32, help="operations in flight (default: %(default)s)")
+    parser.add_argument(
+        "--server", choices=["moto", "rgw"], default="moto", help="the S3 server (rgw: a Ceph RGW; default: moto)"
+    )
     args = parser.parse_args()
     contenders, samples = asyncio.run(benchmark(args))
     print(table(args, contenders, samples))
