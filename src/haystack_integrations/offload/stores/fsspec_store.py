@@ -69,8 +69,6 @@ from haystack_integrations.offload.stores.translate import storage_errors
 DEFAULT_S3_MAX_POOL_CONNECTIONS = 128
 
 _EXTRAS_BY_PROTOCOL = {"s3": "s3", "s3a": "s3"}
-# What moves the bytes: "fsspec" (the URL's fsspec backend: s3fs, local disk, memory, ...) or, for s3:// only,
-# "obstore" (Rust object_store: the same requests for a fraction of the client CPU; see stores/obstore_io.py).
 DEFAULT_RETRY = RetryPolicy()
 
 # Results larger than this are written from chunks (S3 sends one PUT below it anyway: io.MULTIPART_THRESHOLD).

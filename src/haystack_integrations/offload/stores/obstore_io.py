@@ -20,9 +20,8 @@ connection failures and resets, timeouts) are left as obstore's own exceptions, 
 ``object_store`` (seen on a DeleteObjects answer naming a key that was not sent) becomes an `OSError` instead of
 crossing the store as a `BaseException`.
 
-Async calls are obstore's own coroutines, awaitable from any event loop (no per-loop client, no hop to fsspec's
-thread); sync calls are obstore's sync API, which releases the GIL while the request runs. Both colours share
-everything but the call itself (`ObstoreIO`).
+Calls are obstore's own coroutines, awaitable from any event loop (no per-loop client, no hop to fsspec's thread); the
+store's sync API waits for them (`stores.blocking`).
 
 Settings come from the same ``storage_options`` s3fs takes (`obstore_settings` says which are understood; any other is
 refused rather than ignored) and, for whatever they leave out, from the environment (``AWS_ACCESS_KEY_ID``,
@@ -120,8 +119,8 @@ _CLIENT_KWARGS_NAMES = {
 }
 # s3_additional_kwargs entry -> S3Config key.
 _ADDITIONAL_NAMES = {"ServerSideEncryption": "server_side_encryption", "SSEKMSKeyId": "sse_kms_key_id"}
-# config_kwargs (botocore Config) entries understood: timeouts, retries, region, addressing style. The pool size has no
-# counterpart: reqwest's pool is not capped, so it never limits requests in flight the way botocore's does.
+# config_kwargs (botocore Config) entries understood: timeouts, retries, region, addressing style, pool size (reqwest's
+# pool is not capped: the size bounds the idle connections kept per host, never the requests in flight).
 _CONFIG_KWARGS = frozenset({"connect_timeout", "read_timeout", "retries", "region_name", "s3", "max_pool_connections"})
 _TOP_LEVEL = frozenset({*_CONFIG_NAMES, "anon", "use_ssl", "client_kwargs", "config_kwargs", "s3_additional_kwargs"})
 _EXPLICIT_CREDENTIALS = ("access_key_id", "secret_access_key", "session_token", "skip_signature")
