@@ -41,15 +41,17 @@ def fault_proxy(s3_server: LocalS3Server) -> Iterator[FaultProxy]:
         yield proxy
 
 
-@pytest.fixture
-def faulty_session(s3_server: LocalS3Server, fault_proxy: FaultProxy) -> FsspecToolResultStore:
+@pytest.fixture(params=["fsspec", "obstore"])
+def faulty_session(
+    s3_server: LocalS3Server, fault_proxy: FaultProxy, request: pytest.FixtureRequest
+) -> FsspecToolResultStore:
     options = {
         **s3_server.storage_options(),
         "endpoint_url": fault_proxy.endpoint_url,
         "config_kwargs": {"read_timeout": 0.5, "connect_timeout": 1},
     }
     root = FsspecToolResultStore(
-        f"{s3_server.bucket_url}/{uuid.uuid4().hex}", storage_options=options, retry=FAST_RETRY, engine="fsspec"
+        f"{s3_server.bucket_url}/{uuid.uuid4().hex}", storage_options=options, retry=FAST_RETRY, engine=request.param
     )
     return root.for_session("acme", "chat-1")
 
@@ -83,9 +85,13 @@ async def test_a_lost_reply_to_the_resume_claim_still_runs_the_call_once(
     )
     [request] = held.pending
     # Lose the reply to every conditional create of the flow once: decision, turn start, resume claim, call claim.
-    for _ in range(4):
-        fault_proxy.inject(Fault.RESET_AFTER, method="PUT")
+    documents = (".approvals/decision", ".history/turn.", ".approvals/resume", ".approvals/claim")
+    earlier = len(fault_proxy.faults.snapshot())  # the proxy serves the whole module
+    for document in documents:
+        fault_proxy.inject(Fault.RESET_AFTER, method="PUT", path_contains=document)
     outcome = await service.decide(faulty_session, request.request_id, approved=True)
+    hit = [fault.request.target for fault in fault_proxy.faults.snapshot()[earlier:]]  # each create lost its reply
+    assert len(hit) == len(documents) and all(document in path for document, path in zip(documents, hit, strict=True))
     assert outcome.resumed is not None and not outcome.resumed_elsewhere
     assert ran(ledger) == [("invoice", "a:5")]
     transcript = await service.transcript(faulty_session)

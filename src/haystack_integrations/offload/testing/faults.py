@@ -196,18 +196,20 @@ class FaultPlan:
         self._random = random.Random(seed)  # noqa: S311 - fault choice for tests, not cryptography
         self._lock = threading.Lock()
         self._matching = 0
-        self._scripted: deque[tuple[Fault, str | None]] = deque()
+        self._scripted: deque[tuple[Fault, str | None, str | None]] = deque()
         self._conflicted: set[tuple[str | None, str]] = set()
 
-    def script(self, *kinds: Fault | str, method: str | None = None) -> None:
+    def script(self, *kinds: Fault | str, method: str | None = None, path_contains: str | None = None) -> None:
         """
         Fail the next requests (of `method`, if given) with these faults, in order, before any random ones.
 
         :param kinds: One fault per request to fail.
         :param method: Only requests with this HTTP method take the scripted faults.
+        :param path_contains: Only requests whose path contains this take them (e.g. one document's kind).
         """
         with self._lock:
-            self._scripted.extend((Fault(kind), method.upper() if method else None) for kind in kinds)
+            method = method.upper() if method else None
+            self._scripted.extend((Fault(kind), method, path_contains) for kind in kinds)
 
     def decide(self, request: ProxiedRequest) -> Fault | None:
         """
@@ -217,8 +219,9 @@ class FaultPlan:
         :returns: The fault to inject, or `None` to pass it through.
         """
         with self._lock:
-            for position, (kind, method) in enumerate(self._scripted):
-                if method is None or method == request.method:
+            path = request.target.partition("?")[0]
+            for position, (kind, method, part) in enumerate(self._scripted):
+                if (method is None or method == request.method) and (part is None or part in path):
                     del self._scripted[position]
                     return kind
             if self._first_conditional_put(request):
@@ -341,14 +344,15 @@ class FaultProxy(LatencyProxy):
         self.faults = FaultLog()
         self.stripped: ThreadSafeLog[StrippedHeader] = ThreadSafeLog()
 
-    def inject(self, *kinds: Fault | str, method: str | None = None) -> None:
+    def inject(self, *kinds: Fault | str, method: str | None = None, path_contains: str | None = None) -> None:
         """
         Fail the next requests with these faults, one each, before any the plan draws.
 
         :param kinds: The faults, in order.
         :param method: Only requests with this HTTP method take them (e.g. ``"PUT"``).
+        :param path_contains: Only requests whose path contains this take them (e.g. ``".approvals/claim"``).
         """
-        self.plan.script(*kinds, method=method)
+        self.plan.script(*kinds, method=method, path_contains=path_contains)
 
     async def _serve(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
