@@ -82,17 +82,18 @@ def test_doctor_prints_a_table_for_people(capsys: pytest.CaptureFixture[str]) ->
 
 
 @pytest.mark.s3
-@pytest.mark.parametrize("engine", ["fsspec", "obstore"])
+@pytest.mark.parametrize(("engine", "resolved"), [("fsspec", "fsspec"), ("obstore", "obstore"), (None, "obstore")])
 def test_doctor_on_s3_passes_and_leaves_no_object_behind(
-    s3_server: LocalS3Server, engine: str, capsys: pytest.CaptureFixture[str]
+    s3_server: LocalS3Server, engine: str | None, resolved: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     prefix = f"doctor-{uuid.uuid4().hex}"
-    code, report = _doctor(capsys, *_s3_arguments(s3_server, prefix), "--engine", engine)
+    chosen = ["--engine", engine] if engine else []  # None: the default, which resolves to obstore
+    code, report = _doctor(capsys, *_s3_arguments(s3_server, prefix), *chosen)
     verdicts = _verdicts(report)
     assert code == EXIT_PASSED, report
-    assert list(verdicts) == CHECKS and report["engine"] == engine
+    assert list(verdicts) == CHECKS and report["engine"] == resolved
     expected = {name: "pass" for name in CHECKS}
-    if engine == "obstore":
+    if resolved == "obstore":
         expected["conditional-multipart"] = "skipped"  # obstore cannot send the conditional completion
     assert verdicts == expected, report
     assert report["checks"][0]["finding"] == "enforced"

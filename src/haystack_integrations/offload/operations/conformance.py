@@ -135,7 +135,7 @@ def _probe_store(root: FsspecToolResultStore) -> FsspecToolResultStore:
 async def _run_all(root: FsspecToolResultStore, probe: FsspecToolResultStore) -> ConformanceReport:
     base = probe._handle.root_path()
     io = probe._handle.io()
-    client = _S3Client.of(io, probe.engine)
+    client = _S3Client.of(io, probe.resolved_engine)
     checks: list[CheckResult] = []
     try:
         checks.append(await _guarded("exclusive-create", lambda: _exclusive_create(probe)))
@@ -146,7 +146,7 @@ async def _run_all(root: FsspecToolResultStore, probe: FsspecToolResultStore) ->
         checks.append(await _guarded("conditional-multipart", lambda: _conditional_multipart(io, client, base)))
     finally:
         checks.append(await _guarded("cleanup", lambda: _cleanup(io, client, base)))
-    return ConformanceReport(root.url, root.engine, probe.url, tuple(checks))
+    return ConformanceReport(root.url, root.resolved_engine, probe.url, tuple(checks))
 
 
 async def _guarded(name: str, check: Callable[[], Awaitable[tuple[Verdict, str] | CheckResult]]) -> CheckResult:
@@ -193,6 +193,7 @@ class _S3Client:
             config=settings.config,
             client_options=settings.client_options,
             retry_config=settings.retry_config,
+            credential_provider=settings.credential_provider,
         )
 
 
