@@ -63,33 +63,30 @@ def choose_engine(
             raise ValueError('engine="obstore" serves s3:// URLs only (not a filesystem object); use engine="fsspec".')
         what = "a filesystem object" if filesystem is not None else f"{split_protocol(url)[0] or 'file'}:// URLs"
         return EngineChoice("fsspec", f"{what} are served by fsspec; obstore serves s3:// only")
-    problem = _obstore_problem(storage_options or {}, named=engine == "obstore")
     if engine == "obstore":
+        unsupported = _unsupported_options(storage_options or {})  # ImportError names the extra to install
+        if unsupported:
+            raise ValueError(
+                f"Storage option(s) {', '.join(unsupported)} not supported by the obstore engine: leave them out, or "
+                'use engine="fsspec" (or "auto", which falls back to it).'
+            )
         return EngineChoice("obstore", 'engine="obstore" was asked for')
-    if problem is not None:
-        _log_once(url, problem)
-        return EngineChoice("fsspec", f"the obstore engine cannot serve this store: {problem}")
-    return EngineChoice("obstore", "s3:// with options the obstore engine serves")
-
-
-def _obstore_problem(storage_options: Mapping[str, Any], *, named: bool) -> str | None:
-    """Why obstore cannot serve these options, or None; for a named engine, the reason is raised instead."""
     try:
-        from haystack_integrations.offload.stores.obstore_io import unsupported_options
+        unsupported = _unsupported_options(storage_options or {})
     except ImportError:
-        if named:
-            raise
-        return 'obstore is not installed (pip install "offload-haystack[s3]")'
-    unsupported = unsupported_options(storage_options)
-    if not unsupported:
-        return None
-    problem = f"storage option(s) {', '.join(unsupported)} have no obstore counterpart"
-    if named:
-        raise ValueError(
-            f"Storage option(s) {', '.join(unsupported)} not supported by the obstore engine: leave them out, or use "
-            'engine="fsspec" (or "auto", which falls back to it).'
-        )
-    return problem
+        problem = 'obstore is not installed (pip install "offload-haystack[s3]")'
+    else:
+        if not unsupported:
+            return EngineChoice("obstore", "s3:// with options the obstore engine serves")
+        problem = f"storage option(s) {', '.join(unsupported)} have no obstore counterpart"
+    _log_once(url, problem)
+    return EngineChoice("fsspec", f"the obstore engine cannot serve this store: {problem}")
+
+
+def _unsupported_options(storage_options: Mapping[str, Any]) -> list[str]:
+    from haystack_integrations.offload.stores.obstore_io import unsupported_options
+
+    return unsupported_options(storage_options)
 
 
 def _log_once(url: str, problem: str) -> None:
