@@ -7,7 +7,7 @@ N concurrent `Agent.run_async` sessions (scripted with `MockChatGenerator`), eac
 - stock: `ToolResultOffloadHook` with Haystack's `FileSystemToolResultStore` (a sync hook: Haystack runs it in a
   worker thread, one hop per step);
 - ours: `OffloadHook` with `FsspecToolResultStore` on a local directory, `write_async` per result (local disk's async
-  writes run inline on the loop up to `stores.io.INLINE_IO_BYTES`, in a worker thread above);
+  writes run inline on the loop up to `stores.local_io.INLINE_IO_BYTES`, in a worker thread above);
 - no hook: the same agent without offloading, for what the agent itself costs per result.
 
 And the stores alone, without the agent: one step's K writes, the stock store's as the stock hook makes them (all in

@@ -1,7 +1,7 @@
 """
 What the first write on a new event loop costs, against a steady-state write on that loop, in one run.
 
-The s3fs engine gives each event loop its own ``asynchronous=True`` s3fs client (`s3_io_with_loop_twins`), because an
+The s3fs engine gives each event loop its own ``asynchronous=True`` s3fs client (`s3_io_with_loop_clients`), because an
 aiohttp connector belongs to one loop. Building that client is botocore's slow path: a session, the S3 service model
 loaded and parsed, endpoint rules, credentials resolved. A server that runs each request's agent on a fresh loop
 (``asyncio.run`` per request in a worker thread, tests, scripts) pays it on every first write. The loop twins share

@@ -8,7 +8,7 @@ the multipart parts being uploaded (`stores.io.MULTIPART_PARTS_IN_FLIGHT` x `MUL
 buffer of the same size).
 
 Each case runs in a fresh process, which builds the content (ASCII text, `--mb` MB), then writes it once through the
-I/O's async method, called directly (the store's write path is not changed here) and without a `RetryingIO`:
+I/O's async method, called directly (the store's write path is not changed here) and without the store's retries:
 
 - whole: ``await io.put_async(path, content.encode("utf-8", "surrogatepass"))``;
 - chunks: ``await io.put_chunks_async(path, ContentChunks(content))``;

@@ -19,7 +19,8 @@ from haystack_integrations.offload import (
     StorageError,
     StorageUnavailableError,
 )
-from haystack_integrations.offload.stores.retry import transient_cause
+from haystack_integrations.offload.stores.failures import StorageRequestError, transient_cause
+from haystack_integrations.offload.stores.obstore_io import _mapped_errors
 from haystack_integrations.offload.testing.faults import Fault, FaultPlan, FaultProxy
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 
@@ -143,7 +144,8 @@ async def test_persistent_failure_gives_up_after_the_policy_with_a_chained_error
             await session.write_async(key="k.txt", content="x")
     assert caught.value.causes == ("HTTP 503 SlowDown",) * 4
     assert "offload-results" not in str(caught.value)
-    assert type(caught.value.__cause__).__name__ == "GenericError"  # obstore's own error, chained
+    assert isinstance(caught.value.__cause__, StorageRequestError)  # the engine's classification, chained
+    assert type(caught.value.__cause__.__cause__).__name__ == "GenericError"  # to obstore's own error
     assert fault_proxy.requests.count(method="PUT") == 4  # bounded at the wire: obstore's own retries are off
     assert s3_requests.count(method="PUT") == 0
 
@@ -210,7 +212,10 @@ def test_obstores_own_errors_are_told_transient(
     fault_proxy.inject(kind, method="PUT")
     with pytest.raises(obstore.exceptions.GenericError) as caught:  # what obstore raises for all of these
         obstore.put(raw, "classify/k.txt", b"x")
-    assert transient_cause(caught.value) == expected
-    with pytest.raises(FileNotFoundError) as missing:
+    with pytest.raises(StorageRequestError) as classified, _mapped_errors():  # as the engine classifies it
+        raise caught.value
+    assert (classified.value.cause, classified.value.transient) == (expected, True)
+    assert transient_cause(classified.value) == expected
+    with pytest.raises(FileNotFoundError) as missing, _mapped_errors():
         obstore.get(raw, "classify/missing.txt")
     assert transient_cause(missing.value) is None

@@ -21,7 +21,8 @@ from haystack_integrations.offload import (
     StorageError,
     StorageUnavailableError,
 )
-from haystack_integrations.offload.stores.retry import transient_cause
+from haystack_integrations.offload.stores.failures import StorageRequestError, transient_cause
+from haystack_integrations.offload.stores.s3fs_io import S3IO
 from haystack_integrations.offload.testing.faults import Fault, FaultPlan, FaultProxy
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 
@@ -101,9 +102,10 @@ async def test_persistent_failure_gives_up_after_the_policy_with_a_chained_error
     assert "gave up on a write after 4 attempt(s)" in str(error) and "SlowDown" in str(error)
     assert "offload-results" not in str(error)  # the message is safe to show: no bucket, no path
     assert error.__notes__ == [f"attempt {n}: HTTP 503 SlowDown" for n in range(1, 5)]
-    # Chained to the backend's error, itself chained to botocore's.
-    assert isinstance(error.__cause__, OSError) and error.__cause__.errno == errno.EBUSY
-    assert type(error.__cause__.__cause__).__name__ == "ClientError"
+    # Chained to the engine's classification, then s3fs's error, then botocore's.
+    assert isinstance(error.__cause__, StorageRequestError) and error.__cause__.status == 503
+    assert isinstance(error.__cause__.__cause__, OSError) and error.__cause__.__cause__.errno == errno.EBUSY
+    assert type(error.__cause__.__cause__.__cause__).__name__ == "ClientError"
     # Bounded at the wire: four requests, not botocore's 5 x s3fs's 5.
     assert fault_proxy.requests.count(method="PUT") == 4
     assert s3_requests.count(method="PUT") == 0
@@ -273,18 +275,26 @@ async def test_without_a_policy_the_backend_keeps_its_own_retries(
     assert session.read(reference) == "x"
 
 
+def _cause(error: Exception) -> str | None:
+    """What the s3fs engine makes of `error`: the cause a retry would log, or None when it is not transient."""
+    import s3fs
+
+    failure = S3IO(s3fs.S3FileSystem(anon=True, skip_instance_cache=True)).failure_of(error)
+    return transient_cause(failure) if failure is not None else None
+
+
 def test_transient_causes_are_told_from_permanent_failures() -> None:
-    assert transient_cause(ConnectionResetError()) == "connection reset"
-    assert transient_cause(TimeoutError()) == "timeout"
+    assert _cause(ConnectionResetError()) == "connection reset"
+    assert _cause(TimeoutError()) == "timeout"
     try:
         try:
             raise ConnectionRefusedError("refused")
         except ConnectionRefusedError as low:
             raise OSError(errno.EIO, "wrapped") from low
     except OSError as wrapped:
-        assert transient_cause(wrapped) == "connection failed"
+        assert _cause(wrapped) == "connection failed"
     for permanent in (FileNotFoundError(), PermissionError(), FileExistsError(), ValueError(), OSError(errno.EIO, "?")):
-        assert transient_cause(permanent) is None
+        assert _cause(permanent) is None
     # A missing object stays permanent even if a timeout happened on the way (it is the last word).
     try:
         try:
@@ -292,7 +302,7 @@ def test_transient_causes_are_told_from_permanent_failures() -> None:
         except TimeoutError:
             raise FileNotFoundError("gone") from None
     except FileNotFoundError as gone:
-        assert transient_cause(gone) is None
+        assert _cause(gone) is None
 
 
 def test_policies_are_validated_and_backoff_is_bounded() -> None:

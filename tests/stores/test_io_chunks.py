@@ -18,8 +18,9 @@ import pytest
 
 from haystack_integrations.offload import FsspecToolResultStore
 from haystack_integrations.offload.errors import InvalidReferenceError
-from haystack_integrations.offload.stores import io
+from haystack_integrations.offload.stores import io, s3fs_io
 from haystack_integrations.offload.stores.chunks import ContentChunks, utf8_size
+from haystack_integrations.offload.stores.local_io import INLINE_IO_BYTES, LocalIO, PathCheckedLocalIO
 from haystack_integrations.offload.testing.faults import Fault, FaultProxy
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 
@@ -96,7 +97,7 @@ def test_memory_joins_the_chunks() -> None:
 def local_io(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[io.StorageIO, Path]:
     root = Path(os.path.realpath(tmp_path)) / "results"
     root.mkdir()
-    kind = io.LocalIO if request.param == "at-calls" else io.PathCheckedLocalIO
+    kind = LocalIO if request.param == "at-calls" else PathCheckedLocalIO
     return kind(FsspecToolResultStore(str(root))._handle.io().fs), root
 
 
@@ -211,19 +212,18 @@ def _uploads_in_progress(server: LocalS3Server) -> list[Any]:
 
 
 @pytest.mark.s3
-async def test_a_retrying_io_writes_chunks_through_the_wrapped_io(
+async def test_a_retried_call_writes_chunks_through_the_engine(
     s3_server: LocalS3Server, s3_requests: RequestLog
 ) -> None:
-    # The store's default RetryPolicy wraps the I/O, which forwards put_chunks_async inside its retry loop (large
-    # content through it is a multipart upload: tests/stores/test_streamed_writes.py).
+    # Under the store's default RetryPolicy the chunks are written inside the retry loop (large content through it is
+    # a multipart upload: tests/stores/test_streamed_writes.py).
     store = FsspecToolResultStore(
         f"{s3_server.bucket_url}/{uuid.uuid4().hex}", storage_options=s3_server.storage_options(), engine="fsspec"
     )
-    storage = store._handle.io()
-    assert type(storage).__name__ == "RetryingIO"
     path = f"{store._handle.root_path()}/acme/chat-1/r.bin"
-    await storage.put_chunks_async(path, ContentChunks(b"abc" * 1000, chunk_chars=100))
-    assert await storage.get_async(path) == b"abc" * 1000
+    chunks = ContentChunks(b"abc" * 1000, chunk_chars=100)
+    await store._handle.request("put", path, lambda storage: storage.put_chunks_async(path, chunks))
+    assert await store._handle.request("get", path, lambda storage: storage.get_async(path)) == b"abc" * 1000
     assert s3_requests.count(method="PUT") == 1
 
 
@@ -235,14 +235,14 @@ async def test_memory_writes_chunks_async() -> None:
 
 
 def test_parts_group_chunks_copying_little() -> None:
-    parts = list(io._parts([bytes(20 << 20)], 8 << 20))
+    parts = list(s3fs_io._parts([bytes(20 << 20)], 8 << 20))
     assert [len(part) for part in parts] == [8 << 20, 8 << 20, 4 << 20]
     exact = bytes(8 << 20)
-    assert next(io._parts([exact], 8 << 20)) is exact  # a chunk that is a part by itself is not copied
-    parts = list(io._parts(_chunks(3_000_001, 1000), 1 << 20))
+    assert next(s3fs_io._parts([exact], 8 << 20)) is exact  # a chunk that is a part by itself is not copied
+    parts = list(s3fs_io._parts(_chunks(3_000_001, 1000), 1 << 20))
     assert [len(part) for part in parts] == [(1 << 20) + 424, (1 << 20) + 424, 3_000_001 - 2 * ((1 << 20) + 424)]
     assert b"".join(parts) == _expected(3_000_001, 1000)
-    assert list(io._parts([], 8)) == []
+    assert list(s3fs_io._parts([], 8)) == []
 
 
 # Local disk: small async calls inline, large ones in a worker thread
@@ -263,7 +263,7 @@ def hops(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 async def test_small_local_writes_and_reads_stay_on_the_loop(tmp_path: Path, hops: list[str]) -> None:
     session = FsspecToolResultStore(str(tmp_path / "results")).for_session("acme", "chat-1")
-    small = "x" * io.INLINE_IO_BYTES
+    small = "x" * INLINE_IO_BYTES
     reference = await session.write_async(key="small.txt", content=small)
     assert await session.read_async(reference) == small
     assert await session.read_range_async(reference, 0, 10) == b"x" * 10
@@ -274,12 +274,12 @@ async def test_small_local_writes_and_reads_stay_on_the_loop(tmp_path: Path, hop
 
 async def test_large_local_writes_and_reads_hop_to_a_thread(tmp_path: Path, hops: list[str]) -> None:
     session = FsspecToolResultStore(str(tmp_path / "results")).for_session("acme", "chat-1")
-    large = "y" * (io.INLINE_IO_BYTES + 1)
+    large = "y" * (INLINE_IO_BYTES + 1)
     reference = await session.write_async(key="large.txt", content=large)
     assert hops == ["put"]
     assert await session.read_async(reference) == large
     assert hops == ["put", "_read_and_close"]
-    assert await session.read_range_async(reference, 0, io.INLINE_IO_BYTES + 1) == large.encode()
+    assert await session.read_range_async(reference, 0, INLINE_IO_BYTES + 1) == large.encode()
     assert hops[-1] == "get_range"
 
 

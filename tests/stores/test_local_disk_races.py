@@ -431,13 +431,13 @@ def test_writes_name_their_temporary_files_with_their_time(
 def test_systems_without_descriptor_relative_calls_fall_back_to_checked_paths(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from haystack_integrations.offload.stores import io
+    from haystack_integrations.offload.stores import local_io
 
-    monkeypatch.setattr(io, "_AT_CALLS", False)  # as on Windows
+    monkeypatch.setattr(local_io, "_AT_CALLS", False)  # as on Windows
     store = FsspecToolResultStore(str(tmp_path / "results"))
     session = store.for_session("acme", "chat-1")
     reference = session.write(key="k.txt", content="ok")
-    assert isinstance(store._handle.io(), io.PathCheckedLocalIO)  # local disk is not wrapped in a RetryingIO
+    assert isinstance(store._handle.io(), local_io.PathCheckedLocalIO)
     assert session.read(reference) == "ok"
     assert session.read_range_and_size(reference, 0, 1) == (b"o", 2)
     session.documents("claims").create("claim.json", b"x")

@@ -18,16 +18,15 @@ from typing import Any
 import pytest
 
 from haystack_integrations.offload import FsspecToolResultStore
-from haystack_integrations.offload.stores.io import S3IO
 from haystack_integrations.offload.stores.loop_local import CrossLoopLock
+from haystack_integrations.offload.stores.s3fs_io import S3IO
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 
 
-def _twins(store: FsspecToolResultStore) -> Any:
+def _clients(store: FsspecToolResultStore) -> Any:
     io = store._handle.io()
-    io = getattr(io, "inner", io)  # under the default RetryPolicy
     assert isinstance(io, S3IO)
-    return io._loop_twins
+    return io.loop_clients
 
 
 @pytest.mark.s3
@@ -41,8 +40,8 @@ def test_a_second_loop_gets_its_own_client_on_the_shared_session(s3_server: Loca
     async def run(text: str) -> str:
         reference = await session.write_async(key="page.txt", content=text)
         assert await session.read_async(reference) == text
-        twin = await _twins(store).get()
-        seen.append((twin.async_fs.session, twin.async_fs._s3))
+        client = await _clients(store).get()
+        seen.append((client.session, client._s3))
         return reference
 
     with warnings.catch_warnings():
@@ -55,7 +54,7 @@ def test_a_second_loop_gets_its_own_client_on_the_shared_session(s3_server: Loca
     assert len(sessions) == 1, "each loop made a botocore session of its own"
     assert len(clients) == 3
     assert all(client._endpoint.http_session._sessions is None for _, client in seen), "a client was left open"
-    assert len(_twins(store)) == 0  # every loop's twin closed with its loop
+    assert len(_clients(store)) == 0  # every loop's twin closed with its loop
     assert [session.read(reference) for reference in references] == ["loop 0", "loop 1", "loop 2"]
 
 
@@ -74,7 +73,7 @@ def test_concurrent_new_loops_build_their_clients_on_one_session(s3_server: Loca
             session = store.for_session("acme", f"chat-{number}")
             reference = await session.write_async(key="p.txt", content=str(number))
             assert await session.read_async(reference) == str(number)
-            sessions.append((await _twins(store).get()).async_fs.session)
+            sessions.append((await _clients(store).get()).session)
 
         try:
             asyncio.run(run())
@@ -106,7 +105,7 @@ def test_a_session_given_in_storage_options_is_used_as_given(s3_server: LocalS3S
 
     async def run() -> Any:
         await store.for_session("acme", "chat-1").write_async(key="p.txt", content="x")
-        return (await _twins(store).get()).async_fs.session
+        return (await _clients(store).get()).session
 
     assert asyncio.run(run()) is mine
 
@@ -145,7 +144,7 @@ def test_cross_loop_lock_serves_loops_in_several_threads() -> None:
 def test_shared_refreshable_credentials_refresh_from_any_loop() -> None:
     from aiobotocore.credentials import AioRefreshableCredentials
 
-    from haystack_integrations.offload.stores.io import _shared_session_class
+    from haystack_integrations.offload.stores.s3fs_io import _shared_session_class
 
     refreshes = 0
 

@@ -18,8 +18,9 @@ from haystack_integrations.offload.errors import StorageUnavailableError
 from haystack_integrations.offload.stores import FsspecToolResultStore
 from haystack_integrations.offload.stores.blocking import blocking, blocking_here
 from haystack_integrations.offload.stores.chunks import ContentChunks
-from haystack_integrations.offload.stores.io import MULTIPART_THRESHOLD, S3IO, StorageIO
-from haystack_integrations.offload.stores.retry import http_status, retries_can_help, transient_cause
+from haystack_integrations.offload.stores.failures import transient_cause
+from haystack_integrations.offload.stores.io import MULTIPART_THRESHOLD, Requests, StorageIO
+from haystack_integrations.offload.stores.s3fs_io import S3IO, s3_status
 
 __all__ = [
     "EXIT_FAILED",
@@ -110,7 +111,7 @@ def run_conformance(root: FsspecToolResultStore) -> ConformanceReport:
     """
     probe = _probe_store(root)
     io = probe._handle.io()
-    if io.blocking or not retries_can_help(io):
+    if io.blocking or not io.remote:
         return blocking_here(_run_all, root, probe)
     return blocking(_run_all, root, probe)
 
@@ -135,17 +136,18 @@ def _probe_store(root: FsspecToolResultStore) -> FsspecToolResultStore:
 async def _run_all(root: FsspecToolResultStore, probe: FsspecToolResultStore) -> ConformanceReport:
     base = probe._handle.root_path()
     io = probe._handle.io()
+    request = probe._handle.request
     client = _S3Client.of(io, probe.resolved_engine)
     checks: list[CheckResult] = []
     try:
         checks.append(await _guarded("exclusive-create", lambda: _exclusive_create(probe)))
-        checks.append(await _guarded("ranged-read", lambda: _ranged_read(io, f"{base}/ranged")))
-        checks.append(await _guarded("list-delimiter", lambda: _listing(io, client, f"{base}/listing")))
-        checks.append(await _guarded("batch-delete", lambda: _batch_delete(io, f"{base}/delete")))
-        checks.append(await _guarded("multipart-write", lambda: _multipart_write(io, client, f"{base}/multipart")))
-        checks.append(await _guarded("conditional-multipart", lambda: _conditional_multipart(io, client, base)))
+        checks.append(await _guarded("ranged-read", lambda: _ranged_read(request, f"{base}/ranged")))
+        checks.append(await _guarded("list-delimiter", lambda: _listing(request, client, f"{base}/listing")))
+        checks.append(await _guarded("batch-delete", lambda: _batch_delete(request, f"{base}/delete")))
+        checks.append(await _guarded("multipart-write", lambda: _multipart_write(request, client, f"{base}/multipart")))
+        checks.append(await _guarded("conditional-multipart", lambda: _conditional_multipart(request, client, base)))
     finally:
-        checks.append(await _guarded("cleanup", lambda: _cleanup(io, client, base)))
+        checks.append(await _guarded("cleanup", lambda: _cleanup(request, io.fs, client, base)))
     return ConformanceReport(root.url, root.resolved_engine, probe.url, tuple(checks))
 
 
@@ -177,11 +179,10 @@ class _S3Client:
 
     @classmethod
     def of(cls, io: StorageIO, engine: str) -> "_S3Client":
-        inner = getattr(io, "inner", io)
-        if isinstance(inner, S3IO):
-            return cls("s3fs", fs=inner.fs)
+        if isinstance(io, S3IO):
+            return cls("s3fs", fs=io.fs)
         if engine == "obstore":
-            return cls("obstore", obstore_settings=getattr(inner, "settings", None))
+            return cls("obstore", obstore_settings=getattr(io, "settings", None))
         return cls(None)
 
     def s3_store(self, bucket: str) -> Any:
@@ -207,24 +208,24 @@ async def _exclusive_create(probe: FsspecToolResultStore) -> CheckResult:
     return CheckResult("exclusive-create", _EXCLUSIVE[check.verdict], check.detail, finding=check.verdict)
 
 
-async def _ranged_read(io: StorageIO, path: str) -> tuple[Verdict, str]:
-    await io.put_async(path, _RANGED)
-    data, size = await io.get_range_and_size_async(path, 10, 20)
+async def _ranged_read(request: Requests, path: str) -> tuple[Verdict, str]:
+    await request("put", path, lambda io: io.put_async(path, _RANGED))
+    data, size = await request("get_range_and_size", path, lambda io: io.get_range_and_size_async(path, 10, 20))
     if (data, size) != (_RANGED[10:20], len(_RANGED)):
         return "fail", f"bytes 10-19 of a 100-byte object came back as {len(data)} byte(s) of size {size}"
-    past, size_past = await io.get_range_and_size_async(path, 200, 210)
+    past, size_past = await request("get_range_and_size", path, lambda io: io.get_range_and_size_async(path, 200, 210))
     if past or size_past != len(_RANGED):
         return "fail", f"a range past the end gave {len(past)} byte(s) and size {size_past} (want none, and 100)"
     return "pass", "a ranged read returns the bytes and the total size; past the end, the size and no bytes"
 
 
-async def _listing(io: StorageIO, client: _S3Client, base: str) -> tuple[Verdict, str]:
+async def _listing(request: Requests, client: _S3Client, base: str) -> tuple[Verdict, str]:
     if client.kind is None:
         return "skipped", f"{_NOT_S3} (pagination and common prefixes are S3 LIST semantics)"
     folders = [f"d{number}" for number in range(LISTED_OBJECTS - 2)]
     files = [f"f{number}" for number in range(2)]
     for name in [f"{folder}/object" for folder in folders] + files:
-        await io.put_async(f"{base}/{name}", b"x")
+        await _put(request, f"{base}/{name}", b"x")
     bucket, _, key = base.partition("/")
     prefix = f"{key}/"
     if client.kind == "s3fs":
@@ -271,11 +272,11 @@ async def _s3fs_pages(fs: Any, bucket: str, prefix: str) -> tuple[list[str], lis
     raise OSError(f"the listing did not end within {_MAX_PAGES} pages of {LIST_PAGE} for {LISTED_OBJECTS} objects")
 
 
-async def _batch_delete(io: StorageIO, base: str) -> tuple[Verdict, str]:
+async def _batch_delete(request: Requests, base: str) -> tuple[Verdict, str]:
     present, missing = f"{base}/present", f"{base}/missing"
-    await io.put_async(present, b"x")
-    await io.delete_async([present, missing])
-    if await io.find_async(base):
+    await request("put", present, lambda io: io.put_async(present, b"x"))
+    await request("delete", present, lambda io: io.delete_async([present, missing]))
+    if await request("find", base, lambda io: io.find_async(base)):
         return "fail", "a batch delete of one existing and one missing key left the existing one in place"
     return "pass", "a batch delete of one existing and one missing key: no error, and the existing one is gone"
 
@@ -286,25 +287,37 @@ def _multipart_content() -> Iterator[bytes]:
         yield bytes([block]) * _MULTIPART_BLOCK
 
 
-async def _multipart_write(io: StorageIO, client: _S3Client, path: str) -> tuple[Verdict, str]:
+async def _multipart_write(request: Requests, client: _S3Client, path: str) -> tuple[Verdict, str]:
     if client.kind is None:
         return "skipped", f"{_NOT_S3} (writes elsewhere are whole, never multipart)"
     content = ContentChunks(b"".join(_multipart_content()), chunk_chars=_MULTIPART_BLOCK)
     total = content.nbytes
-    await io.put_chunks_async(path, content)
+    await _put_chunks(request, path, content)
     del content
-    size = await io.size_async(path)
+    size = await request("size", path, lambda io: io.size_async(path))
     if size != total:
         return "fail", f"a multipart write of {total:,} bytes reads back as {size:,}"
     blocks = total // _MULTIPART_BLOCK
     for block in (0, blocks // 2, blocks - 1):
-        data, _ = await io.get_range_and_size_async(path, block * _MULTIPART_BLOCK, block * _MULTIPART_BLOCK + 4)
+        data = await _read(request, path, block * _MULTIPART_BLOCK, block * _MULTIPART_BLOCK + 4)
         if data != bytes([block]) * 4:
             return "fail", f"a multipart write of {total:,} bytes reads back wrong at MiB {block}"
     return "pass", f"a multipart write of {total // 2**20} MiB (above {MULTIPART_THRESHOLD // 2**20} MiB) reads back"
 
 
-async def _conditional_multipart(io: StorageIO, client: _S3Client, base: str) -> CheckResult:
+async def _put(request: Requests, path: str, data: bytes) -> None:
+    await request("put", path, lambda io: io.put_async(path, data))
+
+
+async def _put_chunks(request: Requests, path: str, content: ContentChunks) -> None:
+    await request("put", path, lambda io: io.put_chunks_async(path, content))
+
+
+async def _read(request: Requests, path: str, start: int, end: int) -> bytes:
+    return (await request("get_range_and_size", path, lambda io: io.get_range_and_size_async(path, start, end)))[0]
+
+
+async def _conditional_multipart(request: Requests, client: _S3Client, base: str) -> CheckResult:
     name = "conditional-multipart"
     if client.kind is None:
         return CheckResult(name, "skipped", f"{_NOT_S3} (multipart uploads are S3's)")
@@ -316,7 +329,7 @@ async def _conditional_multipart(io: StorageIO, client: _S3Client, base: str) ->
             "run with --engine fsspec to check the server",
         )
     path = f"{base}/conditional"
-    await io.put_async(path, b"original")
+    await request("put", path, lambda io: io.put_async(path, b"original"))
     fs = client.fs
     bucket, _, key = path.partition("/")
     upload = (await fs._call_s3("create_multipart_upload", Bucket=bucket, Key=key))["UploadId"]
@@ -341,7 +354,7 @@ async def _conditional_multipart(io: StorageIO, client: _S3Client, base: str) ->
             with contextlib.suppress(Exception):
                 await fs._call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload)
         fs.invalidate_cache(path)
-    now = await io.get_async(path)
+    now = await request("get", path, lambda io: io.get_async(path))
     what = "overwrote the existing object" if now == b"new" else "was accepted"
     return CheckResult(
         name,
@@ -353,7 +366,7 @@ async def _conditional_multipart(io: StorageIO, client: _S3Client, base: str) ->
 
 
 def _refused_completion(name: str, error: Exception) -> CheckResult:
-    status = http_status(error)
+    status = s3_status(error)
     if status == 412 or isinstance(error, FileExistsError):
         return CheckResult(
             name, "pass", "CompleteMultipartUpload with If-None-Match: * on an existing key: refused (412)", "refused"
@@ -368,15 +381,15 @@ def _refused_completion(name: str, error: Exception) -> CheckResult:
     raise error
 
 
-async def _cleanup(io: StorageIO, client: _S3Client, base: str) -> tuple[Verdict, str]:
-    found = await io.find_async(base)
+async def _cleanup(request: Requests, fs: Any, client: _S3Client, base: str) -> tuple[Verdict, str]:
+    found = await request("find", base, lambda io: io.find_async(base))
     if found:
-        await io.delete_async(list(found))
+        await request("delete", base, lambda io: io.delete_async(list(found)))
     if client.kind is None:
         # Local disk and memory keep the directories the objects were in.
         with contextlib.suppress(FileNotFoundError):
-            await asyncio.to_thread(io.fs.rm, base, recursive=True)
-    left = await io.find_async(base)
+            await asyncio.to_thread(fs.rm, base, recursive=True)
+    left = await request("find", base, lambda io: io.find_async(base))
     if left:
         return "fail", f"{len(left)} object(s) left under {base}/: delete them by hand"
     return "pass", f"removed the {len(found)} object(s) the checks wrote, and their prefix"

@@ -1,30 +1,8 @@
 """
 Small documents kept beside a scope's results: approval requests and decisions, claims, audit events, history.
 
-They live under a namespace directory inside the store's scope, so they share its isolation (and, on S3, its
-per-tenant IAM prefix and lifecycle rules) but never show up as tool results::
-
-    <root>/<tenant>/<session>/
-    ├── 20261129T213400123456Z-5f3a9c1e.t.web_search.3_web_search_call_abc.txt     results (store.list())
-    ├── .approvals/<document>                                                    store.documents("approvals")
-    └── .audit/<document>                                                        store.documents("audit")
-
-`create` is a conditional write (S3 ``If-None-Match: *``, a hard link on local disk), so two workers racing to
-create the same document get one winner and one `DocumentExistsError`: the basis for exactly-once claims and
-optimistic concurrency on history. The first create in a process checks that the backend really refuses a second one
-(`stores.exclusive_creates`), and raises `ExclusiveCreatesUnsupportedError` where it does not.
-
-"Already exists" is not taken for an answer: the network may have lost the reply to our own create (HTTP clients
-resend a PUT on a dropped connection, and the resend finds our first transmission). So `create` reads the document
-back and compares it with what it wrote: the same bytes mean the create was ours. Every created document therefore
-carries its writer's unique token (`writer_token`), and an outcome that stays unknown (the read-back keeps failing, or
-the document vanished in between) raises `CreateOutcomeUnknownError`, which is retryable, never "someone else won".
-
-Quotas: with a `Quota` on the store, every document written through `put` or `create` counts against the session's and
-the tenant's bytes (see `quotas`). A write asks for refusal (``enforce_quota=True``) only where refusing it loses
-nothing, such as a history turn's start, before anything has run; by default a document is charged and never refused,
-because documents record or coordinate work that already happened (an approval decision, a claim, an audit event, a
-turn's end), and refusing one could lose an approved call or the record of what ran.
+They live under namespace directories (such as ``.audit/``) inside the store's scope, never listed as results.
+`create` is a conditional write, the basis for exactly-once claims and optimistic concurrency on history.
 """
 
 from __future__ import annotations
@@ -45,7 +23,6 @@ from haystack_integrations.offload.stores.translate import storage_errors
 
 if TYPE_CHECKING:
     from haystack_integrations.offload.stores.fsspec_store import FsspecToolResultStore
-    from haystack_integrations.offload.stores.io import StorageIO
     from haystack_integrations.offload.stores.quotas import Reservation
 
 _NAMESPACE = re.compile(r"[a-z][a-z0-9_-]{0,31}")
@@ -97,9 +74,6 @@ class SessionDocuments:
     def _directory(self) -> str:
         return f"{self.store._scope_path()}/.{self.namespace}"
 
-    def _io(self) -> StorageIO:
-        return self.store._handle.io()
-
     def _path(self, name: object) -> str:
         return f"{self._directory()}/{_checked_name(name)}"
 
@@ -127,7 +101,7 @@ class SessionDocuments:
         reservation = await self.store._charge_document_async(len(data), enforce=enforce_quota)
         try:
             with storage_errors(f"write document {self._label(name)!r}", reference=None):
-                await self._io().put_async(path, data)
+                await self.store._handle.request("put", path, lambda io: io.put_async(path, data))
         finally:
             _settle(reservation)
 
@@ -158,7 +132,7 @@ class SessionDocuments:
         reservation = await self.store._charge_document_async(len(data), enforce=enforce_quota)
         try:
             with storage_errors(f"create document {self._label(name)!r}", reference=None):
-                await self._io().put_exclusive_async(path, data)
+                await self.store._handle.request("put_exclusive", path, lambda io: io.put_exclusive_async(path, data))
         except DocumentExistsError as exists:
             try:
                 found = await self.get_async(name)
@@ -183,7 +157,7 @@ class SessionDocuments:
         """Async `get`."""
         path = self._path(name)
         with storage_errors(f"read document {self._label(name)!r}", reference=self._label(name)):
-            return await self._io().get_async(path)
+            return await self.store._handle.request("get", path, lambda io: io.get_async(path))
 
     def list(self) -> builtins.list[str]:
         """
@@ -196,7 +170,8 @@ class SessionDocuments:
     async def list_async(self) -> builtins.list[str]:
         """Async `list`."""
         with storage_errors(f"list documents in {self.namespace!r}", reference=None):
-            found = await self._io().find_async(self._directory())
+            directory = self._directory()
+            found = await self.store._handle.request("find", directory, lambda io: io.find_async(directory))
         prefix = self._directory() + "/"
         names = (path[len(prefix) :] for path in found if path.startswith(prefix))
         return sorted(name for name in names if _DOCUMENT_NAME.fullmatch(name))
@@ -213,7 +188,7 @@ class SessionDocuments:
         """Async `delete`."""
         path = self._path(name)
         with storage_errors(f"delete document {self._label(name)!r}", reference=None):
-            await self._io().delete_async([path])
+            await self.store._handle.request("delete", path, lambda io: io.delete_async([path]))
 
 
 def _settle(reservation: Reservation | None) -> None:

@@ -9,9 +9,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from fsspec import AbstractFileSystem
+from fsspec.asyn import AsyncFileSystem
 from fsspec.core import split_protocol
 
-__all__ = ["DEFAULT_ENGINE", "ENGINES", "EngineChoice", "choose_engine"]
+from haystack_integrations.offload.stores.async_fsspec_io import AsyncFilesystemIO
+from haystack_integrations.offload.stores.io import StorageIO
+from haystack_integrations.offload.stores.local_io import LocalIO, PathCheckedLocalIO, descriptor_calls_available
+from haystack_integrations.offload.stores.memory_io import SyncFilesystemIO, protocols_of
+from haystack_integrations.offload.stores.s3fs_io import S3IO
+
+__all__ = ["DEFAULT_ENGINE", "ENGINES", "EngineChoice", "choose_engine", "storage_io_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,3 +102,20 @@ def _log_once(url: str, problem: str) -> None:
             return
         _fallbacks_logged.add((url, problem))
     logger.info("The store %s uses the fsspec engine (s3fs): %s.", url, problem)
+
+
+def storage_io_for(fs: AbstractFileSystem) -> StorageIO:
+    """
+    The fsspec engine for a filesystem: s3fs's, any other async one's, local disk's, or the synchronous one.
+
+    :param fs: An fsspec filesystem.
+    :returns: The `StorageIO` that serves it.
+    """
+    protocols = protocols_of(fs)
+    if "s3" in protocols:
+        return S3IO(fs)
+    if isinstance(fs, AsyncFileSystem):
+        return AsyncFilesystemIO(fs)
+    if "file" in protocols or "local" in protocols:
+        return LocalIO(fs) if descriptor_calls_available() else PathCheckedLocalIO(fs)
+    return SyncFilesystemIO(fs)

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from haystack_integrations.offload.errors import ExclusiveCreatesUnsupportedError, StorageUnavailableError
-from haystack_integrations.offload.stores.io import StorageIO
+from haystack_integrations.offload.stores.failures import status_of, transient_cause
+from haystack_integrations.offload.stores.io import Requests
 from haystack_integrations.offload.stores.names import new_temporary_name
-from haystack_integrations.offload.stores.retry import http_status, transient_cause
 from haystack_integrations.offload.stores.translate import storage_errors
 
 Verdict = Literal["enforced", "ignored", "unsupported", "unknown"]
@@ -78,7 +78,7 @@ def forget_checks() -> None:
 
 
 async def check_exclusive_creates(
-    io: StorageIO, directory: str, *, backend: tuple[str, ...], store: str
+    request: Requests, directory: str, *, backend: tuple[str, ...], store: str
 ) -> ExclusiveCreateCheck:
     """
     Create one probe key twice, exclusively, and see whether the second is refused; cache a definite verdict.
@@ -86,7 +86,7 @@ async def check_exclusive_creates(
     The probe is a temporary-file name inside `directory` (so a principal scoped to it may write it, and listings,
     usage and quotas skip it) and is deleted after.
 
-    :param io: The store's I/O.
+    :param request: How the store sends an engine call (retried).
     :param directory: Where the probe goes: the checking store's scope.
     :param backend: The cache key (see `checked`).
     :param store: How messages name the store.
@@ -96,10 +96,10 @@ async def check_exclusive_creates(
     """
     path = f"{directory}/{new_temporary_name()}"
     try:
-        verdict, detail = await _probe(io, path)
+        verdict, detail = await _probe(request, path)
     finally:
         with contextlib.suppress(Exception):
-            await io.delete_async([path])
+            await request("delete", path, lambda io: io.delete_async([path]))
     check = ExclusiveCreateCheck(verdict, store, detail)
     if verdict != "unknown":
         with _CHECKED_LOCK:
@@ -107,31 +107,31 @@ async def check_exclusive_creates(
     return check
 
 
-async def _probe(io: StorageIO, path: str) -> tuple[Verdict, str]:
+async def _probe(request: Requests, path: str) -> tuple[Verdict, str]:
     first, second = secrets.token_hex(16).encode(), secrets.token_hex(16).encode()
     with storage_errors("check exclusive creates", reference=None):
         try:
-            await _create(io, path, first)
+            await _create(request, path, first)
             try:
-                await io.put_exclusive_async(path, second)
+                await request("put_exclusive", path, lambda io: io.put_exclusive_async(path, second))
             except FileExistsError:
                 # Refused; a retried first create of ours must not be mistaken for the second landing.
-                if await io.get_async(path) == first:
+                if await request("get", path, lambda io: io.get_async(path)) == first:
                     return "enforced", "refuses a second exclusive create"
                 return "ignored", "replaced an exclusively created object, then refused"
             return "ignored", "accepted a second exclusive create of the same key (it ignores If-None-Match)"
         except Exception as error:
-            if http_status(error) == 501 or isinstance(error, NotImplementedError):
+            if status_of(error) == 501 or isinstance(error, NotImplementedError):
                 return "unsupported", "answered 501 Not Implemented to a conditional write (If-None-Match)"
             if isinstance(error, StorageUnavailableError) or transient_cause(error) is not None:
                 return "unknown", f"the probe failed: {transient_cause(error) or 'storage unavailable'}"
             raise
 
 
-async def _create(io: StorageIO, path: str, data: bytes) -> None:
+async def _create(request: Requests, path: str, data: bytes) -> None:
     try:
-        await io.put_exclusive_async(path, data)
+        await request("put_exclusive", path, lambda io: io.put_exclusive_async(path, data))
     except FileExistsError:
         # A fresh random name cannot exist unless this very create landed and its answer was lost.
-        if await io.get_async(path) != data:
+        if await request("get", path, lambda io: io.get_async(path)) != data:
             raise StorageUnavailableError("The probe's fresh key was already taken by another writer.") from None

@@ -8,7 +8,7 @@ import copy
 import importlib.util
 import os
 import threading
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
@@ -23,18 +23,13 @@ from haystack_integrations.offload.errors import InvalidReferenceError, ResultEx
 from haystack_integrations.offload.stores.blocking import blocking, blocking_here
 from haystack_integrations.offload.stores.chunks import ContentChunks
 from haystack_integrations.offload.stores.documents import SessionDocuments
-from haystack_integrations.offload.stores.engines import DEFAULT_ENGINE, EngineChoice, choose_engine
+from haystack_integrations.offload.stores.engines import DEFAULT_ENGINE, EngineChoice, choose_engine, storage_io_for
 from haystack_integrations.offload.stores.exclusive_creates import (
     ExclusiveCreateCheck,
     check_exclusive_creates,
     checked,
 )
-from haystack_integrations.offload.stores.io import (
-    MULTIPART_THRESHOLD,
-    StorageIO,
-    s3_io_with_loop_twins,
-    storage_io_for,
-)
+from haystack_integrations.offload.stores.io import MULTIPART_THRESHOLD, StorageIO
 from haystack_integrations.offload.stores.layout import scope_path
 from haystack_integrations.offload.stores.names import (
     TEMPORARY_GRACE,
@@ -55,13 +50,8 @@ from haystack_integrations.offload.stores.retention import (
     document_paths,
     read_turn_times_async,
 )
-from haystack_integrations.offload.stores.retry import (
-    RetryingIO,
-    RetryPolicy,
-    RetryStats,
-    retries_can_help,
-    s3_client_options,
-)
+from haystack_integrations.offload.stores.retry import RetryPolicy, RetryStats, retried, s3_client_options
+from haystack_integrations.offload.stores.s3fs_io import s3_io_with_loop_clients
 from haystack_integrations.offload.stores.scope import check_local_path, validate_scope_id
 from haystack_integrations.offload.stores.translate import storage_errors
 
@@ -291,7 +281,7 @@ class FsspecToolResultStore(ToolResultStore):
                 "own to wait on: use the store's *_async methods, or build the store from a URL instead."
             )
         io = self._handle.io()
-        if io.blocking or not retries_can_help(io):  # disk or memory: no shared client to hop to
+        if io.blocking or not io.remote:  # disk or memory: no shared client to hop to
             return blocking_here(operation, *args, **kwargs)
         return blocking(operation, *args, **kwargs)
 
@@ -334,7 +324,7 @@ class FsspecToolResultStore(ToolResultStore):
     async def _list_usage_async(self, scope: tuple[str, ...]) -> SessionUsage:
         path = self._usage_path(scope)
         with storage_errors("check the quota", reference=None):
-            found = await self._handle.io().find_async(path)
+            found = await self._handle.request("find", path, lambda io: io.find_async(path))
         return usage_by_session(found, scope, path, self._counts)
 
     async def _admit_async(self, size: int) -> Reservation | None:
@@ -501,9 +491,9 @@ class FsspecToolResultStore(ToolResultStore):
         try:
             with storage_errors("store the result", reference=None):
                 if isinstance(data, ContentChunks):
-                    await self._handle.io().put_chunks_async(path, data)
+                    await self._handle.request("put", path, lambda io: io.put_chunks_async(path, data))
                 else:
-                    await self._handle.io().put_async(path, data)
+                    await self._handle.request("put", path, lambda io: io.put_async(path, data))
         finally:
             if reservation is not None:
                 reservation.settle()
@@ -538,7 +528,7 @@ class FsspecToolResultStore(ToolResultStore):
         path, segments = self._readable_path_of(reference)
         await self._handle.in_flight.wait_for(path)
         with storage_errors("read the result", reference=reference):
-            data = await self._handle.io().get_async(path)
+            data = await self._handle.request("get", path, lambda io: io.get_async(path))
         return self._decode(segments, data)
 
     def read_range(self, reference: str, start: int, end: int) -> bytes:
@@ -573,7 +563,7 @@ class FsspecToolResultStore(ToolResultStore):
         path, _ = self._readable_path_of(reference)
         await self._handle.in_flight.wait_for(path)
         with storage_errors("read the result", reference=reference):
-            return await self._handle.io().get_range_async(path, start, end)
+            return await self._handle.request("get_range", path, lambda io: io.get_range_async(path, start, end))
 
     def read_range_and_size(self, reference: str, start: int, end: int) -> tuple[bytes, int]:
         """
@@ -609,7 +599,9 @@ class FsspecToolResultStore(ToolResultStore):
         path, _ = self._readable_path_of(reference)
         await self._handle.in_flight.wait_for(path)
         with storage_errors("read the result", reference=reference):
-            return await self._handle.io().get_range_and_size_async(path, start, end)
+            return await self._handle.request(
+                "get_range_and_size", path, lambda io: io.get_range_and_size_async(path, start, end)
+            )
 
     # Inventory: tools, CLI, retention
 
@@ -636,7 +628,7 @@ class FsspecToolResultStore(ToolResultStore):
         path, segments = self._readable_path_of(reference)
         await self._handle.in_flight.wait_for(path)
         with storage_errors("describe the result", reference=reference):
-            size = await self._handle.io().size_async(path)
+            size = await self._handle.request("size", path, lambda io: io.size_async(path))
         return self._record(reference, segments, size)
 
     def list(self, *, limit: int | None = None) -> builtins.list[StoredResult]:
@@ -658,9 +650,10 @@ class FsspecToolResultStore(ToolResultStore):
         :returns: The results' metadata, newest first.
         :raises StorageError: If the backend fails.
         """
-        await self._handle.in_flight.wait_under(self._scope_path() + "/")
+        scope = self._scope_path()
+        await self._handle.in_flight.wait_under(scope + "/")
         with storage_errors("list results", reference=None):
-            found = await self._handle.io().find_async(self._scope_path())
+            found = await self._handle.request("find", scope, lambda io: io.find_async(scope))
         return self._records(found)[:limit]
 
     def delete(self, reference: str) -> None:
@@ -685,7 +678,7 @@ class FsspecToolResultStore(ToolResultStore):
         await self._handle.in_flight.wait_for(path)  # else the write could land after the delete
         try:
             with storage_errors("delete the result", reference=reference):
-                await self._handle.io().delete_async([path])
+                await self._handle.request("delete", path, lambda io: io.delete_async([path]))
         finally:
             self._handle.invalidate((*self._scope, *segments[:-1]))
 
@@ -732,17 +725,19 @@ class FsspecToolResultStore(ToolResultStore):
 
     async def _purge_async(self, older_than: timedelta | None, expired: bool, *, temporary_grace: timedelta) -> int:
         self._check_purge(older_than, expired)
-        await self._handle.in_flight.wait_under(self._scope_path() + "/")
+        scope = self._scope_path()
+        await self._handle.in_flight.wait_under(scope + "/")
         with storage_errors("list results", reference=None):
-            found = await self._handle.io().find_async(self._scope_path())
+            found = await self._handle.request("find", scope, lambda io: io.find_async(scope))
         paths = self._purge_paths(found, older_than, expired)
         idle = self._idle_sessions(found, older_than, expired)
         if idle is not None:
-            idle.dated(await read_turn_times_async(self._handle.io(), idle.to_read()))
+            idle.dated(await read_turn_times_async(self._handle.request, idle.to_read()))
             paths += idle.documents()
+        doomed = paths + _stale_temporaries(found, temporary_grace)  # temporaries are removed, not counted
         try:
             with storage_errors("purge results", reference=None):
-                await self._handle.io().delete_async(paths + _stale_temporaries(found, temporary_grace))
+                await self._handle.request("delete", scope, lambda io: io.delete_async(doomed))
         finally:
             self._handle.invalidate(self._scope)
         return len(paths)
@@ -790,8 +785,9 @@ class FsspecToolResultStore(ToolResultStore):
         scope_path = self._scope_path()
         try:
             with storage_errors("delete documents", reference=None):
-                paths = document_paths(await self._handle.io().find_async(scope_path), scope_path)
-                await self._handle.io().delete_async(paths)
+                found = await self._handle.request("find", scope_path, lambda io: io.find_async(scope_path))
+                paths = document_paths(found, scope_path)
+                await self._handle.request("delete", scope_path, lambda io: io.delete_async(paths))
         finally:
             self._handle.invalidate(self._scope)
         return len(paths)
@@ -813,10 +809,11 @@ class FsspecToolResultStore(ToolResultStore):
 
     async def find_objects_async(self) -> dict[str, int]:
         """Async `find_objects`."""
-        prefix = self._scope_path() + "/"
+        scope = self._scope_path()
+        prefix = scope + "/"
         await self._handle.in_flight.wait_under(prefix)
         with storage_errors("list the store", reference=None):
-            found = await self._handle.io().find_async(self._scope_path())
+            found = await self._handle.request("find", scope, lambda io: io.find_async(scope))
         # A sibling prefix ('t/ab' when 't/a' is listed) is not below the scope.
         return {path[len(prefix) :]: size for path, size in found.items() if path.startswith(prefix)}
 
@@ -832,10 +829,11 @@ class FsspecToolResultStore(ToolResultStore):
 
     async def delete_objects_async(self, paths: Iterable[str]) -> None:
         """Async `delete_objects`."""
-        full = [f"{self._scope_path()}/{_checked_relative(path)}" for path in paths]
+        scope = self._scope_path()
+        full = [f"{scope}/{_checked_relative(path)}" for path in paths]
         try:
             with storage_errors("delete objects", reference=None):
-                await self._handle.io().delete_async(full)
+                await self._handle.request("delete", scope, lambda io: io.delete_async(full))
         finally:
             self._handle.invalidate(self._scope)
 
@@ -856,7 +854,7 @@ class FsspecToolResultStore(ToolResultStore):
         """Async `turn_times`."""
         relative = [_checked_relative(path) for path in paths]
         base = self._scope_path()
-        times = await read_turn_times_async(self._handle.io(), [f"{base}/{path}" for path in relative])
+        times = await read_turn_times_async(self._handle.request, [f"{base}/{path}" for path in relative])
         return {path: times[f"{base}/{path}"] for path in relative}
 
     # Lifecycle and serialization
@@ -886,11 +884,10 @@ class FsspecToolResultStore(ToolResultStore):
             f"The object store {self.url!r} (engine {self.resolved_engine!r}"
             f"{f', endpoint {endpoint}' if endpoint else ''})"
         )
-        io = self._handle.io()
-        if not retries_can_help(io):
+        if not self._handle.io().remote:
             # Memory and local disk: the exclusive create is this library's own (a lock, a hard link), nothing to ask.
             return ExclusiveCreateCheck("enforced", described, "makes exclusive creates in this process")
-        return await check_exclusive_creates(io, self._scope_path(), backend=backend, store=described)
+        return await check_exclusive_creates(self._handle.request, self._scope_path(), backend=backend, store=described)
 
     async def _require_exclusive_creates_async(self) -> None:
         # Every coordinated create's first step: once a verdict is in, one dictionary look-up.
@@ -999,11 +996,7 @@ class _FilesystemHandle:
                 # Compare real paths later: a symlink anywhere below the real root is refused.
                 root = os.path.realpath(root)
             self._resolved_root = root
-            io = io or storage_io_for(fs)
-            # Only a network backend is worth retrying; memory and local disk keep their (zero) retry_stats.
-            if self._retry is not None and retries_can_help(io):
-                io = RetryingIO(io, self._retry, self.retry_stats)
-            self._io = io
+            self._io = io or storage_io_for(fs)
 
     def _s3fs_io(self, options: dict[str, Any]) -> StorageIO:
         options = dict(options)
@@ -1013,7 +1006,7 @@ class _FilesystemHandle:
         if self._retry is not None:
             options = s3_client_options(options)
         # Async calls use a client on the caller's own loop (made on first use there), sync calls this one.
-        return s3_io_with_loop_twins(
+        return s3_io_with_loop_clients(
             self._s3_filesystem(options), lambda: self._s3_filesystem(options, asynchronous=True)
         )
 
@@ -1049,6 +1042,21 @@ class _FilesystemHandle:
         if self._io is None:  # pragma: no cover - _create always sets it; this narrows the type without assert
             raise RuntimeError("filesystem handle was not created")
         return self._io
+
+    async def request(self, operation: str, path: str, call: Callable[[StorageIO], Awaitable[T]]) -> T:
+        """
+        Send one engine call, retried under the store's policy when its storage is remote (`retry.retried`).
+
+        :param operation: What the call does, for logs (``"put"``, ``"get"``, ...).
+        :param path: The path it concerns, for logs.
+        :param call: The engine call, given the engine.
+        :returns: What the call returned.
+        """
+        io = self.io()
+        if self._retry is None or not io.remote:
+            # Memory and local disk do not fail transiently: a retry would only repeat a real failure, later.
+            return await call(io)
+        return await retried(io, self._retry, self.retry_stats, operation, path, call)
 
     def ledger(self) -> QuotaLedger:
         """The quota ledger of every store sharing this handle, created on first use."""

@@ -1,34 +1,8 @@
 """
-S3 through obstore (Python bindings of Rust's ``object_store``): the store's fast engine, ``engine="obstore"``.
+The obstore engine: S3 through obstore (Rust's ``object_store``), one request per write, whole read or page.
 
-Same contract as `S3IO` (s3fs), a fraction of the client CPU: on a busy server s3fs/aiobotocore spend most of a small
-PUT's time in Python (request signing, botocore's event hooks, aiohttp), while obstore does all of it in Rust, off the
-GIL. The requests are the same:
-
-- a write is one PUT (never a multipart upload), a conditional create one PUT with ``If-None-Match: *`` (a 412 becomes
-  `FileExistsError`, which `SessionDocuments.create` resolves by reading the document back); a write from chunks
-  (`ObstoreIO.put_chunks`) is one PUT up to `MULTIPART_THRESHOLD` and obstore's streaming multipart upload above it;
-- a whole read is one GET, a page one ranged GET whose answer also carries the object's total size (a range that starts
-  at or past the end, which S3 refuses with 416, costs a HEAD, as with s3fs);
-- a listing is one LIST per 1000 keys, a delete one DeleteObjects per 1000 keys, whose per-key errors are raised;
-- no HEAD, LIST or directory marker on the hot path.
-
-Errors map to built-in exceptions, chained to obstore's: missing object or bucket `FileNotFoundError`, 403/401
-`PermissionError`, lost conditional create `FileExistsError`. Transient failures (5xx, 429, throttling codes,
-connection failures and resets, timeouts) are left as obstore's own exceptions, which
-`retry.transient_cause` recognises (`describe_failure`), so `RetryingIO` retries them as it does s3fs's. A panic in
-``object_store`` (seen on a DeleteObjects answer naming a key that was not sent) becomes an `OSError` instead of
-crossing the store as a `BaseException`.
-
-Calls are obstore's own coroutines, awaitable from any event loop (no per-loop client, no hop to fsspec's thread); the
-store's sync API waits for them (`stores.blocking`).
-
-Settings come from the same ``storage_options`` s3fs takes (`obstore_settings` says which are understood; any other is
-refused rather than ignored) and, for whatever they leave out, from the environment (``AWS_ACCESS_KEY_ID``,
-``AWS_REGION``, ``AWS_ENDPOINT_URL``, web identity and container credentials, the instance profile). AWS profiles
-(``profile=``, ``AWS_PROFILE``) are read through botocore's session (`BotocoreCredentials`); with no region anywhere
-and AWS's own endpoint, the bucket's region is asked of S3 once (`bucket_region`). Not supported: botocore options
-without an ``object_store`` counterpart.
+It serves the storage options s3fs takes where it can (`obstore_settings`) and classifies obstore's failures itself
+(`_mapped_errors`); the design is in docs/design.md.
 """
 
 from __future__ import annotations
@@ -62,6 +36,7 @@ except ImportError as error:  # pragma: no cover - tests/stores/test_obstore_eng
 
 from haystack_integrations.offload.stores.aws_session import BotocoreCredentials, botocore_available
 from haystack_integrations.offload.stores.bucket_region import bucket_region
+from haystack_integrations.offload.stores.failures import StorageRequestError, answer_failure
 from haystack_integrations.offload.stores.io import (
     MULTIPART_PART_BYTES,
     MULTIPART_PARTS_IN_FLIGHT,
@@ -226,7 +201,7 @@ def obstore_settings(
         total = retries.get("total_max_attempts")
         retry["max_retries"] = max(0, int(total) - 1) if total is not None else max(0, int(retries["max_attempts"]))
     elif retrying:
-        retry["max_retries"] = 0  # RetryingIO retries; stacked retries would multiply
+        retry["max_retries"] = 0  # the store retries (`retry.retried`); stacked retries would multiply
     if botocore.get("max_pool_connections") is not None:
         client["pool_max_idle_per_host"] = str(int(botocore["max_pool_connections"]))
     if attempt_timeout is not None:
@@ -312,24 +287,32 @@ def describe_failure(error: BaseException) -> tuple[int | None, str, str | None]
 
 @contextlib.contextmanager
 def _mapped_errors() -> Iterator[None]:
-    """Raise obstore's permanent failures as built-in exceptions (chained); leave transient ones to `RetryingIO`."""
+    """
+    Raise obstore's failures as this engine's kinds, chained: "exists", "missing" and "refused" as built-in exceptions,
+    an HTTP answer or a wire failure as `StorageRequestError`; anything else (a bad key) as it is.
+    """
     try:
         yield
     except AlreadyExistsError as error:
         # object_store folds AWS's 409 ConditionalRequestConflict (a competing write in flight) into "exists"; only a
-        # 412 means the key is taken. A 409 stays obstore's error, which `RetryingIO` retries.
-        if (describe_failure(error) or (None,))[0] == 409:
-            raise
+        # 412 means the key is taken.
+        status, code, _ = describe_failure(error) or (None, "", None)
+        if status == 409:
+            raise answer_failure(status, code) from error
         raise FileExistsError(errno.EEXIST, "The object already exists.") from error
     except (PermissionDeniedError, UnauthenticatedError) as error:
         raise PermissionError(errno.EACCES, "Access denied.") from error
-    except GenericError as error:
+    except obstore.exceptions.BaseError as error:
         # Listings and bulk deletes report their failures as generic errors.
-        status, code, _ = describe_failure(error) or (None, "", None)
+        status, code, network = describe_failure(error) or (None, "", None)
         if status == 404 or code in {"NoSuchBucket", "NoSuchKey"}:
             raise FileNotFoundError(errno.ENOENT, "No such bucket or object.") from error
         if status in {401, 403} or code in {"AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId"}:
             raise PermissionError(errno.EACCES, "Access denied.") from error
+        if status is not None:
+            raise answer_failure(status, code) from error
+        if network is not None:
+            raise StorageRequestError(network, transient=True) from error
         raise
     except BaseException as error:
         # A panic in the Rust code arrives as pyo3's PanicException (a BaseException that every `except Exception` on
@@ -359,7 +342,7 @@ class ObstoreIO(StorageIO):
     helpers); the engine never goes through it (its ``pipe_file`` ignores ``mode="create"``).
     """
 
-    blocking = False
+    remote = True
 
     def __init__(self, settings: ObstoreSettings, *, fallback: Callable[[], StorageIO] | None = None) -> None:
         """

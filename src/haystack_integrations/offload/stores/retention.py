@@ -1,40 +1,8 @@
 """
 Retention: how long results stay readable (per store, overridable per tenant), and ending a session.
 
-Every result's object name carries its creation time (`names.py`), so expiry costs no request: `read` refuses an
-expired result before sending anything, `list` leaves it out, and ``purge(expired=True)`` deletes every expired
-result in the store's scope with one LIST and batched deletes. Expired results also stop counting against quotas.
-
-Session documents (history, approvals, audit) go by whole sessions, never one by one: a conversation's history is a
-checkpoint plus the turns appended after it, so deleting its old turns would corrupt it. ``purge(expired=True)`` and
-``purge(older_than=...)`` delete every document of a session whose newest activity is older than the cutoff (the
-tenant's time to live, or the age given), and keep every document of a session active since::
-
-    <root>/<tenant>/<session>/
-    ├── 20261129T213400123456Z-5f3a9c1e.t.web_search.3_web_search_call_abc.txt   a result: its name says when
-    ├── .audit/20261129T213512000871Z-000000000001-0b7d2e11.json                 an audit event: its name says when
-    ├── .approvals/step.00000003.json                                            numbered: its audit events date it
-    └── .history/turn.00000007.end.json                                          the newest turn: read to learn when
-
-A session's newest activity is the newest time its object names carry (results, audit events: every approval request,
-decision and execution is one). Documents ordered by sequence (history turns, approval steps and claims) cannot carry a
-time in their names, so when the names alone do not show the session active after the cutoff, the newest history turn
-is read (one GET per such session, concurrently): its ``ended_at`` (or ``started_at``, for a turn still running) counts
-too. A session whose age cannot be told (no result, no audit event, no history) is kept. Times come from the writers'
-clocks, as results' names do; a cutoff of hours or days tolerates their skew.
-
-Clocks: a result's time is its writer's clock, judged by the reader's. Up to `Retention.clock_skew` (5 minutes by
-default) of difference either way changes nothing; a result is expired once its time is more than its time to live
-plus that allowance away from now, in either direction. So a writer 2 minutes slow loses nothing, one 2 hours slow
-with a 1 hour time to live writes results that are expired on arrival (the error says its clock may be behind: fix the
-clock, or raise `clock_skew`), and one hours fast cannot keep its results for ever: a time further ahead than a result
-could live is not believed, and the result is expired.
-
-Retention in the store is a promise to readers ("after 7 days a result is gone"); pair it with the bucket's
-lifecycle rule (``infra/``), which deletes old objects even if no purge runs.
-
-`end_session` is for the application: when a conversation ends (the user closes it, the account is deleted), it
-deletes that session's results at once, without waiting for their time to live.
+Expiry is read from the creation time in each result's name, so it costs no request; session documents go by whole
+sessions, judged by each session's newest activity. `end_session` deletes a session's results at once.
 """
 
 from __future__ import annotations
@@ -59,7 +27,7 @@ from haystack_integrations.offload.stores.translate import storage_errors
 
 if TYPE_CHECKING:
     from haystack_integrations.offload.stores.fsspec_store import FsspecToolResultStore
-    from haystack_integrations.offload.stores.io import StorageIO
+    from haystack_integrations.offload.stores.io import Requests
 
 HISTORY_NAMESPACE = "history"
 """The namespace of the reference server's conversation history (`server.history`), dated by reading its newest turn."""
@@ -452,11 +420,11 @@ class IdleSessions:
         return paths
 
 
-async def read_turn_times_async(io: StorageIO, paths: Iterable[str]) -> dict[str, datetime | None]:
+async def read_turn_times_async(request: Requests, paths: Iterable[str]) -> dict[str, datetime | None]:
     """
     Read history turn documents and the time each says (a few at once).
 
-    :param io: The store's I/O.
+    :param request: How the store sends an engine call.
     :param paths: The documents' full paths.
     :returns: Each path's time; None for a document gone meanwhile or saying no time.
     :raises StorageError: If the backend fails.
@@ -467,7 +435,7 @@ async def read_turn_times_async(io: StorageIO, paths: Iterable[str]) -> dict[str
         async with limit:
             try:
                 with storage_errors("read a history document", reference=path):
-                    return turn_time(await io.get_async(path))
+                    return turn_time(await request("get", path, lambda io: io.get_async(path)))
             except ResultNotFoundError:
                 return None
 

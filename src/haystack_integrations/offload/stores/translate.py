@@ -11,6 +11,7 @@ from haystack_integrations.offload.errors import (
     StorageError,
     StoragePermissionError,
 )
+from haystack_integrations.offload.stores.failures import StorageRequestError
 
 _OURS = (
     DocumentExistsError,
@@ -47,6 +48,9 @@ def storage_errors(action: str, *, reference: str | None) -> Iterator[None]:
         raise StorageError(f"Could not {action}: the bucket or directory does not exist.") from error
     except PermissionError as error:
         raise StoragePermissionError(f"Storage refused to {action}: permission denied.") from error
+    except StorageRequestError as error:
+        # The engine's description of the failure ("HTTP 503 SlowDown") names no bucket or path.
+        raise StorageError(f"Could not {action}: {error.cause} from the storage backend.") from error
     except Exception as error:
         # The backend's message may name the bucket and other tenants' paths; it stays on the chained cause.
         raise StorageError(f"Could not {action}: {type(error).__name__} from the storage backend.") from error

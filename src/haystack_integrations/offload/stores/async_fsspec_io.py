@@ -1,0 +1,183 @@
+"""The engine for async fsspec filesystems (gcsfs, adlfs, ...), and the base of the s3fs engine."""
+
+import asyncio
+import sys
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+from fsspec.asyn import AsyncFileSystem
+
+from haystack_integrations.offload.stores.failures import LASTING, StorageRequestError, causes_of, network_failure
+from haystack_integrations.offload.stores.io import Chunk, StorageIO
+from haystack_integrations.offload.stores.loop_local import LoopLocal
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+
+class AsyncFilesystemIO(StorageIO):
+    """
+    Async fsspec filesystems: each call runs on the caller's own loop with that loop's client (`loop_clients`), or on
+    the filesystem's own loop, awaited from the caller's (``asyncio.wrap_future``), so no loop ever blocks on the
+    network or awaits a coroutine bound to another loop.
+    """
+
+    remote = True
+    # aiobotocore on aiohttp was seen waiting past botocore's read_timeout for an answer that never came.
+    needs_attempt_limit = True
+
+    def __init__(self, fs: AsyncFileSystem, *, loop_clients: LoopLocal[AsyncFileSystem] | None = None) -> None:
+        """
+        :param fs: The async fsspec filesystem to use.
+        :param loop_clients: Where a call finds an ``asynchronous=True`` filesystem with the same settings, made for the
+            caller's own loop, to use instead of hopping to `fs`'s loop; `None` to always run on `fs`'s loop.
+        """
+        super().__init__(fs)
+        self.async_fs = fs
+        self.loop_clients = loop_clients
+
+    async def _run_async(
+        self,
+        operation: Callable[Concatenate[AsyncFileSystem, P], Coroutine[Any, Any, T]],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        try:
+            clients = self._clients_for_running_loop()
+            if clients is not None:
+                return await operation(await clients.get(), *args, **kwargs)
+            return await self._on_fs_loop(operation(self.async_fs, *args, **kwargs))
+        except Exception as error:
+            failure = self.failure_of(error)
+            if failure is None:
+                raise
+            raise failure from error
+
+    def failure_of(self, error: Exception) -> StorageRequestError | None:
+        """
+        Classify what a call raised, walking its chain of causes: a failure this engine recognises, or None to let
+        `error` through as it is (a missing object, a refused permission, an error no link explains).
+
+        :param error: The exception the filesystem raised.
+        :returns: The `StorageRequestError` to raise instead, or None.
+        """
+        for link in causes_of(error):
+            if isinstance(link, (StorageRequestError, *LASTING)):
+                return None
+            failure = self._failure_of_link(link)
+            if failure is not None:
+                return failure
+        return None
+
+    def _failure_of_link(self, link: BaseException) -> StorageRequestError | None:
+        aiohttp = sys.modules.get("aiohttp")
+        if aiohttp is not None:
+            if isinstance(link, aiohttp.ClientPayloadError):
+                return StorageRequestError("answer cut short", transient=True)
+            if isinstance(link, aiohttp.ClientConnectionError):
+                return StorageRequestError("connection failed", transient=True)
+        return network_failure(link)
+
+    def _clients_for_running_loop(self) -> LoopLocal[AsyncFileSystem] | None:
+        # fsspec's own loop (a sync call's coroutine, or a caller running there) keeps the filesystem's client.
+        if self.loop_clients is not None and self.async_fs.loop is not asyncio.get_running_loop():
+            return self.loop_clients
+        return None
+
+    async def _on_fs_loop(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        if self.async_fs.asynchronous:
+            # An `asynchronous=True` filesystem belongs to the loop its caller awaits it from (fsspec's contract).
+            return await coroutine
+        loop = self.async_fs.loop
+        if loop is asyncio.get_running_loop():
+            return await coroutine
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, loop))
+
+    @staticmethod
+    async def _warm_up(fs: AsyncFileSystem) -> None:
+        set_session = getattr(fs, "set_session", None)
+        if set_session is not None:
+            await set_session()
+
+    async def warm_up_async(self) -> None:
+        """Create the client async calls from this loop use (s3fs makes it on first request otherwise)."""
+        await self._run_async(self._warm_up)
+
+    async def ready_async(self) -> None:
+        """
+        Create the client calls from the running loop use. On fsspec's loop (every sync call runs there) that is the
+        filesystem's own: made here too, or the first sync call's time limit pays for it.
+        """
+        await self._run_async(self._warm_up)
+
+    async def _put(self, fs: AsyncFileSystem, path: str, data: bytes) -> None:
+        await fs._pipe_file(path, data)
+
+    async def _put_chunks(self, fs: AsyncFileSystem, path: str, chunks: Iterable[Chunk]) -> None:
+        # Backends other than S3: fsspec has no async streaming write to build on; one whole write.
+        await self._put(fs, path, b"".join(chunks))
+
+    async def _put_exclusive(self, fs: AsyncFileSystem, path: str, data: bytes) -> None:
+        await fs._pipe_file(path, data, mode="create")
+
+    async def _get(self, fs: AsyncFileSystem, path: str) -> bytes:
+        return bytes(await fs._cat_file(path))
+
+    async def _get_range(self, fs: AsyncFileSystem, path: str, start: int, end: int) -> bytes:
+        if end <= start:
+            return b""
+        return bytes(await fs._cat_file(path, start=start, end=end))
+
+    async def _size(self, fs: AsyncFileSystem, path: str) -> int:
+        return int((await fs._info(path))["size"])
+
+    async def _get_range_and_size(self, fs: AsyncFileSystem, path: str, start: int, end: int) -> tuple[bytes, int]:
+        size = await self._size(fs, path)
+        return (await self._get_range(fs, path, start, end) if start < size else b""), size
+
+    async def _find(self, fs: AsyncFileSystem, path: str) -> dict[str, int]:
+        found = await fs._find(path, detail=True)
+        return {name: int(info.get("size") or 0) for name, info in found.items() if info.get("type") != "directory"}
+
+    async def _delete(self, fs: AsyncFileSystem, paths: list[str]) -> None:
+        for path in paths:
+            try:
+                await fs._rm_file(path)
+            except FileNotFoundError:
+                continue
+
+    async def put_async(self, path: str, data: bytes) -> None:
+        """Async `put`."""
+        await self._run_async(self._put, path, data)
+
+    async def put_chunks_async(self, path: str, chunks: Iterable[Chunk]) -> None:
+        """Async `put_chunks` (the chunks are iterated on the loop the call runs on)."""
+        await self._run_async(self._put_chunks, path, chunks)
+
+    async def put_exclusive_async(self, path: str, data: bytes) -> None:
+        """Async `put_exclusive`."""
+        await self._run_async(self._put_exclusive, path, data)
+
+    async def get_async(self, path: str) -> bytes:
+        """Async `get`."""
+        return await self._run_async(self._get, path)
+
+    async def get_range_async(self, path: str, start: int, end: int) -> bytes:
+        """Async `get_range`."""
+        return await self._run_async(self._get_range, path, start, end)
+
+    async def get_range_and_size_async(self, path: str, start: int, end: int) -> tuple[bytes, int]:
+        """Async `get_range_and_size`."""
+        return await self._run_async(self._get_range_and_size, path, start, end)
+
+    async def size_async(self, path: str) -> int:
+        """Async `size`."""
+        return await self._run_async(self._size, path)
+
+    async def find_async(self, path: str) -> dict[str, int]:
+        """Async `find`."""
+        return await self._run_async(self._find, path)
+
+    async def delete_async(self, paths: Iterable[str]) -> None:
+        """Async `delete`."""
+        await self._run_async(self._delete, list(paths))

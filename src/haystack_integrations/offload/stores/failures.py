@@ -1,0 +1,116 @@
+"""How an engine reports a failed request: the few kinds the store, its retries and the doctor tell apart."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+_TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
+_TRANSIENT_CODES = frozenset(
+    {
+        "InternalError",
+        "OperationAborted",
+        "RequestLimitExceeded",
+        "RequestThrottled",
+        "RequestTimeout",
+        "ServiceUnavailable",
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "TooManyRequestsException",
+        # AWS answers a conditional PUT with 409 while a competing write to the key is in flight, and says to retry.
+        "ConditionalRequestConflict",
+    }
+)
+# What an engine leaves as it is: "missing", "exists" and "refused", and a caller's mistakes.
+LASTING = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError, ValueError)
+# 409 is transient (a conflicting operation in flight) except for these codes, whose conflict stays until changed.
+_LASTING_CONFLICTS = frozenset(
+    {"BucketAlreadyExists", "BucketAlreadyOwnedByYou", "BucketNotEmpty", "InvalidBucketState"}
+)
+
+
+class StorageRequestError(OSError):
+    """
+    A request that failed for a reason other than "exists", "not found" or "refused".
+
+    Engines raise those three as `FileExistsError`, `FileNotFoundError` and `PermissionError`, and this for a failure
+    they recognise (an HTTP answer, a dropped connection, a timeout), chained to their client's own exception.
+    """
+
+    def __init__(self, cause: str, *, transient: bool, status: int | None = None) -> None:
+        """
+        :param cause: What happened, safe to log or show ("HTTP 503 SlowDown", "connection reset").
+        :param transient: Whether a retry may get past it.
+        :param status: The HTTP status of the answer, if one came.
+        """
+        super().__init__(cause)
+        self.cause = cause
+        self.transient = transient
+        self.status = status
+
+
+def answer_failure(status: int | None, code: str) -> StorageRequestError:
+    """
+    Classify an S3 answer that is an error: its status decides whether to retry, S3's error code refines it.
+
+    :param status: The HTTP status, if known.
+    :param code: S3's error code (``"SlowDown"``), or ``""``.
+    :returns: The failure to raise.
+    """
+    transient = (
+        code not in _LASTING_CONFLICTS if status == 409 else status in _TRANSIENT_STATUS or code in _TRANSIENT_CODES
+    )
+    named = [str(status)] if status is not None else []
+    if code and code != str(status):
+        named.append(code)
+    return StorageRequestError(" ".join(["HTTP", *named]), transient=transient, status=status)
+
+
+def network_failure(error: BaseException) -> StorageRequestError | None:
+    """
+    Classify Python's own network failures (a reset, a refused connection, a timeout), which any engine may raise.
+
+    :param error: The exception.
+    :returns: A transient failure, or None if `error` is none of those.
+    """
+    if isinstance(error, ConnectionResetError):
+        return StorageRequestError("connection reset", transient=True)
+    if isinstance(error, ConnectionError):
+        return StorageRequestError("connection failed", transient=True)
+    if isinstance(error, TimeoutError):
+        return StorageRequestError("timeout", transient=True)
+    return None
+
+
+def causes_of(error: BaseException) -> Iterator[BaseException]:
+    """`error`, then what caused it, link by link (each once: a chain can loop)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def transient_cause(error: BaseException) -> str | None:
+    """
+    Tell whether retrying may help, and why.
+
+    :param error: What a storage call raised.
+    :returns: The cause of the first transient `StorageRequestError` in the chain ("HTTP 503 SlowDown", "connection
+        reset"), or None when the failure is not transient (a missing object, a refused permission, a bad request).
+    """
+    for link in causes_of(error):
+        if isinstance(link, StorageRequestError):
+            return link.cause if link.transient else None
+    return None
+
+
+def status_of(error: BaseException) -> int | None:
+    """
+    The HTTP status of the answer behind an engine's error, walking the chain of causes.
+
+    :param error: What a storage call raised.
+    :returns: The status, or None when no answer came (a network failure) or the engine did not classify it.
+    """
+    return next((link.status for link in causes_of(error) if isinstance(link, StorageRequestError)), None)
