@@ -1,28 +1,8 @@
 """
 The ``offload-haystack`` command line.
 
-- ``demo``: the scripted multi-tenant demo (the README's first command); ``serve``: the reference server and its page;
-- operator commands over any store URL: ``ls`` (the tenant/session tree with sizes), ``cat`` (one result or
-  document, by the path `ls` prints), ``du`` (usage per tenant and session), ``purge`` (a session, a tenant, or results
-  and inactive sessions older than an age), ``audit`` (a session's approval record), ``doctor`` (whether the object
-  store keeps the promises the library relies on: exit 0 pass, 1 a check failed, 3 a check could not tell). Each takes
-  ``--json`` for scripts.
-
-S3 as the AWS CLI has it: ``--endpoint-url``, ``--profile`` and ``--region`` on every command with a store, defaulting
-to ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, and ``AWS_REGION`` or ``AWS_DEFAULT_REGION``. They
-become s3fs storage options (``endpoint_url``, ``profile``, ``client_kwargs.region_name``): a flag overrides the same
-key in ``--storage-options``, which overrides the environment. They apply to ``s3://`` stores only. ``--engine`` picks
-the S3 client as the store's ``engine`` does: ``auto`` (obstore where it can serve the options), ``fsspec`` or
-``obstore``.
-
-Progress goes to standard error, never to standard output (scripts parse it): on a terminal, ``ls``, ``du`` and
-``purge`` show a line while a long listing runs and a bar while a purge deletes; ``--progress`` shows them wherever
-standard error goes, ``--no-progress`` never.
-
-Every failure, a bad argument included, is one line on standard error and a non-zero exit (2; the demo exits 1 when
-a check fails), never a traceback.
-
-The logic lives in `demo`, `server` and `operations`; this module only parses arguments and prints.
+``demo`` and ``serve``, and the operator commands ``ls``, ``cat``, ``du``, ``purge``, ``audit`` and ``doctor`` over
+any store URL. The logic lives in `demo`, `server` and `operations`; this module only parses arguments and prints.
 """
 
 import argparse

@@ -1,20 +1,8 @@
 """
 What a run's `hook_context` holds, and the one place hooks, tools and approvals read it from.
 
-One Agent, with one set of hooks and tools, serves every user, so nothing per run lives in them: each run brings its
-resources in the ``hook_context`` dictionary passed to ``Agent.run(..., hook_context=...)``::
-
-    RESULT_STORE_CONTEXT_KEY  the run's ToolResultStore      Haystack's key: its ToolResultOffloadHook reads it too
-    APPROVAL_CHANNEL_KEY      how the run asks a person       CallbackApprovals or DurableApprovals
-    RESUMING_KEY              decisions for a resumed step    set by `resume`, read by `ApprovalHook`
-
-`offload_context` builds it for a run and `resume_context` for a resumed one. Hooks read it with `hook_context_of`
-and `run_store` (strict: a malformed context is an error), the read-back tools with `tool_store` (lenient: the model
-gets a message and the run goes on). Every read goes through `state.data`: `state.get` deep-copies, which would copy
-the store, and its client, on every call.
-
-This module imports only Haystack's contracts and this library's Protocols (`types`), so every layer can import it
-(approvals and tools import it, never the other way round).
+`offload_context` builds it for a run and `resume_context` for a resumed one; hooks read it with `hook_context_of`
+and `run_store`, the read-back tools with `tool_store`.
 """
 
 import logging

@@ -1,27 +1,8 @@
 """
 Errors raised by offload-haystack.
 
-Every error subclasses a built-in exception, so callers can catch what they already know::
-
-    ValueError
-    ├── InvalidScopeIdError        a tenant or session id that is not one safe path segment
-    └── InvalidReferenceError      a reference that is malformed or points outside the store's scope
-    OSError
-    ├── StorageError               any other backend failure (network, throttling, bad endpoint, ...)
-    │   ├── StorageUnavailableError  transient failures outlasted the store's retry policy
-    │   │   └── CreateOutcomeUnknownError  a conditional create may have landed; retry it with the same bytes
-    │   └── ExclusiveCreatesUnsupportedError  the backend does not refuse a second exclusive create: no coordination
-    ├── QuotaExceededError         a write was refused before sending: it would pass a tenant or session quota
-    ├── FileNotFoundError
-    │   └── ResultNotFoundError    no result (or document) under this name in this store's scope
-    │       └── ResultExpiredError the result outlived its retention (time to live); it is no longer readable
-    ├── FileExistsError
-    │   └── DocumentExistsError    a conditional create lost: the document was created by someone else first
-    └── PermissionError
-        └── StoragePermissionError the backend refused the request (credentials, IAM, ACLs)
-
-Backend exceptions are chained (``raise ... from exc``): the message is safe to show to a model or an end user
-(it never names the bucket or other tenants), the cause keeps the backend's full detail for logs.
+Every error subclasses a built-in exception, so callers can catch what they already know. Backend exceptions are
+chained (``raise ... from exc``).
 """
 
 import errno

@@ -1,13 +1,7 @@
 """
 Keeping a lease alive while work runs: the one loop both the resume claim and the server's turn use.
 
-A lease lets other workers take over from a worker that died, once it lapses. A worker that is alive but busy (a long
-tool call, a slow model) must not look dead, so it renews its lease every third of its length for as long as it works.
-A renewal that fails is logged and tried again at the next tick: it shortens the lease, it does not end the work.
-
-The loop is stopped by a flag as well as by cancelling it: on Python 3.11 ``asyncio.wait_for`` (which the retry layer
-wraps every storage call in) can swallow a cancellation that lands just as the call finishes, and a loop stopped by
-cancellation alone then renews the lease forever, keeping its session busy.
+The loop renews the lease every third of its length while the work runs, and stops on a flag as well as on cancelling.
 """
 
 import asyncio

@@ -1,18 +1,8 @@
 """
 What the upper layers (tools, hooks, approvals, operations, server) need of a store, as small Protocols.
 
-`FsspecToolResultStore` satisfies all of them; a third-party store satisfies the ones it implements, and every
-layer above the store depends on these, never on the concrete class. Each Protocol is `runtime_checkable`, so a hook
-given a plain Haystack `ToolResultStore` can tell what more it offers (a check of method names, done once per
-store class where it is on a hot path).
-
-```python
-from haystack_integrations.offload.types import RangedResults
-
-def first_kib(store: RangedResults, reference: str) -> bytes:
-    data, size = store.read_range_and_size(reference, 0, 1024)
-    return data
-```
+`FsspecToolResultStore` satisfies all of them; every layer above the store depends on these, never on the concrete
+class.
 """
 
 from __future__ import annotations

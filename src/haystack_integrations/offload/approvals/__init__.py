@@ -1,21 +1,9 @@
 """
 Tool-call approvals for multi-user servers: per-run channels, durable pending approvals, exactly-once resume.
 
-The flow a server implements (see `ApprovalHook` for the Agent side)::
-
-    send message   reply = await agent.run_async(messages, hook_context=offload_context(store,
-                                                 approval_channel=DurableApprovals(actor=user.id)))
-                   reply["exit_reason"] == "approval_required"  ->  await pending_approvals_async(store)
-    decide         await decide_async(store, request_id, Decision.approve(by=user.id))      (any worker)
-    resume         reply = await resume_async(agent, reply["messages"], store)              (any worker, once)
-    audit          await read_audit_async(store)
-
-Everything lives under the session's scope in the store (``.approvals/`` and ``.audit/``), so workers hold no state
-and the store's conditional create is the only coordination between them. One concern per module: `hook` (the
-`ApprovalHook`), `records` (what is stored), `rules` (whether to ask), `learning` (policies that learn, per session),
-`channels` (how to ask), `validation` and `binding` (whether a decision is acceptable, and for which call), `ledger`
-(where records live), `decisions` (pending and decide), `resume`, `resuming` and `execution` (running decided calls
-once, through the Agent's hook chain), `outcomes` (what the model sees), `audit` (who did what, when).
+An `ApprovalHook` holds the calls its rules ask about; the run's channel asks a person. A server lists and decides
+with `pending_approvals_async` and `decide_async`, continues with `resume_async` and reads `read_audit_async`, from
+any worker: everything lives under the session's scope in the store.
 """
 
 from haystack_integrations.offload.approvals.audit import read_audit, read_audit_async

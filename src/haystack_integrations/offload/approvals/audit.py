@@ -1,16 +1,5 @@
 """
 The session's audit record: one small document per event in ``.audit/``, named so that names sort in time order.
-
-::
-
-    <root>/<tenant>/<session>/.audit/
-    ├── 20261129T213400123456Z-000000000001-9c1e5f3a.json     approval.requested
-    ├── 20261129T213512000871Z-000000000001-0b7d2e11.json     approval.decided
-    └── 20261129T213530442010Z-000000000002-77aa31c4.json     approval.executed
-
-Appending is one PUT of a new name, so concurrent writers (workers, deciders) never overwrite each other and no
-read-modify-write is needed. Within one process times strictly increase; across processes, events in the same
-microsecond are ordered by the counter and nonce, which is as good as clocks allow.
 """
 
 import asyncio

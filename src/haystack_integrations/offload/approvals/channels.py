@@ -1,16 +1,8 @@
 """
 How a run asks a person: the channel arrives per run in `hook_context`, never in the hook.
 
-Hooks are shared by every run of an Agent and serialized with it, so the live parts (a websocket, a queue, a user id)
-travel with each run instead::
-
-    hook_context = offload_context(store, approval_channel=CallbackApprovals(ask_over_websocket, timeout=120))
-    hook_context = offload_context(store, approval_channel=DurableApprovals(ttl=24 * 3600, actor=user.id))
-
-- `CallbackApprovals`: in-process. The hook calls the callback (sync or async) for each call that needs approval and
-  waits up to `timeout` seconds; no answer in time is an `approval-expired` denial.
-- `DurableApprovals`: across requests and workers. The hook records the pending requests in the session's store and
-  stops the run (exit reason ``"approval_required"``); `decide` and `resume` continue later, from any process.
+`CallbackApprovals` asks in-process through a callback and waits; `DurableApprovals` records the pending requests in
+the session's store and stops the run, for `decide` and `resume` to continue later from any process.
 """
 
 import asyncio

@@ -1,16 +1,8 @@
 """
 Listing and deciding a session's pending approvals: the two calls a server's "pending" and "decide" handlers make.
 
-Both are stateless and take the session's store, so any worker can serve them::
-
-    store = results.for_session(tenant=user.org_id, session=chat_id)
-    for request in await pending_approvals_async(store):
-        ...                                   # show request.tool_name, request.arguments, request.expires
-    await decide_async(store, request_id, Decision.approve(by=user.id))
-
-A decision is validated before it is recorded (the request exists in *this* session and has not expired; an edit keeps
-the tool and passes the tool's parameter schema) and is then created once: a second decision for the same request
-fails with `ApprovalAlreadyDecidedError`, whichever worker makes it (saying whether it repeated the recorded one).
+Both are stateless and take the session's store, so any worker can serve them. A decision is validated, then created
+once: a second decision for the same request fails with `ApprovalAlreadyDecidedError`.
 """
 
 from dataclasses import dataclass

@@ -1,20 +1,5 @@
 """
-Errors raised by the approval API. Each subclasses a built-in (or the library's own) exception::
-
-    LookupError
-    └── ApprovalNotFoundError          no such request or held step in this session's scope
-    ValueError
-    ├── InvalidApprovalEditError       edited arguments fail the tool's schema, or the tool name would change
-    ├── ApprovalExpiredError           the request can no longer be decided
-    ├── ApprovalRecordError            a stored approval document is not a valid record
-    └── ResumeConversationError        the messages given to resume already contain the held step
-    RuntimeError
-    ├── ApprovalPendingError           resume was called while requests still wait for a decision
-    └── ResumeInterruptedError         the held step ran, then continuing the conversation failed (see .messages)
-    FileExistsError
-    └── DocumentExistsError
-        ├── ApprovalAlreadyDecidedError  the request already has a decision (decisions are created once)
-        └── ApprovalClaimedError         another worker already resumed this step or ran this call
+Errors raised by the approval API, each a subclass of a built-in (or the library's own) exception.
 """
 
 from typing import Any

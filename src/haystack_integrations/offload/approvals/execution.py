@@ -1,13 +1,7 @@
 """
 Running a resumed step as the Agent runs a step: its ``before_tool`` hooks, its tool executor, its ``after_tool`` hooks.
 
-Resuming must not be a second, subtly different way of running tools: the calls go through the function the Agent
-runs every step with (`haystack.components.agents.tool_calling._run_tool` / `_run_tool_async`), so state injection
-(``inputs_from_state``, `State` parameters), ``outputs_to_string`` / ``outputs_to_state``, error results (or raising,
-per ``raise_on_tool_invocation_failure``) and the concurrency limit behave exactly as in a normal step; and then the
-Agent's ``after_tool`` hooks run over the new results, so an offload hook offloads a large approved result as it
-would any other. Both are private Haystack functions: this module is the one place that depends on them, and the
-approval tests exercise it against the installed Haystack.
+This is the one module that depends on the private Haystack functions the Agent runs tools with (through `compat`).
 """
 
 from typing import Any

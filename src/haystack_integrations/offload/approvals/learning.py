@@ -1,17 +1,8 @@
 """
 Policies that learn from decisions (`ConfirmationPolicy.update_after_confirmation`), with their memory per session.
 
-Haystack's `ConfirmationHook` calls a policy's ``update_after_confirmation`` on the policy object itself, so what it
-learns is shared by every user of the Agent: one user's "yes" would stop another user from being asked. An
-`ApprovalHook` instead gives each session its own copy of a learning policy, kept in the session's store::
-
-    <root>/<tenant>/<session>/.approvals/policy.<digest>.json     the copy's to_dict(), after each decision
-
-Before screening, the hook loads the session's copies (one GET each, only for learning policies); after a decision it
-calls ``update_after_confirmation`` on the copy and writes it back. A copy is rebuilt with the policy's own
-``from_dict``, so what a policy learns must be in its ``to_dict`` to outlive the run (Haystack's `AskOncePolicy`
-keeps it in the object, which is why it is refused: use `AskOncePerSession`). A run without a session store learns
-for that run only.
+An `ApprovalHook` gives each session its own copy of a learning policy, kept in the session's ``.approvals/``
+documents, loaded before screening and written back after each decision.
 """
 
 import hashlib

@@ -1,26 +1,7 @@
 """
 Where approval records live: documents in the session's ``.approvals/`` namespace, read and written one request each.
 
-::
-
-    <root>/<tenant>/<session>/.approvals/
-    ├── step.00000003.json                      HeldStep 3: the message, its guard, the run's state (created once)
-    ├── decision.00000003-5f3a9c1e7b2d-0.json   ApprovalDecision for request 0 of step 3 (created once)
-    ├── resume.00000003.001.json                StepClaim: the worker resuming step 3 and its lease (created once)
-    ├── resume.00000003.002.json                a takeover after that lease lapsed (created once)
-    ├── claim.00000002-9c1e5f3a7b2d4e6f.01.json ExecutionClaim: try 1 of one call, with its idempotency key (once)
-    ├── outcome.00000002-9c1e5f3a7b2d4e6f.json  CallRecord: what that call returned, written as soon as it did
-    ├── done.00000003.json                      StepDone: the messages resuming step 3 added
-    └── memory.<sha256>.json                    RememberedApproval (AskOncePerSession)
-
-Order is by sequence, never by clock: a step's number is claimed with a conditional create of ``step.<n>.json`` (the
-next number after the newest listed; a race moves on to the next), so a worker whose clock is minutes off still
-holds the newest step. Decisions and claims use the same conditional create (S3 ``If-None-Match: *``, a hard link on
-disk), whose "already exists" is checked against the writer's token (`Documents.create`): two deciders or two
-workers racing get one winner and one clear error, and a lost reply is never taken for a lost race.
-
-A call keeps one key across the steps that hold its message again (another guard, a retry): the number of the step
-that first held it and a digest of its tool call id.
+Steps are numbered by sequence; steps, decisions and claims are claimed with the store's conditional create.
 """
 
 import hashlib

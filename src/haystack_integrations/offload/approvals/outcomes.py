@@ -1,21 +1,8 @@
 """
 What the model sees: error results for calls that did not run, notes for edited arguments, and the message shapes.
 
-A call that does not run still gets a tool result, so the conversation stays valid for every provider (each tool call
-answered) and the model learns why. Its text comes in one of two formats, chosen on the hook (``result_format``):
-
-- ``"haystack"`` (the default): the wording of Haystack's `ConfirmationHook`, so a team switching to `ApprovalHook`
-  changes nothing the model reads: ``Tool execution for 'send_invoice' was rejected by the user. With user feedback:
-  over budget.``;
-- ``"structured"``: a JSON object for programs and models prompted to read it, in the agent-adapter shape::
-
-    {"error": {"kind": "approval-denied", "tool": "send_invoice", "message": "...", "request_id": "..."}}
-
-Either way the message meta carries ``{"approval": {"kind": ..., "request_id": ...}}`` for programs.
-
-One shape on every channel, Haystack's `ConfirmationHook` shape: each denied call becomes an ``[assistant(call),
-tool(error)]`` pair, followed by a user note per edited call and the assistant message with the calls that run, which
-the Agent (or a resume, which re-enters the Agent's step) runs natively: exit conditions, tool counts, hooks.
+The text follows the hook's ``result_format`` (``"haystack"``, the default, or ``"structured"``); the message shapes
+are those of Haystack's `ConfirmationHook`.
 """
 
 import json

@@ -1,26 +1,7 @@
 """
 Validated records of the approval flow: what a run asks, what a person decides, what a worker claims and runs.
 
-Every record is a frozen pydantic model that refuses unknown fields, so a document read back from the store is either
-exactly what was written or a clear error, never a half-understood dictionary. Times are timezone-aware UTC.
-
-How they relate, for one held step (one assistant message whose tool calls wait for one guard's decisions)::
-
-    HeldStep            step.<seq>.json              the assistant message, the guard that held it, the run's state
-    └── HeldCall        (inside the step)            "run" / "ask" / "deny", in the model's order
-        └── ApprovalRequest                          tenant, session, guard, tool call id, tool, arguments and their
-                                                     digest, the tool's parameter schema, created, expires
-    ApprovalDecision    decision.<request_id>.json   approve / deny / approve with edited arguments, bound to the
-                                                     request (tenant, session, call id, tool, digest), expires
-    StepClaim           resume.<seq>.<attempt>.json  the worker resuming the step, and its lease (conditional create)
-    ExecutionClaim      claim.<call>.<try>.json      the worker running a call, with its idempotency key (once)
-    CallRecord          outcome.<call>.json          the result a call produced, recorded before anything else
-    StepDone            done.<seq>.json              the messages the resumed step added to the conversation
-    RememberedApproval  memory.<key>.json            "ask once per session": an approval remembered until it expires
-    AuditEvent          (namespace "audit")          one event: who, when, what
-
-Every document created with a conditional create carries its writer's `token`, so a create whose reply was lost is
-recognised as the writer's own (see `SessionDocuments.create`).
+Every record is a frozen pydantic model that refuses unknown fields; times are timezone-aware UTC.
 """
 
 from datetime import datetime

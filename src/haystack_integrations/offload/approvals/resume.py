@@ -1,30 +1,8 @@
 """
 Resuming a held step after its decisions: re-enter the Agent's step at ``before_tool``, run what may run exactly once.
 
-A held step is one assistant message whose calls wait for one guard (an `ApprovalHook`). Resuming is the rest of the
-Agent's step, as the Agent would have run it without the pause::
-
-    messages given to resume + the held message
-    -> the Agent's whole before_tool chain, with the decisions   every ApprovalHook applies its own decisions (or holds
-                                                                 again: a new step that continues this one); every
-                                                                 other hook (guardrails, @hooks) runs and is obeyed
-    -> the calls still pending, each exactly once                claim, run with its idempotency key, record the result
-    -> the Agent's after_tool hooks, then the next model call    (the run may hold again)
-
-Exactly once across workers, with a network that lies about outcomes and workers that die:
-
-- the worker claims the step (``resume.<n>.<attempt>``, a conditional create carrying its token) with a lease it renews
-  while it works. A lapsed lease (the worker died) lets another worker take over with the next attempt;
-- each call is claimed (``claim.<call>.<try>``) before it runs and its result recorded (``outcome.<call>``) as soon as
-  it returns, so a takeover reuses a recorded result instead of running the call again;
-- a call claimed but with no recorded result had its worker stop mid-call: nobody can know whether it took effect. It
-  is never re-run silently and never dropped: it is held as a ``may-have-run`` request. Approving it runs the call again
-  with the same idempotency key (`current_idempotency_key`), so a payment provider can tell; denying it tells the model
-  the call may have run;
-- the step's end (``done.<n>``) records the messages it added, so a turn that was lost still learns what ran.
-
-Every decision is checked again when it is used (tenant, session, request, tool call id, tool, arguments digest,
-expiry: see `binding`), and approved arguments are re-validated against the live tool's schema.
+`resume` and `resume_async` claim the step, run each pending call once with its idempotency key
+(`current_idempotency_key`), record what ran and continue the conversation, on any worker.
 """
 
 import asyncio

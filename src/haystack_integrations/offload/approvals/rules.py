@@ -1,16 +1,7 @@
 """
 Whether a tool call needs a person's approval: per-tool rules keyed like Haystack's confirmation strategies.
 
-A rule is anything implementing Haystack's `ConfirmationPolicy` (`should_ask(tool_name, tool_description,
-tool_params)`), so Haystack's `AlwaysAskPolicy` and `NeverAskPolicy` work as they are. Two rules are added for servers:
-
-- `AskOncePerSession`: ask the first time, then remember an approval *in the session's store* (not in the hook), until
-  it expires. Haystack's `AskOncePolicy` keeps its memory in the policy object, which one Agent shares between all of
-  its users, so one user's approval would skip another user's question; the hook refuses it.
-- `AskWhen`: ask when a predicate on the call's arguments says so (e.g. invoices over 100).
-
-Keys are a tool name, a tuple of tool names, or ``"*"`` for every tool without a more specific entry; a tool with no
-matching rule runs without asking, as with Haystack's `ConfirmationHook`.
+Any Haystack `ConfirmationPolicy` is a rule; `AskOncePerSession` and `AskWhen` are added for servers.
 """
 
 import hashlib

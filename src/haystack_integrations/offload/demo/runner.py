@@ -1,26 +1,8 @@
 """
 Run many tenants' chat sessions concurrently through the reference server's own code, then check every outcome.
 
-Each session is a short conversation driven through `ChatService` (the code behind ``offload-haystack serve``, minus
-HTTP), on one shared Agent with the offload, compaction and approval hooks:
-
-1. research: a web search, a table dump and a chart in one step -> offloaded (the chart's PNG as bytes);
-2. logs: three smaller log fetches that stay in the conversation...
-3. an invoice: `send_invoice` waits for approval; the demo approves it, approves it with an edited amount, or denies
-   it (by session); the decision resumes the conversation, and compaction offloads the older logs;
-4. read back: the model searches its own offloaded search results with `read_tool_result`.
-
-Then the checks: every stored result equals what its tool returned, byte for byte; every approved invoice ran exactly
-once (per the audit) and every denied one never; and another tenant's session *with the same session id*, and a
-sibling session of the same tenant, see none of this session's results, approvals, conversation or audit, through the
-service and through crafted store references, and a request for them answers exactly as a request for something that
-never existed.
-
-The conversation and content checks look for the session's *marker*, a token made from its tenant and session ids
-(`session_marker`) that its research question, and so its stored search results, carry. Topics and customers repeat
-every few sessions; markers never do, whatever the number of sessions and tenants, and no marker is part of another,
-so another session's conversation or results can only contain one by a real leak. Each session first checks that its
-own conversation and results do carry its marker, so the isolation checks cannot pass by looking for the wrong thing.
+The checks: stored results match their tools byte for byte, approved invoices ran exactly once and denied ones
+never, and no session sees another's results, approvals, conversation or audit.
 """
 
 import asyncio

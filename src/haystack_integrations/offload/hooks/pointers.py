@@ -1,18 +1,8 @@
 """
 One tool result's way into the store, top to bottom: what of it is written, writing it, and the pointer left behind.
 
-Callers decide *which* results go: `OffloadHook` by its policies, compaction by its rounds. From there a result takes
-one path, all of it in this module:
-
-1. `plan` decides whether the message can be offloaded at all and splits it into blocks with their keys (pure).
-2. `offload` (sync, one block after another), `offload_async` (a result's blocks at once) and `begin_offload` (write
-   behind: the uploads go on after it returns) write those blocks through `writes`, which knows how to call whatever
-   store the run brought. A failed write only costs context: it is logged and the caller keeps the result.
-3. `OffloadPlan.pointer_message` builds the message that replaces the result from the references the store returned.
-
-The pointer text and the ``tool_result_offloaded`` meta key are Haystack's, character for character, so Haystack's
-own hooks and compactors (for example `ToolResultPruningCompactor`, which skips offloaded results) recognise results
-offloaded here.
+`plan` splits a result into blocks, `offload`, `offload_async` and `begin_offload` write them, and
+`OffloadPlan.pointer_message` builds the pointer that replaces the result, in Haystack's own text and meta key.
 """
 
 import asyncio

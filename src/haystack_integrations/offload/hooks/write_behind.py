@@ -1,17 +1,8 @@
 """
 Write-behind offloading: the pointer goes into the conversation while the result's bytes are still being stored.
 
-`OffloadHook(write_behind=True)` offloads each result with `offload_behind`: `pointers.begin_offload` starts the
-writes with the store's ``begin_write_async`` (which knows the reference before anything is sent) and returns the
-pointer at once, and the writes are remembered here, so the run's next model call and tools overlap the upload
-instead of waiting for it. What that must not cost is a result: `settle_run`, called by every later call of the hook,
-puts back, in place of its pointer, any result whose write has failed since, and the call at ``after_run`` waits for
-every write of the run first. So when a run returns, each pointer in its messages names a stored result, and each
-failed write has left its result in the conversation, as a write-through hook would.
-
-The writes in flight belong to the run, and hooks are shared by every run of an Agent, so they are kept here, keyed by
-the run's live `State` (weakly: a run that dies takes its table with it). Starting the writes and building the pointer
-are `pointers`' work, as for a write-through result; this module only keeps the run's table and settles it.
+`offload_behind` starts a result's writes and keeps them in the run's table; `settle_run` puts back any result whose
+write has failed and, at ``after_run``, waits for every write of the run first.
 """
 
 import logging

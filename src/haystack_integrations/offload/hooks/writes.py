@@ -1,19 +1,8 @@
 """
 How one block is written to whatever store the run brought: sync, async, or started for write-behind.
 
-`pointers` writes a planned result's blocks with these and builds the pointer from what they return; the hook only
-asks `can_write_behind` to choose how a step is written.
-
-Haystack's `ToolResultStore` protocol has only ``write(*, key, content)``. What a store offers beyond it is named by
-the Protocols of `types`: an async twin that never blocks the event loop (`AsyncWrites`, or `TaggedWrites`, whose
-writes also take the ``tool_name`` that `list_tool_results` shows) and write-behind (`WriteBehind`). Hooks accept any
-store: they await ``write_async`` where the store has it, otherwise run the sync ``write`` in a worker thread so the
-loop stays free, and pass ``tool_name`` only to a method that takes it.
-
-A runtime Protocol check compares method names, never parameters: a third-party store with ``write_async(*, key,
-content)`` passes ``isinstance(store, TaggedWrites)`` as well as `AsyncWrites`. So which of the two a store is (and
-whether its sync ``write`` takes the tool name) is the one thing read from a method's parameters, once per store
-class, as everything here is: runtime Protocol checks are too slow to repeat for every write of a busy server.
+`pointers` writes a planned result's blocks with these; the hook only asks `can_write_behind` to choose how a step
+is written.
 """
 
 import asyncio

@@ -2,12 +2,8 @@
 The logic behind the operator commands (``offload-haystack ls | cat | du | purge | audit | doctor``), apart from
 argparse.
 
-- `inventory`: one walk of a store's tree, each object classified as a result, a document or something else;
-- `usage`: results, documents and bytes per tenant and session;
-- `purge`: choosing what a purge deletes (a session, a tenant, results older than an age);
-- `conformance`: the checks of ``doctor`` (what an object store must do for this library);
-
-so scripts and tests can use the same functions the command line prints.
+`inventory` walks a store's tree, `usage` sums it per tenant and session, `purge` chooses what a purge deletes and
+`conformance` runs the checks of ``doctor``.
 """
 
 from haystack_integrations.offload.operations.inventory import (

@@ -1,19 +1,8 @@
 """
 What is in a store, object by object: results, documents (history, approvals, audit), unfinished writes, and the rest.
 
-One LIST over the scope (paginated by the backend) gives every object's path and size; the names say the rest::
-
-    <root>/<tenant>/<session>/<result name>             result    (created time, tool, kind from the name)
-    <root>/<tenant>/<session>/.<namespace>/<document>   document  (history, approvals, audit, ...)
-    <root>/<tenant>/<session>/[.<namespace>/].tmp-...   temporary (a local write in progress, or one whose writer
-                                                                  died: it takes disk space, and purges remove it)
-    anything else                                       other     (an operator's README): never deleted by the
-                                                                  operator commands
-
-An operator needs the whole tree at once, including sessions that only hold documents: this module walks a scope with
-the store's `find_objects` (the same client, connection pool and symlink checks the store uses) and deletes with
-`delete_objects`, in the backend's batches (DeleteObjects on S3, up to 1,000 keys a request). Reading one object needs
-only a `RangedResults` store.
+One walk of a scope with the store's `find_objects`, each object classified by its name; deletes go through the
+store's `delete_objects`.
 """
 
 from collections.abc import Callable, Iterable

@@ -1,22 +1,7 @@
 """
 What to delete: a whole session (results and its history, approvals and audit), a whole tenant, or old results.
 
-Selection is separate from deletion, so ``purge --dry-run`` shows exactly what ``purge`` would delete. Objects this
-library did not write (``other`` in the inventory) are never selected.
-
-Age filter: results carry their creation time in their names, so "older than 30 days" needs one LIST and no HEAD per
-object. Documents (history, approval and audit records) go by whole sessions: every document of a session whose newest
-activity is older than the age goes, and a session active since keeps all of its documents (deleting a live
-conversation's old turns would corrupt it: its history is a checkpoint plus appended turns). A session's newest
-activity is read from its object names where they carry a time, and from its newest history turn otherwise (one GET
-per such session; see `stores.retention`).
-
-Temporary files of local writes (``.tmp-<time>-<random>``) go with every purge, as `FsspecToolResultStore.purge` removes
-them: those of its scope whose writer died (older than `TEMPORARY_GRACE`, judged by the time in their names). A write
-still running keeps its temporary file.
-
-Ages are bounded by `MAX_AGE` (100 years), the bound the store puts on ``purge(older_than=...)``, so an absurd age
-(``1000000d``) is refused when it is parsed instead of failing in date arithmetic later.
+Selection is separate from deletion, so ``purge --dry-run`` shows exactly what ``purge`` would delete.
 """
 
 import re

@@ -1,16 +1,8 @@
 """
 The reference multi-tenant server: one shared Agent, stateless workers, everything per session in the store.
 
-- `ServerSettings` (``settings``): configuration from ``OFFLOAD_SERVER_*`` variables, validated by pydantic-settings;
-- `create_app` (``app``): the FastAPI application with the HTTP API and the web page;
-- `ChatService` (``service``): what each request does, framework-free (the demo drives it directly);
-- `SessionHistory` (``history``): the conversation as numbered turns claimed with conditional creates;
-- `TokenTable` (``auth``): bearer token -> tenant;
-- `TurnProgress` (``progress``): one turn's progress events, for a client that watches it (server-sent events);
-- `build_agent` (``agent``): the shared Agent with the offload, compaction and approval hooks.
-
-The web parts need the ``server`` extra: ``pip install "offload-haystack[server]"``. The service, history and agent
-modules do not, so the demo runs on a plain install.
+The web parts (`create_app`) need the ``server`` extra: ``pip install "offload-haystack[server]"``. The service,
+history and agent modules do not, so the demo runs on a plain install.
 """
 
 import sys

@@ -2,12 +2,6 @@
 The tools the reference server serves (and the demo drives): deterministic results of the kinds that crowd a
 context window, and one that needs approval.
 
-- `web_search`: about 20 KB of search hits (text);
-- `sql_query`: about 30 KB of CSV (a table);
-- `render_chart`: a caption and a PNG bar chart (an image, stored as bytes);
-- `fetch_logs`: about 3 KB of logs per service, under the offload threshold, so compaction has something to do later;
-- `send_invoice`: a side effect that the server's `ApprovalHook` asks a person about first.
-
 Every result depends on the arguments only, so the demo can recompute it and check the stored copy byte for byte.
 """
 

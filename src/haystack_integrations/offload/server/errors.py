@@ -1,24 +1,8 @@
 """
-What the chat service refuses, as exceptions a web layer maps to HTTP statuses (and the demo counts as outcomes)::
+What the chat service refuses, as exceptions a web layer maps to HTTP statuses (and the demo counts as outcomes).
 
-    LookupError
-    └── NotFoundError                404  no such result, approval or session *in the caller's scope*: another
-                                           tenant's or session's looks exactly the same as one that never existed
-    RuntimeError
-    ├── SessionBusyError             409  another request holds the session's next turn (from `history`)
-    ├── TurnAbandonedError           409  this turn outlived its lease and was ended by another request
-    ├── ApprovalPendingConflict      409  the conversation waits for approvals: decide them first
-    ├── NothingToResumeError         409  resume was asked, but no held step waits in this session
-    └── RunFailedError               502  the Agent (model or tool) failed; the turn is recorded as failed
-    ValueError
-    ├── InvalidMessageError          422  an empty or over-long message
-    ├── InvalidDecisionError         422  edited arguments that fail the tool's schema, or another tool
-    └── ApprovalExpiredConflict      409  the request expired before it was decided
-    FileExistsError
-    └── AlreadyDecidedError          409  the request already has a decision
-
-`ERROR_STATUSES` holds that table for the web layer; `error_status` answers it for any exception, storage failures
-included, so a JSON answer and an error event of a streamed turn say the same thing.
+`ERROR_STATUSES` holds the table for the web layer; `error_status` answers it for any exception, storage failures
+included.
 """
 
 from typing import Any

@@ -2,25 +2,7 @@
 A turn answered as server-sent events: the reply of the message POST, and of a decision that resumes a held step
 (``POST .../approvals/{request_id}``), when its client sends ``Accept: text/event-stream`` (`routes.answer_turn`).
 
-Why the POST itself streams, rather than a separate ``GET .../events`` a client subscribes to: workers share nothing
-but the store, so a subscription on one worker would never see a turn another worker runs, unless every event went
-through the store or a broker. The request that runs the turn is the one place its events exist. It is also already
-authenticated, scoped to the caller's tenant and session, and bound by the body limit, so no other tenant can reach the
-stream (there is nothing to subscribe to), and a client that does not ask gets the JSON answer exactly as before. The
-page reads the stream with ``fetch`` (``EventSource`` cannot send the bearer header, nor POST).
-
-The stream::
-
-    event: turn                 data: {"turn": 3}                  the turn is claimed (refusals before it are
-    event: tool_call            data: {"tool_name": ..., ...}       plain JSON answers: 409, 422, as without a stream)
-    event: tool_result / offloaded / approval_requested / reply
-    : keep-alive                                                   a comment while nothing happens (every 15 s)
-    event: dropped              data: {"count": n}                 if the client read too slowly for some events
-    event: done                 data: <the JSON answer of the turn, exactly as without a stream>
-      or event: error           data: {"status": 502, "error": "run_failed", "detail": ...}
-
-The turn runs in its own task, not in the response: a client that goes away mid-turn ends only its stream, and the
-turn runs to its end and is recorded as usual (its answer is read with ``GET .../messages``).
+The turn runs in its own task, so a client that goes away ends only its stream.
 """
 
 import asyncio

@@ -1,50 +1,9 @@
 """
 A session's conversation, kept in the store as numbered turns, each claimed with a conditional create.
 
-No worker keeps a conversation in memory: every request reads it from the session's scope and writes its turn back,
-so any worker (or replica) can serve any request of any session::
-
-    <root>/<tenant>/<session>/.history/
-    ├── turn.00000001.start.json     TurnStart: who claimed turn 1, for what (the user's text), until when
-    ├── turn.00000001.end.json       TurnEnd "checkpoint": the whole conversation after turn 1, the reply, the status
-    ├── turn.00000002.start.json
-    ├── turn.00000002.end.json       TurnEnd "append": only the messages turn 2 added
-    ├── turn.00000003.start.json
-    └── turn.00000003.end.json       TurnEnd "append" (or a failed/abandoned turn's end: no messages, unchanged)
-
-Both documents of a turn are created with the store's conditional create (S3 ``If-None-Match: *``, a hard link on
-local disk), which is the whole concurrency story:
-
-- two requests racing for the next turn both try to create ``turn.<n>.start.json``: one wins, the other gets
-  `SessionBusyError` (the server's 409) before it has run anything, so nothing is lost or interleaved;
-- a request that finds the newest turn started but not ended gets `SessionBusyError` too, while the turn's lease lasts;
-- a worker that died mid-turn leaves a start without an end: once its lease has passed, the next request ends that
-  turn as ``abandoned`` (again a conditional create) and goes on. Should the dead worker come back, its own end loses
-  the create and its late result is dropped (`TurnAbandonedError`), never merged into a conversation that moved on.
-
-Every start and end carries its writer's `token`, so a create whose reply was lost (the store then finds the document
-already there) is told from a competitor's by its bytes: ours is ours, whatever the network did.
-
-Append, do not snapshot. A turn's end stores only the messages the turn added to the conversation it started from
-(``base: "append"``), so what a session stores grows with its conversation, not with its square. A full copy
-(``base: "checkpoint"``) is written instead when
-
-- the turn rewrote earlier messages (a compaction hook offloaded old tool results): the new conversation does not
-  extend the old one, so only a whole copy can say what it is;
-- the turn is the conversation's first; or
-- the appends since the newest checkpoint would outgrow that checkpoint. Checkpoints then at least double in size, so
-  all of them together stay under twice the conversation (Redis rewrites its append-only file by the same rule), and
-  a read fetches at most twice the conversation's bytes. A checkpoint every K turns would bound the number of GETs a
-  read makes, but at the price of storing the conversation again every K turns: storage would grow with the square of
-  the turns again (divided by K), which is the growth this format exists to remove.
-
-Every end also names the checkpoint its conversation builds on (``checkpoint``), so `SessionHistory.read` is one LIST,
-one round of GETs (the newest end, and the newest start if that turn is open), then one round of concurrent GETs of the
-ends from that checkpoint on. Ends written before appends (no token, whole conversation in ``messages``) read as
-checkpoints, so existing sessions carry on; reaching back past them reads a few ends at a time.
-
-Quota: a turn's start is refused (`QuotaExceededError`, nothing was run) when the session or tenant is at its quota;
-its end is charged but never refused, since it records what the turn did (tools ran; an approved call may have run).
+`SessionHistory` reads a session's conversation and writes each turn's start and end under ``.history/``. An end
+appends the turn's messages, or holds a whole checkpoint when the turn rewrote the conversation or the appends since
+the last checkpoint have outgrown it.
 """
 
 import asyncio

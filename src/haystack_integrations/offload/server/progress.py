@@ -1,24 +1,8 @@
 """
 A turn's progress as it happens: what the run is doing, for a client that asked to watch (server-sent events).
 
-One `TurnProgress` per request that asks for a stream; nothing about it lives on the shared Agent or its hooks. It is
-fed from three places, all inside the real run::
-
-    Haystack's streaming_callback      "reply"         the model writes its answer (once per model call)
-    (TurnProgress.on_chunk)            "tool_result"   a tool returned: name, error flag, size
-    ToolCallProgressHook, before_tool  "tool_call"     calls about to run (after approval hooks: edited as they run)
-    ToolResultProgressHook, after_tool "tool_result"   results of announced calls the callback did not see (a call
-                                                       `resume` ran after its approval), before they are offloaded
-    OffloadProgressHook, after_tool    "offloaded"     results written to the session's store: references, size
-    the service                        "turn", "approval_requested"
-
-The hooks find the run's publisher in ``hook_context[PROGRESS_CONTEXT_KEY]`` and do nothing without one, so runs of
-clients that did not ask for a stream (and the model's request: no ``stream=true`` without a callback) are unchanged.
-
-Publishing never waits: events go into a bounded queue, and when a slow reader lets it fill, newer events are
-dropped and counted (the reader is told how many), so a slow or vanished client can never hold up the turn. The
-turn's outcome is not an event in the queue: the stream's reader takes it from the turn itself, so it is never
-dropped.
+One `TurnProgress` per request that asks for a stream, fed by Haystack's streaming callback and the progress hooks,
+which find it in ``hook_context[PROGRESS_CONTEXT_KEY]``. Publishing never waits.
 """
 
 import asyncio

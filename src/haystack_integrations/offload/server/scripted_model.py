@@ -2,19 +2,7 @@
 The reference server's scripted model (the demo drives it too): Haystack's MockChatGenerator with a response
 function, labelled as scripted everywhere.
 
-The response function decides from the conversation alone (never from a call counter), so one generator serves any
-number of concurrent runs, in any worker process, and a conversation can move between processes mid-way. It reads the
-last user message for a few phrases:
-
-- "logs" -> `fetch_logs` for the services named (billing, search, payroll, checkout);
-- "send ... invoice" -> `send_invoice` to the customer after "to", for the first number (needs approval);
-- "read" -> `read_tool_result` of the newest offloaded result (of the tool named, if any), searching a quoted phrase;
-- "list" -> `list_tool_results`;
-- otherwise "search"/"research" -> `web_search`, "table"/"dump"/"sql" -> `sql_query`, "chart"/"plot" -> `render_chart`,
-  in one step;
-- anything else gets a short help text.
-
-After tool results it answers with a summary of what each tool returned (the pointer for offloaded results).
+The response function picks tool calls from phrases in the last user message, and decides from the conversation alone.
 """
 
 import re

@@ -1,26 +1,8 @@
 """
 `ChatService`: what the reference server does per request, without the web framework (the demo calls it directly).
 
-Every method takes the *session's* store (``root.for_session(tenant, session)``) and nothing else that names a tenant
-or session, so a request can only ever see its own session. The service keeps no per-session state: the conversation
-(`history`), pending approvals, decisions, claims, audit and results all live under the session's scope in the store,
-so any number of workers and replicas serve the same sessions.
-
-A message turn::
-
-    read history (1 LIST + 1 GET) -> claim turn n (conditional create; 409 to a concurrent loser)
-    -> agent.run_async(conversation + user message, hook_context=offload_context(store, approval_channel=Durable...))
-    -> record turn n's end: "completed", or "approval_required" with the pending requests
-
-A client that watches the turn brings a `TurnProgress` (``send_message(..., progress=...)``): it hears when turn n is
-claimed, gets the run's events through Haystack's streaming callback and the progress hooks, and the approval requests
-the run stopped for. Without one the run is the same, minus the callback.
-
-A decision: `decide_async` (created once); when it was the step's last, a "resume" turn continues the conversation
-with `resume_async` (the approved call runs exactly once, whichever worker decided). The same decision again, while
-its step is open (that resume failed), resumes it; another decision is a conflict. A client that watches brings a
-`TurnProgress` to the decision too (``decide(..., progress=...)``): the resumed run reports to it as a message turn
-does (the approved call, its result and offload, the model's reply, new approval requests).
+Every method takes the *session's* store and keeps no per-session state: message turns, decisions and resumes,
+with a `TurnProgress` for a client that watches.
 """
 
 import logging

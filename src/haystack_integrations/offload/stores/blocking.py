@@ -1,19 +1,9 @@
 """
 The sync API, derived from the async one: each storage operation is written once, as a coroutine, and its sync twin
-runs that coroutine on fsspec's I/O loop while the caller's thread waits (fsspec's own pattern, `fsspec.asyn.sync`).
+runs that coroutine while the caller's thread waits.
 
-So the two halves cannot drift: a sync `read` waits for in-flight write-behind uploads, retries, maps errors and
-charges quotas exactly as `read_async` does, because it *is* `read_async`.
-
-Where it runs: an engine that talks to a network (s3fs, obstore) runs the coroutine on fsspec's I/O loop, so every
-sync caller shares that loop's one client and connection pool. An engine whose calls block anyway (local disk,
-memory) runs it on an event loop private to the calling thread: no thread hop, and the disk call inline, since the
-sync caller's own thread is the one that waits. (A thread already running an event loop cannot run another, so it
-uses fsspec's loop too.)
-
-One thing only a sync caller can get wrong: blocking the thread whose event loop is still uploading a result the
-operation waits for would stop that upload for good. `blocking` records the waiting thread, and `InFlightWrites`
-refuses such a wait with a `RuntimeError` instead of hanging.
+A network engine runs it on fsspec's I/O loop, a blocking one (local disk, memory) on a loop private to the calling
+thread; `InFlightWrites` refuses a wait that would block the loop still uploading what it waits for.
 """
 
 import asyncio

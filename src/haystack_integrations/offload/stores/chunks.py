@@ -1,13 +1,8 @@
 """
 A result's content as a sequence of byte chunks, so a large result is written without a second whole copy of it.
 
-Encoding a 300 MB string, or ``bytes(...)`` of a buffer, before a write doubles the memory a write needs.
-`ContentChunks` encodes a string a slice at a time instead (slicing a `str` is by code point, so no slice splits a
-character, and a lone surrogate encodes alike alone or in the whole string under ``surrogatepass``), and hands bytes on
-as zero-copy `memoryview` slices. The I/O's ``put_chunks`` methods write from it (`stores.io`).
-
-It can be iterated more than once, so a retried write starts again from the first chunk, and it knows its encoded size
-(`ContentChunks.nbytes`) before anything is encoded, as a quota reservation needs.
+`ContentChunks` encodes a string a slice at a time and hands bytes on as zero-copy views; the I/O's ``put_chunks``
+methods write from it (`stores.io`).
 """
 
 from collections.abc import Iterator

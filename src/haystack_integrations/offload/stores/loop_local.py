@@ -1,16 +1,7 @@
 """
 One value per running event loop: made on first use on that loop, closed when that loop shuts down.
 
-An async S3 client bound to the caller's own loop saves every async call two hand-offs between threads (to fsspec's I/O
-thread and back), which on a busy server is a large share of a small PUT's CPU. Such a client must be closed on its
-own loop before the loop closes, or aiohttp reports an unclosed session. asyncio offers no "loop is closing" callback,
-but `asyncio.run`, `asyncio.Runner` (pytest-asyncio) and uvicorn all finish by closing the loop's async generators
-(`loop.shutdown_asyncgens`), so each value is guarded by a suspended async generator whose ``finally`` closes it there.
-A loop closed without that step (a hand-made loop) is noticed on the next use of any loop, and at interpreter exit, and
-its value is closed synchronously.
-
-What the values of different loops share (one aiobotocore session for every loop's S3 client) must not hold an
-`asyncio.Lock`, which binds itself to the first loop that waits on it: `CrossLoopLock` takes its place.
+It holds async S3 clients bound to the caller's own loop; `CrossLoopLock` is the lock for what the loops share.
 """
 
 import asyncio

@@ -1,23 +1,8 @@
 """
 Object names: how a write's key, content kind, tool name and time become one safe, unique file name.
 
-A stored result is one object whose name carries its own metadata, so that it works the same on every fsspec backend
-(memory and local disk have no object metadata) and costs no extra request::
-
-    20261129T213400123456Z-5f3a9c1e.t.web_search.3_web_search_call_abc.txt
-    └────── created ─────┘ └nonce─┘ │ └─ tool ─┘ └─────── key ─────────┘
-                                    └ kind: t = text (UTF-8), b = bytes
-
-- `created` is UTC with microseconds, so names sort by time (and one process's writes in write order);
-- `nonce` is random, so two writes in one session never collide, whatever key they were given (keys repeat across
-  runs: step counters restart and id-less tool calls fall back to positions);
-- `kind` records whether `write` was given `str` or `bytes`, so `read` gives back the same type without guessing;
-- `key` is the caller's key made safe: odd characters become `_`, and an over-long key (providers send tool-call ids
-  of ~1.5 KB) is cut and suffixed with a hash of the original, keeping its extension.
-
-Local disk writes go through a temporary file beside the target (``.tmp-20261129T213400123456Z-<16 hex>``; the leading
-dot keeps it out of listings of results and documents). Its name carries its writer's time too, so a purge can tell a
-write in progress from one whose writer was killed (`is_stale_temporary`) from the listing alone.
+A result's name carries its metadata (``<created>-<nonce>.<kind>.<tool>.<key>``), so it needs no object metadata and
+no extra request; a local write's temporary file (``.tmp-<time>-<hex>``) carries its writer's time.
 """
 
 import hashlib

@@ -1,50 +1,9 @@
 """
 Quotas: per-session and per-tenant limits on stored results and bytes, checked before a write sends anything.
 
-What counts. Results count against the results limits and the bytes limits. Session documents (history turns,
-approval requests, decisions and claims, audit events: anything written through `SessionDocuments.put` or
-`SessionDocuments.create`) count against the bytes limits, through this same ledger; they are not results, so they
-leave the results limits alone. So a tenant with a bytes limit cannot pass it through long conversations or by
-opening many sessions: every session's history counts, in the session and in the tenant.
-
-What is refused. A result that would pass a limit is refused before it is sent (`OffloadHook` then keeps it in the
-conversation). A document is refused only where its writer asks for it, which is where refusing loses nothing:
-
-- a history turn's start (the reference server's `SessionHistory.begin`) is refused once the session or the tenant is
-  at its limit: the turn has not run, the user is told, and no new turn of that session (or, at a tenant limit, of any
-  of its sessions) runs until usage falls again (purge, retention, `end_session`);
-- everything else is charged and never refused: a turn's end (the turn has run; its tools' side effects happened),
-  approval steps, decisions and claims (refusing a decision or a claim could lose an approved call, or run it without
-  its record), and audit events (the record of what ran). These can take usage past a limit, by at most what the turns
-  already admitted write; the next turn start is then refused.
-
-How usage is known without a LIST per write. Each worker process keeps, per scope (a tenant, a session), the usage
-its last listing of that scope found, plus every write it admitted since that listing began (writes still in flight
-included, and failed ones too: they may have landed). A write is admitted when that total plus the write stays within
-the limit, so within one worker the limit holds exactly, however many writers run at once. A worker lists a scope
-again (one LIST of that prefix, paginated by the backend) when
-
-- its listing is older than `Quota.refresh_seconds` (so deletions and purges elsewhere free quota again),
-- it has admitted its *allowance* since the listing began: ``slack x limit`` (at least one result, or one write of
-  any size), so what other workers wrote is seen again before this worker goes much further, or
-- a write would be refused and its listing is older than `Quota.recheck_seconds` (1 s), so a refusal never rests on
-  stale news (quota freed by a purge elsewhere is seen), yet a full scope costs at most one LIST a second per worker.
-
-Accuracy across workers: what other workers admitted since this worker's listing is invisible to it, and each of them
-can have at most its allowance unverified, so with W workers writing to one scope the usage stays within
-``limit + (W - 1) x allowance`` (bytes: each allowance at least one write). With the default ``slack=0.1`` that is an
-overshoot of at most 10% of the limit per other worker; ``slack=0`` lists before every write after the first (the
-tightest bound, one write per other worker, at a LIST per write). A worker that reaches its allowance with writes still
-in flight waits for them to finish before listing again, which also bounds the writes in flight per scope.
-
-Cost: with a quota, a write costs its PUT plus, amortised, one LIST of the session per allowance admitted (and of the
-tenant, for tenant limits; a tenant listing also tells the usage of every session of the tenant). Charged documents
-use up the allowance too, so a session whose turns write more than ``slack x limit`` lists again at each turn start
-(one LIST per turn at most; a charge itself never lists or waits). Without a quota, nothing is checked and a write is
-one PUT.
-
-Usage counts results (not those past their retention: they are unreadable and go with the next purge) and documents
-(until they are deleted: by purge, retention or `end_session`).
+Results count against the results and bytes limits, session documents against the bytes limits (charged, refused only
+where their writer asks). Each worker admits writes against its last listing of a scope plus what it admitted since;
+across W workers usage stays within ``limit + (W - 1) x allowance``.
 """
 
 from __future__ import annotations

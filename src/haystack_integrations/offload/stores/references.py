@@ -1,16 +1,8 @@
 """
 Parsing of references: the strings `write` returns and the model hands back to `read`.
 
-A reference is treated as hostile input. It is accepted only when it has exactly the shape this library produces
-for the store's scope, so containment follows from structure rather than from normalising a path:
-
-- a session store's references are one object name (``20261129T...Z-5f3a9c1e.t.tool.key.txt``);
-- a tenant store's are ``<session>/<name>``;
-- a root store's are ``<name>`` (written by the root store itself) or ``<tenant>/<session>/<name>``.
-
-Every segment is checked on its own: ids as in `validate_scope_id`, names against the object-name grammar. Nothing
-is decoded (no URL or Unicode normalisation), so ``%2e%2e``, ``..``, ``.``, ``\\``, NUL, absolute paths, ``s3://``
-or ``file://`` URLs, other buckets and sibling prefixes (``t/ab`` against ``t/a``) never resolve to anything.
+A reference is hostile input, accepted only in exactly the shape this library produces for the store's scope, so
+containment follows from its structure, not from normalising a path.
 """
 
 from haystack_integrations.offload.errors import InvalidReferenceError, InvalidScopeIdError

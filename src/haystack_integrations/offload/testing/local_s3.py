@@ -1,37 +1,8 @@
 """
 A local S3 endpoint for tests, benchmarks and the demo: moto's S3 server over real HTTP on loopback.
 
-s3fs/aiobotocore talk real HTTP to it, exactly as they would to AWS, so nothing in the client is patched.
-Every request the server answers is recorded in :attr:`LocalS3Server.requests`, which lets a test assert
-on the traffic itself ("one PUT and no HEAD or LIST", "the ranged GET sent 4 KiB"), not on mocks.
-
-Example::
-
-    from haystack_integrations.offload.testing.local_s3 import LocalS3Server
-
-    with LocalS3Server() as server:
-        import s3fs
-
-        fs = s3fs.S3FileSystem(**server.storage_options())
-        fs.pipe_file(f"{server.bucket}/tenant-a/result.txt", b"hello")
-        assert server.requests.count(method="PUT") == 1
-
-From a shell, ``python -m haystack_integrations.offload.testing.local_s3 --port 5000`` starts a server, creates the
-bucket, prints the settings to use and serves until Ctrl-C. Add ``--enforce-iam`` to have moto check every request
-against IAM (an admin user is created for you and its keys printed), e.g. to try the per-tenant policy in ``infra/``.
-
-Things to know:
-
-- moto keeps its state in process-global backends. Two servers in one process share buckets, and
-  :meth:`LocalS3Server.reset` (like moto's ``/moto-api/reset``) clears every moto backend in the process,
-  including any ``mock_aws`` in use there.
-- werkzeug's development server closes the connection after every response (no keep-alive), so each
-  request pays a TCP connect. Compare timings through it only as ratios within one run.
-- s3fs caches filesystem instances and their directory listings; after :meth:`LocalS3Server.reset`, call
-  ``s3fs.S3FileSystem.clear_instance_cache()`` (or ``fs.invalidate_cache()``) so no stale listing survives.
-- IAM enforcement (``enforce_iam=True``) is a process-global switch in moto: while such a server runs, every moto
-  backend in the process checks signatures and IAM policies. Run it in a process of its own (the command line
-  above), not beside other moto servers or ``mock_aws`` in one test process.
+Every request the server answers is recorded in :attr:`LocalS3Server.requests`, so a test can assert on the traffic
+itself. From a shell, ``python -m haystack_integrations.offload.testing.local_s3 --port 5000`` serves one.
 """
 
 # Postponed annotations: signatures name werkzeug types, which are unbound when the extra is not installed.

@@ -1,15 +1,5 @@
 """
 What `read_tool_result` and `list_tool_results` share: State injection, the run's store, arguments, errors, serde.
-
-Each is a Haystack `Tool` whose sync and async functions take the live `State` through a `State`-typed parameter:
-Haystack's Agent injects it and leaves it out of the schema the model sees, so a model cannot pass its own. The
-remaining arguments are the model's, validated here, so a wrong type or an unknown name becomes a message the model can
-act on rather than a crash.
-
-Errors: by default a failed call *returns* ``"Error: <message>"``, so the run goes on whatever the Agent's
-`raise_on_tool_invocation_failure` says. With ``raise_on_error=True`` the tool raises `ToolInvocationError` instead and
-Haystack's own policy applies (with the Agent's default, a tool result flagged ``error=True``; some providers pass that
-flag on to the model, e.g. Anthropic's ``is_error``).
 """
 
 import logging

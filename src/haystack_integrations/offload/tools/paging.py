@@ -1,18 +1,5 @@
 """
 Character pages cut from UTF-8 byte ranges, so a page is one ranged read and no character is split or lost.
-
-A stored text result is UTF-8. Mapping a character offset to a byte offset would mean reading everything before it,
-so pages are addressed by *byte position* and cut on character boundaries instead:
-
-- a page asks for ``max(max_chars, 4)`` bytes at ``offset`` (one ranged GET on S3), so it never holds more than
-  ``max_chars`` characters and moves about ``max_chars`` bytes;
-- if the range ends inside a multi-byte character (UTF-8 continuation bytes look like ``0b10xxxxxx``), the page stops
-  before that character and the next page starts on it: every character lands on exactly one page;
-- if ``offset`` itself falls inside a character (a position the model made up rather than one a header gave it), the
-  page starts at the next character and says so.
-
-Pages read with the ``next`` positions that headers give are contiguous, so joining them gives back the stored text
-exactly, whatever its mix of ASCII, CJK, emoji or combining marks.
 """
 
 from dataclasses import dataclass

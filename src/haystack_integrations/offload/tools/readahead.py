@@ -1,21 +1,6 @@
 """
 Read-ahead for a sequential scan (search): a few larger ranges in flight, their bytes handed back in order.
 
-A search asks for its 1 MiB chunks one after another, each starting where the last one's whole characters ended. On
-S3 every ranged GET costs a round trip and then some (moto copies the whole object per request), so one 1 MiB GET at a
-time runs far below line rate. `ReadAhead` plans bigger ranges ahead of the scan and serves the search's chunks from
-them; the search's own chunking, and so every offset it reports, does not change.
-
-- The first chunk is read alone, exactly as asked: a needle on the first MiB costs one request, and its reply tells
-  the result's size, so nothing is ever asked past the end.
-- From the second chunk on (the scan goes on), ranges of 2, 4, 8, then `MAX_RANGE_BYTES` (16 MiB) are fetched, at
-  most `MAX_IN_FLIGHT` (3) held at once, fetched or not: memory stays under about 3 x 16 MiB whatever the result's
-  size. Fewer, larger ranges beat more in flight where each request costs the server a pass over the object (moto);
-  see benchmarks/README.md.
-- Nothing is read past the reader's bound (``until``: where its scan limit stops it); when the reader stops (a match
-  bound, an error), the ranges not yet needed are cancelled: at most those already in flight are wasted.
-- A range that fails is reported only if the scan needs its bytes.
-
 `ReadAhead` plans and assembles and does no I/O itself: `drive` fetches its ranges in a small thread pool and
 `drive_async` as tasks on the running loop (see `source`).
 """

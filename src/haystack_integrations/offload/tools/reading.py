@@ -1,13 +1,7 @@
 """
 The readers behind `read_tool_result`: a page, a binary result, a search, and the text the model gets for each.
 
-Readers are generators that yield the byte ranges they need and get back ``(bytes, total_size)``; `source.drive` and
-`source.drive_async` serve them from the run's store, so one reader serves sync and async runs alike and every range
-it yields is one ranged GET on S3.
-
-What the model gets starts with a one-line header in square brackets; a text page's content starts on the next line,
-exactly as stored, so pages joined together give back the result. Offsets are byte positions in the stored UTF-8
-(for ASCII text, character positions); the header gives the offset of the next page.
+Readers are generators that yield the byte ranges they need; `source.drive` and `source.drive_async` serve them.
 """
 
 import base64

@@ -1,24 +1,7 @@
 """
 Search through a stored text result in ranged chunks, without holding the whole result in memory.
 
-`StreamSearch` is a small state machine with no I/O of its own, so the sync and async tools drive the same logic::
-
-    search = StreamSearch(pattern, start=0, ...)
-    while (byte_range := search.next_range()) is not None:
-        data, total = store.read_range_and_size(reference, *byte_range)   # one ranged GET on S3
-        search.feed(data, total)
-    outcome = search.outcome()
-
-How it bounds the work:
-
-- chunks of `chunk_bytes` (1 MiB by default) are decoded on character boundaries (see `paging`) and appended to a text
-  window; only a tail of the window is kept between chunks, so memory stays around one chunk whatever the result size;
-- the kept tail (``max_match_chars + 2 * context_chars``) lets a match that straddles a chunk edge be found whole, with
-  its context, exactly once. A regular-expression match longer than `max_match_chars` across a chunk edge may be cut
-  short or missed: the tool says how far it scanned so the model can narrow the pattern or read the page there;
-- it stops at `max_matches`, after `max_scan_bytes`, or when the regular expression exceeds its time budget
-  (the `regex` module's timeout, since a model-written pattern can backtrack catastrophically), and reports the byte
-  position to resume from.
+`StreamSearch` is a small state machine with no I/O of its own, so the sync and async tools drive the same logic.
 """
 
 import time

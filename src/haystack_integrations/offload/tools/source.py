@@ -1,18 +1,8 @@
 """
 Byte ranges of one stored result, from whichever store the run brought.
 
-- `RangedSource` serves any store with ranged reads (the `RangedResults` Protocol: `read_range_and_size` and its async
-  twin), `FsspecToolResultStore` or a third party's: every range is one `read_range_and_size` call (one ranged GET on
-  S3). The content kind (text or bytes) and the writer's key come from the reference itself, with no request.
-- `FileSource` serves Haystack's own `FileSystemToolResultStore`: its reference names a file under the store's root,
-  which the store's own containment check (the one its `read` uses) resolves on every range; a range is a seek and a
-  read of that many bytes, so a page of a 100 MB result reads a page, not 100 MB.
-- `WholeSource` serves any other Haystack `ToolResultStore`, which only has `read(reference)`: the result is read
-  whole once per tool call and sliced in memory. Paging still works, it just moves the whole result each call.
-
-All hand the readers in `read_tool_result` the same ``(bytes, total_size)`` pairs, so paging and search are written
-once (as generators that yield ranges, see `drive` and `drive_async`). A search yields `ScanRange`s, which the drivers
-serve from ranges read ahead (see `readahead`) when the source reads ranges from storage.
+`RangedSource` serves stores with ranged reads, `FileSource` Haystack's `FileSystemToolResultStore`, and
+`WholeSource` any other `ToolResultStore`; `drive` and `drive_async` serve the readers from them.
 """
 
 import asyncio

@@ -1,0 +1,24 @@
+"""Every module says in a few lines what it is for; the reasoning behind it lives in docs/design.md."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import haystack_integrations.offload as package
+
+ROOT = Path(package.__path__[0])
+MODULES = sorted(ROOT.rglob("*.py"))
+LONGEST = 8
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda path: str(path.relative_to(ROOT)))
+def test_the_module_docstring_is_short(path: Path) -> None:
+    docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")), clean=False)
+    assert docstring, "every module opens with a docstring saying what it is for"
+    lines = len(docstring.strip("\n").splitlines())
+    assert lines <= LONGEST, f"{lines} lines: move the design reasoning to docs/design.md"
+
+
+def test_every_module_is_found() -> None:
+    assert len(MODULES) > 90
