@@ -48,9 +48,8 @@ class S3IO(AsyncFilesystemIO):
         if botocore_errors is not None and isinstance(link, botocore_errors.ClientError):
             response = getattr(link, "response", None) or {}
             status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            return answer_failure(
-                status if isinstance(status, int) else None, str(response.get("Error", {}).get("Code") or "")
-            )
+            code = str(response.get("Error", {}).get("Code") or "")
+            return answer_failure(status if isinstance(status, int) else None, code)
         cause = _wire_failure(link)
         if cause is not None:
             return StorageRequestError(cause, transient=True)
