@@ -1,12 +1,10 @@
 """
 When things happen: the offload and compaction hooks, both writing into the store each run brings.
 
-`ApprovalHook` lives with the rest of approvals (`haystack_integrations.offload.approvals.hook`) and is importable from
-here too, beside the other hooks.
+`ApprovalHook` lives with the rest of approvals (`haystack_integrations.offload.approvals.hook`).
 """
 
-from haystack_integrations.offload.approvals.hook import ApprovalHook
 from haystack_integrations.offload.hooks.compaction import OffloadCompactionHook
 from haystack_integrations.offload.hooks.offload import OffloadHook
 
-__all__ = ["ApprovalHook", "OffloadCompactionHook", "OffloadHook"]
+__all__ = ["OffloadCompactionHook", "OffloadHook"]

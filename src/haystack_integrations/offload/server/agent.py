@@ -18,7 +18,8 @@ from haystack.hooks.human_in_the_loop import AlwaysAskPolicy
 from haystack.hooks.tool_result_offloading import AlwaysOffload, OffloadOverChars
 from haystack.tools.tool import Tool
 
-from haystack_integrations.offload.hooks import ApprovalHook, OffloadCompactionHook, OffloadHook
+from haystack_integrations.offload.approvals.hook import ApprovalHook
+from haystack_integrations.offload.hooks import OffloadCompactionHook, OffloadHook
 from haystack_integrations.offload.server.demo_tools import APPROVAL_TOOL_NAMES, DEMO_TOOLS
 from haystack_integrations.offload.server.progress import (
     OffloadProgressHook,

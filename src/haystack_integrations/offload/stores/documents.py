@@ -10,7 +10,9 @@ from __future__ import annotations
 import builtins
 import re
 import secrets
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
 
 from haystack_integrations.offload.errors import (
     CreateOutcomeUnknownError,
@@ -22,8 +24,11 @@ from haystack_integrations.offload.errors import (
 from haystack_integrations.offload.stores.translate import storage_errors
 
 if TYPE_CHECKING:
-    from haystack_integrations.offload.stores.fsspec_store import FsspecToolResultStore
+    from haystack_integrations.offload.stores.io import Requests
     from haystack_integrations.offload.stores.quotas import Reservation
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 _NAMESPACE = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _DOCUMENT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")
@@ -47,6 +52,26 @@ def _checked_name(name: object) -> str:
     return name
 
 
+class Blocking(Protocol):
+    """Runs an async method for its sync twin, as the store does for its own (`stores.blocking`)."""
+
+    def __call__(self, operation: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Wait for `operation(*args, **kwargs)` and return its result."""
+        ...
+
+
+@dataclass(frozen=True)
+class DocumentHost:
+    """What documents need of the store they sit beside, lent by it: its scope, engine calls, quota and checks."""
+
+    scope_path: Callable[[], str]
+    request: Requests
+    blocking: Blocking
+    # Counts a document's bytes against the quota: charged by default, refused past it when the flag is set.
+    charge: Callable[[int, bool], Awaitable[Reservation | None]]
+    require_exclusive_creates: Callable[[], Awaitable[None]]
+
+
 class SessionDocuments:
     """
     Bytes documents in one namespace of a store's scope, with plain and conditional (create-only) writes.
@@ -60,19 +85,19 @@ class SessionDocuments:
     ```
     """
 
-    def __init__(self, store: FsspecToolResultStore, namespace: str) -> None:
+    def __init__(self, host: DocumentHost, namespace: str) -> None:
         """
-        :param store: The store whose scope the documents belong to.
+        :param host: What the store whose scope the documents belong to lends them (`FsspecToolResultStore.documents`).
         :param namespace: A lower-case name such as ``"approvals"``; becomes the directory ``.<namespace>``.
         :raises ValueError: If the namespace is not a short lower-case identifier.
         """
         if not _NAMESPACE.fullmatch(namespace):
             raise ValueError(f"Document namespace {namespace!r} must match {_NAMESPACE.pattern}.")
-        self.store = store
+        self.host = host
         self.namespace = namespace
 
     def _directory(self) -> str:
-        return f"{self.store._scope_path()}/.{self.namespace}"
+        return f"{self.host.scope_path()}/.{self.namespace}"
 
     def _path(self, name: object) -> str:
         return f"{self._directory()}/{_checked_name(name)}"
@@ -93,15 +118,15 @@ class SessionDocuments:
         :raises StorageError: If the backend fails.
         :raises QuotaExceededError: If `enforce_quota` is set and the write would pass a quota; nothing was sent.
         """
-        self.store._blocking(self.put_async, name, data, enforce_quota=enforce_quota)
+        self.host.blocking(self.put_async, name, data, enforce_quota=enforce_quota)
 
     async def put_async(self, name: str, data: bytes, *, enforce_quota: bool = False) -> None:
         """Async `put`."""
         path, data = self._path(name), bytes(data)
-        reservation = await self.store._charge_document_async(len(data), enforce=enforce_quota)
+        reservation = await self.host.charge(len(data), enforce_quota)
         try:
             with storage_errors(f"write document {self._label(name)!r}", reference=None):
-                await self.store._handle.request("put", path, lambda io: io.put_async(path, data))
+                await self.host.request("put", path, lambda io: io.put_async(path, data))
         finally:
             _settle(reservation)
 
@@ -123,16 +148,16 @@ class SessionDocuments:
         :raises StorageError: If the backend fails.
         :raises QuotaExceededError: If `enforce_quota` is set and the create would pass a quota; nothing was sent.
         """
-        self.store._blocking(self.create_async, name, data, enforce_quota=enforce_quota)
+        self.host.blocking(self.create_async, name, data, enforce_quota=enforce_quota)
 
     async def create_async(self, name: str, data: bytes, *, enforce_quota: bool = False) -> None:
         """Async `create`."""
         path, data = self._path(name), bytes(data)
-        await self.store._require_exclusive_creates_async()
-        reservation = await self.store._charge_document_async(len(data), enforce=enforce_quota)
+        await self.host.require_exclusive_creates()
+        reservation = await self.host.charge(len(data), enforce_quota)
         try:
             with storage_errors(f"create document {self._label(name)!r}", reference=None):
-                await self.store._handle.request("put_exclusive", path, lambda io: io.put_exclusive_async(path, data))
+                await self.host.request("put_exclusive", path, lambda io: io.put_exclusive_async(path, data))
         except DocumentExistsError as exists:
             try:
                 found = await self.get_async(name)
@@ -151,13 +176,13 @@ class SessionDocuments:
         :returns: Its content.
         :raises ResultNotFoundError: If there is no such document.
         """
-        return self.store._blocking(self.get_async, name)
+        return self.host.blocking(self.get_async, name)
 
     async def get_async(self, name: str) -> bytes:
         """Async `get`."""
         path = self._path(name)
         with storage_errors(f"read document {self._label(name)!r}", reference=self._label(name)):
-            return await self.store._handle.request("get", path, lambda io: io.get_async(path))
+            return await self.host.request("get", path, lambda io: io.get_async(path))
 
     def list(self) -> builtins.list[str]:
         """
@@ -165,13 +190,13 @@ class SessionDocuments:
 
         :returns: The names; empty if the namespace has none.
         """
-        return self.store._blocking(self.list_async)
+        return self.host.blocking(self.list_async)
 
     async def list_async(self) -> builtins.list[str]:
         """Async `list`."""
         with storage_errors(f"list documents in {self.namespace!r}", reference=None):
             directory = self._directory()
-            found = await self.store._handle.request("find", directory, lambda io: io.find_async(directory))
+            found = await self.host.request("find", directory, lambda io: io.find_async(directory))
         prefix = self._directory() + "/"
         names = (path[len(prefix) :] for path in found if path.startswith(prefix))
         return sorted(name for name in names if _DOCUMENT_NAME.fullmatch(name))
@@ -182,13 +207,13 @@ class SessionDocuments:
 
         :param name: The document's name within the namespace.
         """
-        self.store._blocking(self.delete_async, name)
+        self.host.blocking(self.delete_async, name)
 
     async def delete_async(self, name: str) -> None:
         """Async `delete`."""
         path = self._path(name)
         with storage_errors(f"delete document {self._label(name)!r}", reference=None):
-            await self.store._handle.request("delete", path, lambda io: io.delete_async([path]))
+            await self.host.request("delete", path, lambda io: io.delete_async([path]))
 
 
 def _settle(reservation: Reservation | None) -> None:

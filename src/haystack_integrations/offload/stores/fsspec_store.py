@@ -22,7 +22,7 @@ from haystack.hooks.tool_result_offloading.types import ToolResultStore
 from haystack_integrations.offload.errors import InvalidReferenceError, ResultExpiredError
 from haystack_integrations.offload.stores.blocking import blocking, blocking_here
 from haystack_integrations.offload.stores.chunks import ContentChunks
-from haystack_integrations.offload.stores.documents import SessionDocuments
+from haystack_integrations.offload.stores.documents import DocumentHost, SessionDocuments
 from haystack_integrations.offload.stores.engines import DEFAULT_ENGINE, EngineChoice, choose_engine, storage_io_for
 from haystack_integrations.offload.stores.exclusive_creates import (
     ExclusiveCreateCheck,
@@ -271,7 +271,14 @@ class FsspecToolResultStore(ToolResultStore):
         :returns: A `SessionDocuments` sharing this store's client and scope.
         :raises ValueError: If the namespace is not a short lower-case identifier.
         """
-        return SessionDocuments(self, namespace)
+        host = DocumentHost(
+            scope_path=self._scope_path,
+            request=self._handle.request,
+            blocking=self._blocking,
+            charge=lambda size, enforce: self._charge_document_async(size, enforce=enforce),
+            require_exclusive_creates=self._require_exclusive_creates_async,
+        )
+        return SessionDocuments(host, namespace)
 
     def _blocking(self, operation: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run an async method for its sync twin (`stores.blocking`): the sync API is the async one, waited for."""
@@ -943,6 +950,50 @@ class FsspecToolResultStore(ToolResultStore):
     def __repr__(self) -> str:
         scope = f", scope={'/'.join(self._scope)!r}" if self._scope else ""
         return f"{type(self).__name__}({self.url!r}{scope})"
+
+
+def end_session(store: FsspecToolResultStore, *, documents: bool = False) -> int:
+    """
+    Delete a session's results now, when the application ends the session.
+
+    ```python
+    from haystack_integrations.offload import end_session
+
+    end_session(results.for_session(tenant=user.org_id, session=chat_id))
+    ```
+
+    :param store: A session store (from `for_session`).
+    :param documents: Also delete the session's documents (approval requests and decisions, claims, audit, history).
+        By default they are kept: they record what happened, and they go with the session once it has been inactive
+        for its retention (``purge(expired=True)``), or with the bucket's lifecycle rule.
+    :returns: How many objects were deleted (besides the temporary files of unfinished local writes, which go too).
+    :raises ValueError: If `store` is not scoped to a session.
+    :raises StorageError: If the backend fails; what was not deleted yet stays.
+    """
+    return store._blocking(end_session_async, store, documents=documents)
+
+
+async def end_session_async(store: FsspecToolResultStore, *, documents: bool = False) -> int:
+    """
+    Async `end_session`.
+
+    :param store: A session store.
+    :param documents: Also delete the session's documents.
+    :returns: How many objects were deleted.
+    :raises ValueError: If `store` is not scoped to a session.
+    :raises StorageError: If the backend fails.
+    """
+    _require_session(store)
+    # The session is over: a result write still unfinished (or whose writer died) goes with it, whatever its age.
+    deleted = await store._purge_async(None, False, temporary_grace=timedelta(0))
+    if documents:
+        deleted += await store._delete_documents_async()
+    return deleted
+
+
+def _require_session(store: FsspecToolResultStore) -> None:
+    if store.session is None:
+        raise ValueError("end_session needs a session store: pass root.for_session(tenant, session).")
 
 
 class _FilesystemHandle:

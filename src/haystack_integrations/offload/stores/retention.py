@@ -26,7 +26,6 @@ from haystack_integrations.offload.stores.scope import validate_scope_id
 from haystack_integrations.offload.stores.translate import storage_errors
 
 if TYPE_CHECKING:
-    from haystack_integrations.offload.stores.fsspec_store import FsspecToolResultStore
     from haystack_integrations.offload.stores.io import Requests
 
 HISTORY_NAMESPACE = "history"
@@ -188,50 +187,6 @@ def _duration(span: timedelta | None) -> str:
             count = round(span / unit)
             return f"about {count} {name}{'s' if count != 1 else ''}"
     return f"{span.total_seconds():g} seconds"
-
-
-def end_session(store: FsspecToolResultStore, *, documents: bool = False) -> int:
-    """
-    Delete a session's results now, when the application ends the session.
-
-    ```python
-    from haystack_integrations.offload import end_session
-
-    end_session(results.for_session(tenant=user.org_id, session=chat_id))
-    ```
-
-    :param store: A session store (from `for_session`).
-    :param documents: Also delete the session's documents (approval requests and decisions, claims, audit, history).
-        By default they are kept: they record what happened, and they go with the session once it has been inactive
-        for its retention (``purge(expired=True)``), or with the bucket's lifecycle rule.
-    :returns: How many objects were deleted (besides the temporary files of unfinished local writes, which go too).
-    :raises ValueError: If `store` is not scoped to a session.
-    :raises StorageError: If the backend fails; what was not deleted yet stays.
-    """
-    return store._blocking(end_session_async, store, documents=documents)
-
-
-async def end_session_async(store: FsspecToolResultStore, *, documents: bool = False) -> int:
-    """
-    Async `end_session`.
-
-    :param store: A session store.
-    :param documents: Also delete the session's documents.
-    :returns: How many objects were deleted.
-    :raises ValueError: If `store` is not scoped to a session.
-    :raises StorageError: If the backend fails.
-    """
-    _require_session(store)
-    # The session is over: a result write still unfinished (or whose writer died) goes with it, whatever its age.
-    deleted = await store._purge_async(None, False, temporary_grace=timedelta(0))
-    if documents:
-        deleted += await store._delete_documents_async()
-    return deleted
-
-
-def _require_session(store: FsspecToolResultStore) -> None:
-    if store.session is None:
-        raise ValueError("end_session needs a session store: pass root.for_session(tenant, session).")
 
 
 def document_paths(found: Mapping[str, int], scope_path: str) -> builtins.list[str]:
