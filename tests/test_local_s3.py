@@ -173,24 +173,10 @@ def test_missing_extra_names_the_fix() -> None:
     assert 'pip install "offload-haystack[local-s3]"' in result.stdout
 
 
-def test_old_module_path_re_exports_the_moved_module() -> None:
-    from haystack_integrations.offload import local_s3 as shim
-    from haystack_integrations.offload.testing import local_s3
-
-    assert shim.LocalS3Server is LocalS3Server
-    assert shim.__all__ == sorted([*local_s3.__all__, "ADMIN_USER", "DEFAULT_BUCKET"])
-    for name in shim.__all__:
-        assert getattr(shim, name) is getattr(local_s3, name)
-
-
 @pytest.mark.skipif(sys.platform == "win32", reason="sends SIGINT to stop the server")
-# The old path is a re-export shim kept for existing commands and docs; both must start a server.
-@pytest.mark.parametrize(
-    "module", ["haystack_integrations.offload.testing.local_s3", "haystack_integrations.offload.local_s3"]
-)
-def test_module_runs_a_server_until_interrupted(module: str) -> None:
+def test_module_runs_a_server_until_interrupted() -> None:
     process = subprocess.Popen(
-        [sys.executable, "-m", module, "--port", "0", "--quiet"],
+        [sys.executable, "-m", "haystack_integrations.offload.testing.local_s3", "--port", "0", "--quiet"],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},

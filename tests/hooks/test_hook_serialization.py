@@ -140,16 +140,3 @@ async def test_an_agent_round_trips_with_both_hooks_and_runs(store: FsspecToolRe
     compacted = references(result, compacted=True)
     assert compacted
     assert session.read(compacted[0]) == page("rt b", lines=40)
-
-
-def test_an_approval_hook_serialized_under_its_former_path_still_loads() -> None:
-    from haystack.hooks.human_in_the_loop import AlwaysAskPolicy
-    from haystack.utils.type_serialization import deserialize_type
-
-    from haystack_integrations.offload import ApprovalHook
-
-    data = ApprovalHook({"send_invoice": AlwaysAskPolicy()}).to_dict()
-    assert data["type"] == "haystack_integrations.offload.approvals.hook.ApprovalHook"
-    data["type"] = "haystack_integrations.offload.hooks.approval.ApprovalHook"
-    hook = deserialize_type(data["type"]).from_dict(data)
-    assert isinstance(hook, ApprovalHook) and isinstance(hook.rules["send_invoice"], AlwaysAskPolicy)

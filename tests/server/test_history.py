@@ -199,30 +199,6 @@ async def test_a_read_fetches_the_ends_since_the_newest_checkpoint_at_once(store
     assert sorted(read) == [f"turn.{turn:08d}.end.json" for turn in range(newest_checkpoint, 17)]
 
 
-async def test_documents_written_before_appends_still_read_and_carry_on(store: FsspecToolResultStore) -> None:
-    # What the snapshot format wrote: no token, no base, no checkpoint; every end held the whole conversation.
-    documents = store.for_session("acme", "chat-1").documents("history")
-    old = [ChatMessage.from_user("old question"), ChatMessage.from_assistant("old answer " + "o" * 2000)]
-    at = datetime(2026, 1, 5, 12, 0, tzinfo=UTC).isoformat()
-    for turn in range(1, 21):
-        start = {"turn": turn, "kind": "message", "text": f"t{turn}", "actor": None, "worker": "old"}
-        start |= {"started_at": at, "lease_until": at}
-        end: dict[str, object] = {"turn": turn, "status": "failed", "messages": None, "reply": None}
-        end |= {"error": "down", "worker": "old", "ended_at": at}
-        if turn == 1:
-            end |= {"status": "completed", "messages": [message.to_dict() for message in old]}
-        documents.put(f"turn.{turn:08d}.start.json", json.dumps(start).encode())
-        documents.put(f"turn.{turn:08d}.end.json", json.dumps(end).encode())
-
-    history = _history(store)
-    state = await history.read()  # walks back over 19 failed turns (more than one window) to turn 1's snapshot
-    assert state.conversation == old and state.next_turn == 21
-    conversation = await _run_turns(history, 21, 22, chars=10)
-    assert conversation[:2] == old and (await history.read()).conversation == conversation
-    assert _end(store, 21)["checkpoint"] == 1 and _end(store, 21)["base"] == "append"
-    assert [start.text for start in await history.starts()][:2] == ["t1", "t2"]
-
-
 async def test_two_claims_with_the_same_content_still_get_one_winner(
     store: FsspecToolResultStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

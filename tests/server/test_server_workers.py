@@ -18,7 +18,7 @@ from server_processes import ServerProcess, serve
 from server_tenants import ACME_TOKEN, GLOBEX_TOKEN, TOKENS
 
 from haystack_integrations.offload import FsspecToolResultStore
-from haystack_integrations.offload.local_s3 import LocalS3Server
+from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow]
 

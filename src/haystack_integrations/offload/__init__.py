@@ -13,12 +13,21 @@ _import_structure = {
     "approvals": [
         "APPROVAL_CHANNEL_KEY",
         "APPROVAL_REQUIRED",
+        "ApprovalAlreadyDecidedError",
+        "ApprovalClaimedError",
+        "ApprovalExpiredError",
+        "ApprovalNotFoundError",
+        "ApprovalPendingError",
+        "ApprovalRecordError",
         "ApprovalRequest",
         "AskOncePerSession",
         "AskWhen",
         "CallbackApprovals",
         "Decision",
         "DurableApprovals",
+        "InvalidApprovalEditError",
+        "ResumeConversationError",
+        "ResumeInterruptedError",
         "decide",
         "decide_async",
         "pending_approvals",
@@ -35,6 +44,7 @@ _import_structure = {
         "ExclusiveCreatesUnsupportedError",
         "InvalidReferenceError",
         "InvalidScopeIdError",
+        "OffloadError",
         "QuotaExceededError",
         "ResultExpiredError",
         "ResultNotFoundError",
@@ -42,7 +52,8 @@ _import_structure = {
         "StoragePermissionError",
         "StorageUnavailableError",
     ],
-    "hooks": ["ApprovalHook", "OffloadCompactionHook", "OffloadHook"],
+    "approvals.hook": ["ApprovalHook"],
+    "hooks": ["OffloadCompactionHook", "OffloadHook"],
     "stores": [
         "FsspecToolResultStore",
         "PendingWrite",
@@ -60,12 +71,21 @@ _import_structure = {
 if TYPE_CHECKING:
     from .approvals import APPROVAL_CHANNEL_KEY as APPROVAL_CHANNEL_KEY
     from .approvals import APPROVAL_REQUIRED as APPROVAL_REQUIRED
+    from .approvals import ApprovalAlreadyDecidedError as ApprovalAlreadyDecidedError
+    from .approvals import ApprovalClaimedError as ApprovalClaimedError
+    from .approvals import ApprovalExpiredError as ApprovalExpiredError
+    from .approvals import ApprovalNotFoundError as ApprovalNotFoundError
+    from .approvals import ApprovalPendingError as ApprovalPendingError
+    from .approvals import ApprovalRecordError as ApprovalRecordError
     from .approvals import ApprovalRequest as ApprovalRequest
     from .approvals import AskOncePerSession as AskOncePerSession
     from .approvals import AskWhen as AskWhen
     from .approvals import CallbackApprovals as CallbackApprovals
     from .approvals import Decision as Decision
     from .approvals import DurableApprovals as DurableApprovals
+    from .approvals import InvalidApprovalEditError as InvalidApprovalEditError
+    from .approvals import ResumeConversationError as ResumeConversationError
+    from .approvals import ResumeInterruptedError as ResumeInterruptedError
     from .approvals import decide as decide
     from .approvals import decide_async as decide_async
     from .approvals import pending_approvals as pending_approvals
@@ -74,19 +94,20 @@ if TYPE_CHECKING:
     from .approvals import read_audit_async as read_audit_async
     from .approvals import resume as resume
     from .approvals import resume_async as resume_async
+    from .approvals.hook import ApprovalHook as ApprovalHook
     from .context import offload_context as offload_context
     from .errors import CreateOutcomeUnknownError as CreateOutcomeUnknownError
     from .errors import DocumentExistsError as DocumentExistsError
     from .errors import ExclusiveCreatesUnsupportedError as ExclusiveCreatesUnsupportedError
     from .errors import InvalidReferenceError as InvalidReferenceError
     from .errors import InvalidScopeIdError as InvalidScopeIdError
+    from .errors import OffloadError as OffloadError
     from .errors import QuotaExceededError as QuotaExceededError
     from .errors import ResultExpiredError as ResultExpiredError
     from .errors import ResultNotFoundError as ResultNotFoundError
     from .errors import StorageError as StorageError
     from .errors import StoragePermissionError as StoragePermissionError
     from .errors import StorageUnavailableError as StorageUnavailableError
-    from .hooks import ApprovalHook as ApprovalHook
     from .hooks import OffloadCompactionHook as OffloadCompactionHook
     from .hooks import OffloadHook as OffloadHook
     from .stores import FsspecToolResultStore as FsspecToolResultStore

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
-from haystack_integrations.offload.errors import StoragePermissionError
+from haystack_integrations.offload.errors import OffloadError, StoragePermissionError
 from haystack_integrations.offload.server.scripted_model import SCRIPTED_MODEL_LABEL
 
 DEFAULT_DEMO_STORE = "./offload-demo-results"
@@ -49,7 +49,7 @@ PROGRESS_INTERVAL = 0.5
 _REGION = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?")
 
 
-class CommandError(Exception):
+class CommandError(OffloadError):
     """An error the command reports in one line, without a traceback."""
 
 

@@ -1,8 +1,8 @@
 """
-Errors raised by offload-haystack.
+Errors raised by offload-haystack, and `OffloadError`, the root of every error the library raises.
 
-Every error subclasses a built-in exception, so callers can catch what they already know. Backend exceptions are
-chained (``raise ... from exc``).
+Every error also subclasses a built-in exception, so callers can catch what they already know. Backend exceptions are
+chained (``raise ... from exc``). The whole tree, approvals, tools and server included, is drawn in docs/design.md.
 """
 
 import errno
@@ -10,15 +10,24 @@ from collections.abc import Sequence
 from typing import Any
 
 
-class InvalidScopeIdError(ValueError):
+class OffloadError(Exception):
+    """
+    Base of every error offload-haystack raises: ``except OffloadError`` catches them all.
+
+    Each error also keeps a built-in base (`OSError`, `ValueError`, `LookupError`, ...), so existing ``except``
+    clauses keep working.
+    """
+
+
+class InvalidScopeIdError(OffloadError, ValueError):
     """A tenant or session id is not a single, safe path segment."""
 
 
-class InvalidReferenceError(ValueError):
+class InvalidReferenceError(OffloadError, ValueError):
     """A reference was refused: it is malformed or resolves outside the store's own scope. Nothing was read."""
 
 
-class StorageError(OSError):
+class StorageError(OffloadError, OSError):
     """The storage backend failed for a reason other than a missing object or a refused permission."""
 
 
@@ -66,7 +75,7 @@ class ExclusiveCreatesUnsupportedError(StorageError):
         return (type(self), (str(self),), self.__dict__)
 
 
-class QuotaExceededError(OSError):
+class QuotaExceededError(OffloadError, OSError):
     """
     A write was refused before any byte was sent: it would take a session or tenant past a quota (``errno.EDQUOT``).
 
@@ -113,11 +122,11 @@ class CreateOutcomeUnknownError(StorageUnavailableError):
     """
 
 
-class DocumentExistsError(FileExistsError):
+class DocumentExistsError(OffloadError, FileExistsError):
     """A conditional create found the document already there: another run or worker created it first."""
 
 
-class ResultNotFoundError(FileNotFoundError):
+class ResultNotFoundError(OffloadError, FileNotFoundError):
     """No stored result exists under the reference within the store's scope."""
 
 
@@ -125,5 +134,5 @@ class ResultExpiredError(ResultNotFoundError):
     """The result is older than its retention allows: it is refused without being read, and `purge` removes it."""
 
 
-class StoragePermissionError(PermissionError):
+class StoragePermissionError(OffloadError, PermissionError):
     """The storage backend refused the request (missing or wrong credentials, an IAM policy, an ACL)."""

@@ -1,33 +1,34 @@
 """
-Errors raised by the approval API, each a subclass of a built-in (or the library's own) exception.
+Errors raised by the approval API: each is an `OffloadError` and a subclass of a built-in (or the library's own)
+exception.
 """
 
 from typing import Any
 
-from haystack_integrations.offload.errors import DocumentExistsError
+from haystack_integrations.offload.errors import DocumentExistsError, OffloadError
 
 
-class ApprovalNotFoundError(LookupError):
+class ApprovalNotFoundError(OffloadError, LookupError):
     """No approval request (or held step) with this id exists in the session's scope."""
 
 
-class InvalidApprovalEditError(ValueError):
+class InvalidApprovalEditError(OffloadError, ValueError):
     """Edited arguments are not valid for the tool, or the decision names another tool. Nothing was recorded."""
 
 
-class ApprovalExpiredError(ValueError):
+class ApprovalExpiredError(OffloadError, ValueError):
     """The approval request expired before it was decided. Nothing was recorded."""
 
 
-class ApprovalRecordError(ValueError):
+class ApprovalRecordError(OffloadError, ValueError):
     """A stored approval document could not be read as the record it should be."""
 
 
-class ResumeConversationError(ValueError):
+class ResumeConversationError(OffloadError, ValueError):
     """The conversation passed to resume already contains the held step's tool calls; resuming would duplicate them."""
 
 
-class ApprovalPendingError(RuntimeError):
+class ApprovalPendingError(OffloadError, RuntimeError):
     """Some requests of the held step have no decision yet and have not expired, so the step cannot resume."""
 
     def __init__(self, message: str, request_ids: list[str]) -> None:
@@ -39,7 +40,7 @@ class ApprovalPendingError(RuntimeError):
         self.request_ids = request_ids
 
 
-class ResumeInterruptedError(RuntimeError):
+class ResumeInterruptedError(OffloadError, RuntimeError):
     """
     The held step's calls ran (exactly once), then the Agent failed to continue (e.g. the model call failed).
 

@@ -78,8 +78,6 @@ from haystack_integrations.offload.context import RESULT_STORE_CONTEXT_KEY, RESU
 from haystack_integrations.offload.types import DocumentStore
 
 _STRATEGY_SPAN = "haystack.agent.hook.human_in_the_loop.strategy"
-# Agents serialized before the hook moved next to the rest of approvals name it here.
-_FORMER_TYPE = "haystack_integrations.offload.hooks.approval.ApprovalHook"
 
 # Keys of the Agent's own bookkeeping in State; everything else is the run's own state, kept with a held step.
 _AGENT_STATE_KEYS = [
@@ -343,15 +341,12 @@ class ApprovalHook:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ApprovalHook":
-        """Deserialize the hook and its rules (also from the type path it had before it moved into `approvals`)."""
+        """Deserialize the hook and its rules."""
         init = dict(data.get("init_parameters", {}))
         for key in ("rules", "confirmation_strategies"):
             if init.get(key) is not None:
                 init[key] = deserialize_rules(init[key])
-        kind = data.get("type")
-        if kind == _FORMER_TYPE:
-            kind = generate_qualified_class_name(cls)
-        return default_from_dict(cls, {**data, "type": kind, "init_parameters": init})
+        return default_from_dict(cls, {**data, "init_parameters": init})
 
     # The steps shared by run and run_async; none of them does I/O.
 
@@ -608,7 +603,8 @@ def _asking(asker: object, request: ApprovalRequest) -> Iterator[Callable[[Decis
     One tracing span per call asked about, named and tagged as Haystack's `ConfirmationHook` tags its strategy runs.
 
     The call's id and tool are plain tags (its siblings stay apart with content tracing off); the arguments and the
-    answer are content tags, recorded only where content tracing is on.
+    answer are content tags, recorded only where content tracing is on. The answer is recorded as the strategy's
+    `ToolExecutionDecision` is, so a rejection's feedback is under ``feedback``.
     """
     tags = {
         "haystack.tool.name": request.tool_name,
@@ -628,10 +624,25 @@ def _asking(asker: object, request: ApprovalRequest) -> Iterator[Callable[[Decis
 
         def traced(decision: Decision | None) -> Decision | None:
             span.set_tag(f"{_STRATEGY_SPAN}.decision", _decision_kind(request, decision))
-            span.set_content_tag(f"{_STRATEGY_SPAN}.output", decision.model_dump() if decision is not None else None)
+            span.set_content_tag(f"{_STRATEGY_SPAN}.output", _decision_output(request, decision))
             return decision
 
         yield traced
+
+
+def _decision_output(request: ApprovalRequest, decision: Decision | None) -> dict[str, Any] | None:
+    # `ToolExecutionDecision.to_dict()`'s keys (as `ConfirmationHook` records a strategy's answer) and who decided.
+    if decision is None:
+        return None
+    arguments = request.arguments if decision.arguments is None else decision.arguments
+    return {
+        "tool_name": request.tool_name,
+        "execute": decision.approved,
+        "tool_call_id": request.tool_call_id,
+        "feedback": decision.reason,
+        "final_tool_params": arguments if decision.approved else None,
+        "decided_by": decision.decided_by,
+    }
 
 
 def _decision_kind(request: ApprovalRequest, decision: Decision | None) -> str:

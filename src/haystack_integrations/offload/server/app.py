@@ -25,7 +25,7 @@ try:
 except ImportError as import_error:  # pragma: no cover - depends on what is installed
     raise ImportError(SERVER_EXTRA_HINT) from import_error
 
-from haystack_integrations.offload.errors import StorageError, StoragePermissionError
+from haystack_integrations.offload.errors import OffloadError, StorageError, StoragePermissionError
 from haystack_integrations.offload.server.agent import build_agent
 from haystack_integrations.offload.server.auth import TokenTable
 from haystack_integrations.offload.server.errors import (
@@ -213,7 +213,7 @@ class BodyLimitMiddleware:
         await response(scope, receive, send)
 
 
-class BodyTooLargeError(Exception):
+class BodyTooLargeError(OffloadError):
     """Raised to the application, from ``receive``, when a request body passes the server's limit."""
 
     def __init__(self, limit: int) -> None:

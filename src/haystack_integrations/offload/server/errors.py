@@ -7,7 +7,7 @@ included.
 
 from typing import Any
 
-from haystack_integrations.offload.errors import StorageError, StoragePermissionError
+from haystack_integrations.offload.errors import OffloadError, StorageError, StoragePermissionError
 from haystack_integrations.offload.server.history import SessionBusyError, TurnAbandonedError
 
 __all__ = [
@@ -26,11 +26,11 @@ __all__ = [
 ]
 
 
-class NotFoundError(LookupError):
+class NotFoundError(OffloadError, LookupError):
     """Nothing by that name in the caller's session; deliberately the same for "elsewhere" and "nowhere"."""
 
 
-class ApprovalPendingConflict(RuntimeError):
+class ApprovalPendingConflict(OffloadError, RuntimeError):
     """The session's conversation waits for approval decisions; new messages wait until they are made."""
 
     def __init__(self, message: str, pending: list[Any]) -> None:
@@ -42,27 +42,27 @@ class ApprovalPendingConflict(RuntimeError):
         self.pending = pending
 
 
-class NothingToResumeError(RuntimeError):
+class NothingToResumeError(OffloadError, RuntimeError):
     """The session has no held step waiting to be resumed (it was resumed already, or never held)."""
 
 
-class RunFailedError(RuntimeError):
+class RunFailedError(OffloadError, RuntimeError):
     """The Agent run failed; the turn was recorded as failed, with the user's message kept in its start record."""
 
 
-class InvalidMessageError(ValueError):
+class InvalidMessageError(OffloadError, ValueError):
     """The message is empty or too long."""
 
 
-class InvalidDecisionError(ValueError):
+class InvalidDecisionError(OffloadError, ValueError):
     """The decision cannot be recorded: edited arguments fail the tool's schema, or it names another tool."""
 
 
-class ApprovalExpiredConflict(ValueError):
+class ApprovalExpiredConflict(OffloadError, ValueError):
     """The approval request expired before it was decided; resume the session to tell the model."""
 
 
-class AlreadyDecidedError(FileExistsError):
+class AlreadyDecidedError(OffloadError, FileExistsError):
     """The approval request already has a decision; decisions are made once."""
 
 

@@ -17,7 +17,7 @@ from haystack.dataclasses import ChatMessage
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import to_jsonable_python
 
-from haystack_integrations.offload.errors import DocumentExistsError, ResultNotFoundError
+from haystack_integrations.offload.errors import DocumentExistsError, OffloadError, ResultNotFoundError
 from haystack_integrations.offload.leases import renewing
 from haystack_integrations.offload.stores import FsspecToolResultStore
 from haystack_integrations.offload.stores.documents import SessionDocuments, writer_token
@@ -33,19 +33,17 @@ TurnBase = Literal["checkpoint", "append"]
 _Record_T = TypeVar("_Record_T", bound=BaseModel)
 _START = re.compile(r"turn\.(?P<turn>\d{8})\.start\.json")
 _END = re.compile(r"turn\.(?P<turn>\d{8})\.end\.json")
-# The most ends read at once when walking back through ends written before appends (they name no checkpoint).
-_WALK_BACK_WINDOW = 16
 
 
-class SessionBusyError(RuntimeError):
+class SessionBusyError(OffloadError, RuntimeError):
     """Another request holds (or just claimed) the session's next turn; nothing was run. The server answers 409."""
 
 
-class TurnAbandonedError(RuntimeError):
+class TurnAbandonedError(OffloadError, RuntimeError):
     """This turn's lease passed and another request ended it as abandoned; its result was not recorded."""
 
 
-class HistoryRecordError(ValueError):
+class HistoryRecordError(OffloadError, ValueError):
     """A history document in the store is not a valid record."""
 
 
@@ -72,18 +70,16 @@ class TurnEnd(_Record):
     turn: int = Field(ge=1)
     status: TurnStatus
     base: TurnBase = Field(
-        default="checkpoint",
-        description='What `messages` holds: "checkpoint", the whole conversation after the turn (every end written '
-        'before appends is one); "append", only the messages this turn added.',
+        description='What `messages` holds: "checkpoint", the whole conversation after the turn; "append", only the '
+        "messages this turn added."
     )
     messages: list[dict[str, Any]] | None = Field(
         default=None, description="ChatMessage.to_dict of the messages, as `base` says; None: conversation unchanged."
     )
-    checkpoint: int | None = Field(
-        default=None,
+    checkpoint: int = Field(
         ge=0,
         description="The turn whose checkpoint the conversation after this turn builds on (this turn's, for a "
-        "checkpoint; 0: none yet). None in ends written before appends.",
+        "checkpoint; 0: none yet).",
     )
     reply: str | None = None
     error: str | None = None
@@ -206,7 +202,7 @@ class SessionHistory:
         if last is None:
             return HistoryState(next_turn=newest + 1, conversation=[], last_end=None, open_start=open_start)
         read: dict[int, tuple[TurnEnd, int]] = {ends[-1]: last}
-        base = await self._checkpoint_of(ends, read)
+        base = last[0].checkpoint
         # Checkpoint 0: no turn has stored a conversation yet, so there is nothing before the newest end to read.
         chain = [turn for turn in ends if turn >= base] if base else ends[-1:]
         unread = [turn for turn in chain if turn not in read]
@@ -347,25 +343,6 @@ class SessionHistory:
         except DocumentExistsError as error:
             # The turn ended (finished late, or abandoned by another request) since we read: read again and retry.
             raise SessionBusyError("This session's history changed while this request read it; try again.") from error
-
-    async def _checkpoint_of(self, ends: list[int], read: dict[int, tuple[TurnEnd, int]]) -> int:
-        """The turn of the newest checkpoint (0: none), reading back through ends that name none (old documents)."""
-        remaining = list(ends)
-        window_size = 1
-        while remaining:
-            window, remaining = remaining[-window_size:], remaining[:-window_size]
-            # Old ends may each hold a whole conversation: read a few, then more, rather than many at once.
-            window_size = min(2 * window_size, _WALK_BACK_WINDOW)
-            unread = [turn for turn in window if turn not in read]
-            found = await asyncio.gather(*(self._read_end(turn) for turn in unread))
-            read.update(zip(unread, found, strict=True))
-            for turn in reversed(window):
-                end, _ = read[turn]
-                if end.checkpoint is not None:  # every end written since appends names it (a checkpoint, itself)
-                    return end.checkpoint
-                if end.messages is not None and end.base == "checkpoint":
-                    return turn
-        return 0
 
     async def _read_end(self, turn: int) -> tuple[TurnEnd, int]:
         return await self._read_sized(_end_name(turn), TurnEnd)

@@ -7,12 +7,14 @@ with a typo gives a server that starts, shows its page, and fails every user's f
 
 import httpx
 
+from haystack_integrations.offload.errors import OffloadError
+
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_CHECK_TIMEOUT = 5.0
 MAX_MODELS_NAMED = 5
 
 
-class ModelEndpointError(ValueError):
+class ModelEndpointError(OffloadError, ValueError):
     """The model endpoint cannot serve: unreachable, the key refused, or the model not among those it lists."""
 
 

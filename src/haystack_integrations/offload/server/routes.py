@@ -22,7 +22,7 @@ try:
 except ImportError as import_error:  # pragma: no cover - depends on what is installed
     raise ImportError(SERVER_EXTRA_HINT) from import_error
 
-from haystack_integrations.offload.errors import InvalidScopeIdError
+from haystack_integrations.offload.errors import InvalidScopeIdError, OffloadError
 from haystack_integrations.offload.server.auth import Caller, TokenTable
 from haystack_integrations.offload.server.events import (
     EVENT_STREAM,
@@ -57,7 +57,7 @@ DEFAULT_SESSIONS_LISTED = 100
 MAX_SESSIONS_LISTED = 1000
 
 
-class HttpError(Exception):
+class HttpError(OffloadError):
     """An error answered as ``{"error": code, "detail": ...}`` with `status`."""
 
     def __init__(self, status: int, code: str, detail: str, **extra: Any) -> None:

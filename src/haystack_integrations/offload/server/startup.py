@@ -9,6 +9,7 @@ start (`ServerStartupError`, one line). A transient failure of the check ("unkno
 import asyncio
 import time
 
+from haystack_integrations.offload.errors import OffloadError
 from haystack_integrations.offload.stores import FsspecToolResultStore
 from haystack_integrations.offload.stores.exclusive_creates import ExclusiveCreateCheck
 
@@ -16,7 +17,7 @@ CHECK_ATTEMPTS = 3
 CHECK_RETRY_DELAY = 1.0
 
 
-class ServerStartupError(ValueError):
+class ServerStartupError(OffloadError, ValueError):
     """The server cannot start on this configuration; the message is one line that says why and what to change."""
 
 

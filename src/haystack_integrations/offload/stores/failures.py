@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from haystack_integrations.offload.errors import OffloadError
+
 _TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 _TRANSIENT_CODES = frozenset(
     {
@@ -29,12 +31,13 @@ _LASTING_CONFLICTS = frozenset(
 )
 
 
-class StorageRequestError(OSError):
+class StorageRequestError(OffloadError, OSError):
     """
     A request that failed for a reason other than "exists", "not found" or "refused".
 
     Engines raise those three as `FileExistsError`, `FileNotFoundError` and `PermissionError`, and this for a failure
-    they recognise (an HTTP answer, a dropped connection, a timeout), chained to their client's own exception.
+    they recognise (an HTTP answer, a dropped connection, a timeout), chained to their client's own exception. The
+    store translates it before a caller sees it; it is an `OffloadError` for whoever calls an engine directly.
     """
 
     def __init__(self, cause: str, *, transient: bool, status: int | None = None) -> None:

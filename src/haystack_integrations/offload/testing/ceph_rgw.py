@@ -30,6 +30,7 @@ from typing import IO, Any, Self
 
 from haystack.lazy_imports import LazyImport
 
+from haystack_integrations.offload.errors import OffloadError
 from haystack_integrations.offload.testing.endpoint import S3Endpoint
 
 with LazyImport(message="Run 'pip install \"offload-haystack[local-s3]\"'") as _boto3_import:
@@ -87,7 +88,7 @@ def ceph_available() -> str | None:
     return None
 
 
-class _PortTaken(RuntimeError):
+class _PortTaken(OffloadError, RuntimeError):
     """A daemon could not bind the port we picked for it: someone took it between our probe and its bind."""
 
 

@@ -10,6 +10,7 @@ import logging
 
 from haystack_integrations.offload.errors import (
     InvalidReferenceError,
+    OffloadError,
     ResultNotFoundError,
     StorageError,
     StoragePermissionError,
@@ -18,7 +19,7 @@ from haystack_integrations.offload.errors import (
 logger = logging.getLogger(__name__)
 
 
-class ReadBackToolError(Exception):
+class ReadBackToolError(OffloadError):
     """A read-back tool call failed; the message is safe to show to the model."""
 
 
