@@ -22,7 +22,8 @@ from haystack_integrations.offload import (
     FsspecToolResultStore,
     offload_context,
 )
-from haystack_integrations.offload.approvals import InvalidApprovalEditError, arguments_digest
+from haystack_integrations.offload.approvals import InvalidApprovalEditError
+from haystack_integrations.offload.approvals.binding import arguments_digest
 from haystack_integrations.offload.approvals.rules import rule_for
 from haystack_integrations.offload.approvals.validation import validated_arguments
 

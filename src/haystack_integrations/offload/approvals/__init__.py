@@ -7,7 +7,6 @@ any worker: everything lives under the session's scope in the store.
 """
 
 from haystack_integrations.offload.approvals.audit import read_audit, read_audit_async
-from haystack_integrations.offload.approvals.binding import arguments_digest
 from haystack_integrations.offload.approvals.channels import (
     APPROVAL_REQUIRED,
     ApprovalCallback,
@@ -15,7 +14,6 @@ from haystack_integrations.offload.approvals.channels import (
     DurableApprovals,
 )
 from haystack_integrations.offload.approvals.decisions import (
-    DEFAULT_DECISION_TTL,
     decide,
     decide_async,
     pending_approvals,
@@ -34,30 +32,20 @@ from haystack_integrations.offload.approvals.errors import (
 )
 from haystack_integrations.offload.approvals.outcomes import META_KEY
 from haystack_integrations.offload.approvals.records import (
-    APPROVAL_DENIED,
-    APPROVAL_EXPIRED,
-    APPROVAL_INVALID,
     ApprovalDecision,
     ApprovalRequest,
     AuditEvent,
     CallOutcome,
     Decision,
-    ErrorKind,
-    HeldStep,
 )
-from haystack_integrations.offload.approvals.resume import OUTCOMES_KEY, resume, resume_async
+from haystack_integrations.offload.approvals.resume import resume, resume_async
 from haystack_integrations.offload.approvals.rules import AskOncePerSession, AskWhen
 from haystack_integrations.offload.context import APPROVAL_CHANNEL_KEY
 
 __all__ = [
     "APPROVAL_CHANNEL_KEY",
-    "APPROVAL_DENIED",
-    "APPROVAL_EXPIRED",
-    "APPROVAL_INVALID",
     "APPROVAL_REQUIRED",
-    "DEFAULT_DECISION_TTL",
     "META_KEY",
-    "OUTCOMES_KEY",
     "ApprovalAlreadyDecidedError",
     "ApprovalCallback",
     "ApprovalClaimedError",
@@ -74,12 +62,9 @@ __all__ = [
     "CallbackApprovals",
     "Decision",
     "DurableApprovals",
-    "ErrorKind",
-    "HeldStep",
     "InvalidApprovalEditError",
     "ResumeConversationError",
     "ResumeInterruptedError",
-    "arguments_digest",
     "decide",
     "decide_async",
     "pending_approvals",

@@ -4,7 +4,21 @@ When things happen: the offload and compaction hooks, both writing into the stor
 `ApprovalHook` lives with the rest of approvals (`haystack_integrations.offload.approvals.hook`).
 """
 
-from haystack_integrations.offload.hooks.compaction import OffloadCompactionHook
-from haystack_integrations.offload.hooks.offload import OffloadHook
+import sys
+from typing import TYPE_CHECKING
 
-__all__ = ["OffloadCompactionHook", "OffloadHook"]
+from lazy_imports import LazyImporter
+
+_import_structure = {
+    "compaction": ["OffloadCompactionHook"],
+    "offload": ["OffloadHook"],
+}
+
+if TYPE_CHECKING:
+    from .compaction import OffloadCompactionHook as OffloadCompactionHook
+    from .offload import OffloadHook as OffloadHook
+else:
+    _module = LazyImporter(name=__name__, module_file=__file__, import_structure=_import_structure)
+    # LazyImporter lists the submodules in __all__ too; the public surface is the names alone.
+    _module.__all__ = sorted(name for names in _import_structure.values() for name in names)
+    sys.modules[__name__] = _module

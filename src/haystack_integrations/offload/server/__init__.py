@@ -32,4 +32,7 @@ if TYPE_CHECKING:
     from .service import ChatService as ChatService
     from .settings import ServerSettings as ServerSettings
 else:
-    sys.modules[__name__] = LazyImporter(name=__name__, module_file=__file__, import_structure=_import_structure)
+    _module = LazyImporter(name=__name__, module_file=__file__, import_structure=_import_structure)
+    # LazyImporter lists the submodules in __all__ too; the public surface is the names alone.
+    _module.__all__ = sorted(name for names in _import_structure.values() for name in names)
+    sys.modules[__name__] = _module

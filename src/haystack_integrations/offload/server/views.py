@@ -14,16 +14,9 @@ from haystack.hooks.human_in_the_loop.strategies import (
     USER_FEEDBACK_TEMPLATE,
 )
 
-from haystack_integrations.offload.approvals import (
-    APPROVAL_DENIED,
-    APPROVAL_EXPIRED,
-    META_KEY,
-    ApprovalDecision,
-    ApprovalRequest,
-    AuditEvent,
-    CallOutcome,
-)
+from haystack_integrations.offload.approvals import META_KEY, ApprovalDecision, ApprovalRequest, AuditEvent, CallOutcome
 from haystack_integrations.offload.approvals.outcomes import APPROVAL_REQUIRED_META_KEY
+from haystack_integrations.offload.approvals.records import APPROVAL_DENIED, APPROVAL_EXPIRED
 from haystack_integrations.offload.hooks.pointers import OFFLOADED_META_KEY
 from haystack_integrations.offload.server.service import (
     DecisionOutcome,

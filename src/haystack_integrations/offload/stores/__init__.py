@@ -1,28 +1,34 @@
 """Where offloaded results go: the fsspec store, its scopes, references and object names."""
 
-from haystack_integrations.offload.stores.documents import SessionDocuments
-from haystack_integrations.offload.stores.fsspec_store import (
-    DEFAULT_S3_MAX_POOL_CONNECTIONS,
-    FsspecToolResultStore,
-    end_session,
-    end_session_async,
-)
-from haystack_integrations.offload.stores.pending import PendingWrite
-from haystack_integrations.offload.stores.quotas import Quota
-from haystack_integrations.offload.stores.records import StoredResult
-from haystack_integrations.offload.stores.retention import Retention
-from haystack_integrations.offload.stores.retry import RetryPolicy, RetryStats
+import sys
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "DEFAULT_S3_MAX_POOL_CONNECTIONS",
-    "FsspecToolResultStore",
-    "PendingWrite",
-    "Quota",
-    "Retention",
-    "RetryPolicy",
-    "RetryStats",
-    "SessionDocuments",
-    "StoredResult",
-    "end_session",
-    "end_session_async",
-]
+from lazy_imports import LazyImporter
+
+_import_structure = {
+    "documents": ["SessionDocuments"],
+    "fsspec_store": ["DEFAULT_S3_MAX_POOL_CONNECTIONS", "FsspecToolResultStore", "end_session", "end_session_async"],
+    "pending": ["PendingWrite"],
+    "quotas": ["Quota"],
+    "records": ["StoredResult"],
+    "retention": ["Retention"],
+    "retry": ["RetryPolicy", "RetryStats"],
+}
+
+if TYPE_CHECKING:
+    from .documents import SessionDocuments as SessionDocuments
+    from .fsspec_store import DEFAULT_S3_MAX_POOL_CONNECTIONS as DEFAULT_S3_MAX_POOL_CONNECTIONS
+    from .fsspec_store import FsspecToolResultStore as FsspecToolResultStore
+    from .fsspec_store import end_session as end_session
+    from .fsspec_store import end_session_async as end_session_async
+    from .pending import PendingWrite as PendingWrite
+    from .quotas import Quota as Quota
+    from .records import StoredResult as StoredResult
+    from .retention import Retention as Retention
+    from .retry import RetryPolicy as RetryPolicy
+    from .retry import RetryStats as RetryStats
+else:
+    _module = LazyImporter(name=__name__, module_file=__file__, import_structure=_import_structure)
+    # LazyImporter lists the submodules in __all__ too; the public surface is the names alone.
+    _module.__all__ = sorted(name for names in _import_structure.values() for name in names)
+    sys.modules[__name__] = _module
