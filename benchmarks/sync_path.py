@@ -1,5 +1,5 @@
 """
-What the sync API costs now that it is the async one, waited for (`stores.blocking`): a sync call against the same
+What the sync API costs now that it is the async one, waited for (`stores.sync_api`): a sync call against the same
 call awaited on a running loop, in one run.
 
 Per backend, N rounds of one 10,000-character write and one 1,000-byte ranged read of it, through ``write`` and

@@ -16,11 +16,11 @@ from typing import Any, Literal
 
 from haystack_integrations.offload.errors import StorageUnavailableError
 from haystack_integrations.offload.stores import FsspecToolResultStore
-from haystack_integrations.offload.stores.blocking import blocking, blocking_here
 from haystack_integrations.offload.stores.chunks import ContentChunks
 from haystack_integrations.offload.stores.failures import transient_cause
 from haystack_integrations.offload.stores.io import MULTIPART_THRESHOLD, Requests, StorageIO
 from haystack_integrations.offload.stores.s3fs_io import S3IO, s3_status
+from haystack_integrations.offload.stores.sync_api import run_on_io_loop, run_on_own_loop
 
 __all__ = [
     "EXIT_FAILED",
@@ -111,9 +111,9 @@ def run_conformance(root: FsspecToolResultStore) -> ConformanceReport:
     """
     probe = _probe_store(root)
     io = probe._handle.io()
-    if io.blocking or not io.remote:
-        return blocking_here(_run_all, root, probe)
-    return blocking(_run_all, root, probe)
+    if io.uses_worker_threads or not io.remote:
+        return run_on_own_loop(_run_all, root, probe)
+    return run_on_io_loop(_run_all, root, probe)
 
 
 async def run_conformance_async(root: FsspecToolResultStore) -> ConformanceReport:

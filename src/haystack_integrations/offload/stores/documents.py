@@ -52,8 +52,8 @@ def _checked_name(name: object) -> str:
     return name
 
 
-class Blocking(Protocol):
-    """Runs an async method for its sync twin, as the store does for its own (`stores.blocking`)."""
+class SyncRunner(Protocol):
+    """Runs an async method for its sync twin, as the store does for its own (`stores.sync_api`)."""
 
     def __call__(self, operation: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs) -> T:
         """Wait for `operation(*args, **kwargs)` and return its result."""
@@ -66,7 +66,7 @@ class DocumentHost:
 
     scope_path: Callable[[], str]
     request: Requests
-    blocking: Blocking
+    run_sync: SyncRunner
     # Counts a document's bytes against the quota: charged by default, refused past it when the flag is set.
     charge: Callable[[int, bool], Awaitable[Reservation | None]]
     require_exclusive_creates: Callable[[], Awaitable[None]]
@@ -105,7 +105,7 @@ class SessionDocuments:
     def _label(self, name: object) -> str:
         return f"{self.namespace}/{name}"
 
-    # Each operation is written once, async; its sync twin waits for it (`stores.blocking`).
+    # Each operation is written once, async; its sync twin waits for it (`stores.sync_api`).
 
     def put(self, name: str, data: bytes, *, enforce_quota: bool = False) -> None:
         """
@@ -118,7 +118,7 @@ class SessionDocuments:
         :raises StorageError: If the backend fails.
         :raises QuotaExceededError: If `enforce_quota` is set and the write would pass a quota; nothing was sent.
         """
-        self.host.blocking(self.put_async, name, data, enforce_quota=enforce_quota)
+        self.host.run_sync(self.put_async, name, data, enforce_quota=enforce_quota)
 
     async def put_async(self, name: str, data: bytes, *, enforce_quota: bool = False) -> None:
         """Async `put`."""
@@ -148,7 +148,7 @@ class SessionDocuments:
         :raises StorageError: If the backend fails.
         :raises QuotaExceededError: If `enforce_quota` is set and the create would pass a quota; nothing was sent.
         """
-        self.host.blocking(self.create_async, name, data, enforce_quota=enforce_quota)
+        self.host.run_sync(self.create_async, name, data, enforce_quota=enforce_quota)
 
     async def create_async(self, name: str, data: bytes, *, enforce_quota: bool = False) -> None:
         """Async `create`."""
@@ -176,7 +176,7 @@ class SessionDocuments:
         :returns: Its content.
         :raises ResultNotFoundError: If there is no such document.
         """
-        return self.host.blocking(self.get_async, name)
+        return self.host.run_sync(self.get_async, name)
 
     async def get_async(self, name: str) -> bytes:
         """Async `get`."""
@@ -190,7 +190,7 @@ class SessionDocuments:
 
         :returns: The names; empty if the namespace has none.
         """
-        return self.host.blocking(self.list_async)
+        return self.host.run_sync(self.list_async)
 
     async def list_async(self) -> builtins.list[str]:
         """Async `list`."""
@@ -207,7 +207,7 @@ class SessionDocuments:
 
         :param name: The document's name within the namespace.
         """
-        self.host.blocking(self.delete_async, name)
+        self.host.run_sync(self.delete_async, name)
 
     async def delete_async(self, name: str) -> None:
         """Async `delete`."""

@@ -20,7 +20,6 @@ from haystack.core.serialization import default_from_dict, default_to_dict
 from haystack.hooks.tool_result_offloading.types import ToolResultStore
 
 from haystack_integrations.offload.errors import InvalidReferenceError, ResultExpiredError
-from haystack_integrations.offload.stores.blocking import blocking, blocking_here
 from haystack_integrations.offload.stores.chunks import ContentChunks
 from haystack_integrations.offload.stores.documents import DocumentHost, SessionDocuments
 from haystack_integrations.offload.stores.engines import DEFAULT_ENGINE, EngineChoice, choose_engine, storage_io_for
@@ -53,6 +52,7 @@ from haystack_integrations.offload.stores.retention import (
 from haystack_integrations.offload.stores.retry import RetryPolicy, RetryStats, retried, s3_client_options
 from haystack_integrations.offload.stores.s3fs_io import s3_io_with_loop_clients
 from haystack_integrations.offload.stores.scope import check_local_path, validate_scope_id
+from haystack_integrations.offload.stores.sync_api import run_on_io_loop, run_on_own_loop
 from haystack_integrations.offload.stores.translate import storage_errors
 
 # botocore's default pool of 10 connections would cap a busy server at 10 S3 requests in flight.
@@ -274,23 +274,23 @@ class FsspecToolResultStore(ToolResultStore):
         host = DocumentHost(
             scope_path=self._scope_path,
             request=self._handle.request,
-            blocking=self._blocking,
+            run_sync=self._run_sync,
             charge=lambda size, enforce: self._charge_document_async(size, enforce=enforce),
             require_exclusive_creates=self._require_exclusive_creates_async,
         )
         return SessionDocuments(host, namespace)
 
-    def _blocking(self, operation: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run an async method for its sync twin (`stores.blocking`): the sync API is the async one, waited for."""
+    def _run_sync(self, operation: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run an async method for its sync twin (`stores.sync_api`): the sync API is the async one, waited for."""
         if getattr(self._filesystem, "asynchronous", False):
             raise TypeError(
                 "This store is built on an fsspec filesystem created with asynchronous=True, which has no loop of its "
                 "own to wait on: use the store's *_async methods, or build the store from a URL instead."
             )
         io = self._handle.io()
-        if io.blocking or not io.remote:  # disk or memory: no shared client to hop to
-            return blocking_here(operation, *args, **kwargs)
-        return blocking(operation, *args, **kwargs)
+        if io.uses_worker_threads or not io.remote:  # disk or memory: no shared client to hop to
+            return run_on_own_loop(operation, *args, **kwargs)
+        return run_on_io_loop(operation, *args, **kwargs)
 
     # Paths
 
@@ -450,7 +450,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises StoragePermissionError: If the backend refuses the write.
         :raises QuotaExceededError: If the write would pass the store's quota; nothing was sent.
         """
-        return self._blocking(self.write_async, key=key, content=content, tool_name=tool_name)
+        return self._run_sync(self.write_async, key=key, content=content, tool_name=tool_name)
 
     async def write_async(self, *, key: str, content: str | bytes, tool_name: str | None = None) -> str:
         """
@@ -520,7 +520,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises RuntimeError: If a write-behind write of the result is still in flight on this thread's own event loop
             (waiting would block the loop it needs); use `read_async`. The same holds for every sync method.
         """
-        return self._blocking(self.read_async, reference)
+        return self._run_sync(self.read_async, reference)
 
     async def read_async(self, reference: str) -> str | bytes:
         """
@@ -552,7 +552,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
         :raises ResultNotFoundError: If no result exists under the reference.
         """
-        return self._blocking(self.read_range_async, reference, start, end)
+        return self._run_sync(self.read_range_async, reference, start, end)
 
     async def read_range_async(self, reference: str, start: int, end: int) -> bytes:
         """
@@ -588,7 +588,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
         :raises ResultNotFoundError: If no result exists under the reference.
         """
-        return self._blocking(self.read_range_and_size_async, reference, start, end)
+        return self._run_sync(self.read_range_and_size_async, reference, start, end)
 
     async def read_range_and_size_async(self, reference: str, start: int, end: int) -> tuple[bytes, int]:
         """
@@ -621,7 +621,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
         :raises ResultNotFoundError: If no result exists under the reference.
         """
-        return self._blocking(self.info_async, reference)
+        return self._run_sync(self.info_async, reference)
 
     async def info_async(self, reference: str) -> StoredResult:
         """
@@ -647,7 +647,7 @@ class FsspecToolResultStore(ToolResultStore):
             are results past the store's retention (they cannot be read).
         :raises StorageError: If the backend fails (e.g. the bucket does not exist).
         """
-        return self._blocking(self.list_async, limit=limit)
+        return self._run_sync(self.list_async, limit=limit)
 
     async def list_async(self, *, limit: int | None = None) -> builtins.list[StoredResult]:
         """
@@ -671,7 +671,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
         :raises StorageError: If the backend fails.
         """
-        self._blocking(self.delete_async, reference)
+        self._run_sync(self.delete_async, reference)
 
     async def delete_async(self, reference: str) -> None:
         """
@@ -716,7 +716,7 @@ class FsspecToolResultStore(ToolResultStore):
             (`MAX_AGE`), or `expired` is asked of a store without retention.
         :raises StorageError: If the backend fails; results not yet deleted stay (and stay readable, unless expired).
         """
-        return self._blocking(self.purge_async, older_than=older_than, expired=expired)
+        return self._run_sync(self.purge_async, older_than=older_than, expired=expired)
 
     async def purge_async(self, *, older_than: timedelta | None = None, expired: bool = False) -> int:
         """
@@ -812,7 +812,7 @@ class FsspecToolResultStore(ToolResultStore):
         :returns: ``{"<tenant>/<session>/<name>": size, ...}`` for a root store (shorter paths for scoped stores).
         :raises StorageError: If the backend fails (e.g. the bucket does not exist).
         """
-        return self._blocking(self.find_objects_async)
+        return self._run_sync(self.find_objects_async)
 
     async def find_objects_async(self) -> dict[str, int]:
         """Async `find_objects`."""
@@ -832,7 +832,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises ValueError: If a path is absolute, empty, or has an empty, ``.`` or ``..`` segment: nothing is deleted.
         :raises StorageError: If the backend fails.
         """
-        self._blocking(self.delete_objects_async, paths)
+        self._run_sync(self.delete_objects_async, paths)
 
     async def delete_objects_async(self, paths: Iterable[str]) -> None:
         """Async `delete_objects`."""
@@ -855,7 +855,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises ValueError: If a path is not relative (see `delete_objects`).
         :raises StorageError: If the backend fails.
         """
-        return self._blocking(self.turn_times_async, paths)
+        return self._run_sync(self.turn_times_async, paths)
 
     async def turn_times_async(self, paths: Iterable[str]) -> dict[str, datetime | None]:
         """Async `turn_times`."""
@@ -878,7 +878,7 @@ class FsspecToolResultStore(ToolResultStore):
         :returns: The verdict; `ExclusiveCreateCheck.require` raises unless it is ``"enforced"``.
         :raises StoragePermissionError: If the probe may not be written in this scope.
         """
-        return self._blocking(self.check_exclusive_creates_async, refresh=refresh)
+        return self._run_sync(self.check_exclusive_creates_async, refresh=refresh)
 
     async def check_exclusive_creates_async(self, *, refresh: bool = False) -> ExclusiveCreateCheck:
         """Async `check_exclusive_creates`."""
@@ -902,7 +902,7 @@ class FsspecToolResultStore(ToolResultStore):
 
     def warm_up(self) -> None:
         """Create the filesystem client now (and, on S3, its session) instead of on the first request."""
-        self._blocking(self.warm_up_async)
+        self._run_sync(self.warm_up_async)
 
     async def warm_up_async(self) -> None:
         """Async `warm_up`."""
@@ -970,7 +970,7 @@ def end_session(store: FsspecToolResultStore, *, documents: bool = False) -> int
     :raises ValueError: If `store` is not scoped to a session.
     :raises StorageError: If the backend fails; what was not deleted yet stays.
     """
-    return store._blocking(end_session_async, store, documents=documents)
+    return store._run_sync(end_session_async, store, documents=documents)
 
 
 async def end_session_async(store: FsspecToolResultStore, *, documents: bool = False) -> int:

@@ -7,8 +7,8 @@ from typing import Any, Protocol, TypeAlias, TypeVar
 
 from fsspec import AbstractFileSystem
 
-from haystack_integrations.offload.stores.blocking import blocked_here
 from haystack_integrations.offload.stores.failures import network_failure
+from haystack_integrations.offload.stores.sync_api import caller_is_waiting
 
 T = TypeVar("T")
 
@@ -30,14 +30,14 @@ class StorageIO:
     (with the size), size, find and delete.
 
     Paths are full paths in the filesystem's own form (``bucket/prefix/...`` for S3, absolute paths for local disk),
-    built and validated by the store, which derives its sync API from these (`stores.blocking`) and retries them
+    built and validated by the store, which derives its sync API from these (`stores.sync_api`) and retries them
     (`stores.retry.retried`). Each engine, in its own module, subclasses this and raises `FileExistsError`,
     `FileNotFoundError`, `PermissionError` or `StorageRequestError` for the failures it recognises: `memory_io`,
     `local_io`, `async_fsspec_io`, `s3fs_io`, `obstore_io`.
     """
 
     # Whether calls touch a disk in a worker thread (memory and network engines do not block the loop).
-    blocking = False
+    uses_worker_threads = False
     # Whether the storage is reached over a network, so that a failure may be transient and a retry may help.
     remote = False
     # Whether the retry loop must cut an attempt off itself: the engine's client has no time limit it keeps.
@@ -105,7 +105,7 @@ class SyncBackedIO(StorageIO):
     running its sync twin in a worker thread (or inline, when that is cheaper: see `inline_io_bytes`).
     """
 
-    blocking = True
+    uses_worker_threads = True
     # Calls moving at most this many bytes run inline on the loop anyway (None: never).
     inline_io_bytes: int | None = None
 
@@ -164,12 +164,12 @@ class SyncBackedIO(StorageIO):
 
     async def _in_thread(self, function: Callable[..., T], *args: Any, size: int | None = None) -> T:
         # `size`: the bytes the call moves, when known; a small enough call is cheaper inline than a thread hop. A sync
-        # caller's operation running on that caller's own thread (`blocking_here`) blocks nobody else: always inline.
-        inline = not self.blocking or (
+        # caller's operation running on that caller's own thread (`run_on_own_loop`) blocks nobody else: always inline.
+        inline = not self.uses_worker_threads or (
             self.inline_io_bytes is not None and size is not None and size <= self.inline_io_bytes
         )
         try:
-            if inline or blocked_here():
+            if inline or caller_is_waiting():
                 return function(*args)
             return await asyncio.to_thread(function, *args)
         except Exception as error:

@@ -9,9 +9,9 @@ from collections.abc import Iterable, Iterator
 from typing import BinaryIO
 
 from haystack_integrations.offload.errors import InvalidReferenceError
-from haystack_integrations.offload.stores.blocking import blocked_here
 from haystack_integrations.offload.stores.io import Chunk, SyncBackedIO
 from haystack_integrations.offload.stores.names import is_temporary_name, new_temporary_name
+from haystack_integrations.offload.stores.sync_api import caller_is_waiting
 
 # Writes and reads up to this size run inline on the loop: about where a thread hop costs as much as the copy it saves
 # (writing 256 KiB into the page cache takes about as long as the hop to a worker thread and back).
@@ -42,7 +42,7 @@ class _LocalDiskIO(SyncBackedIO):
         file = self._open_for_read(path)
         handed_over = False
         try:
-            if os.fstat(file.fileno()).st_size <= INLINE_IO_BYTES or blocked_here():
+            if os.fstat(file.fileno()).st_size <= INLINE_IO_BYTES or caller_is_waiting():
                 return file.read()
             handed_over = True
         finally:

@@ -18,7 +18,7 @@ class SyncFilesystemIO(SyncBackedIO):
         super().__init__(fs)
         protocols = protocols_of(fs)
         # fsspec's memory filesystem is a dict: calling it inline is cheaper than a thread hop.
-        self.blocking = "memory" not in protocols
+        self.uses_worker_threads = "memory" not in protocols
         self.remote = not set(protocols) <= IN_PROCESS_PROTOCOLS
 
 

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from haystack_integrations.offload.stores.blocking import BLOCKED_THREAD
+from haystack_integrations.offload.stores.sync_api import WAITING_THREAD
 
 logger = logging.getLogger(__name__)
 
@@ -145,10 +145,10 @@ class InFlightWrites:
         Wait for every in-flight write below `prefix`, whichever threads or loops run them.
 
         :param prefix: A scope's path, ending with a separator.
-        :raises RuntimeError: If the operation runs for a sync caller (`blocking`) whose thread's event loop is still
-            running one of the writes: waiting would stop the loop that has to finish it (a deadlock). Not waiting is
-            no better: a purge would report results deleted that land afterwards, a read would find nothing. Call the
-            async twin instead, or wait for the write first.
+        :raises RuntimeError: If the operation runs for a sync caller (`stores.sync_api`) whose thread's event loop is
+            still running one of the writes: waiting would stop the loop that has to finish it (a deadlock). Not
+            waiting is no better: a purge would report results deleted that land afterwards, a read would find nothing.
+            Call the async twin instead, or wait for the write first.
         """
         await _wait_async(self._matching(prefix, under=True))
 
@@ -164,8 +164,8 @@ class _Write(NamedTuple):
 
 
 async def _wait_async(writes: list[_Write]) -> None:
-    blocked = BLOCKED_THREAD.get()
-    if any(write.thread == blocked for write in writes):
+    waiting = WAITING_THREAD.get()
+    if any(write.thread == waiting for write in writes):
         raise RuntimeError(
             "A sync store method was called on the thread whose event loop is still uploading a result it "
             "needs (a write-behind write). Blocking would stop that upload for good; call the method's async "

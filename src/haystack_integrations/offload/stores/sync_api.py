@@ -18,11 +18,11 @@ from fsspec.asyn import get_loop, sync
 P = ParamSpec("P")
 T = TypeVar("T")
 
-# The thread blocked on the operation running in this task (None: an async caller, whose thread keeps running).
-BLOCKED_THREAD: ContextVar[int | None] = ContextVar("offload_blocked_thread", default=None)
+# The thread waiting for the operation running in this task (None: an async caller, whose thread keeps running).
+WAITING_THREAD: ContextVar[int | None] = ContextVar("offload_waiting_thread", default=None)
 
 
-def blocking(operation: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs) -> T:
+def run_on_io_loop(operation: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs) -> T:
     """
     Run one async storage operation to completion from sync code, on fsspec's I/O loop thread.
 
@@ -33,12 +33,12 @@ def blocking(operation: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kw
     :raises Exception: What the operation raised, unchanged.
     :raises NotImplementedError: If called on fsspec's I/O loop thread itself (await the async twin there).
     """
-    return sync(get_loop(), _as_blocked, get_ident(), operation, *args, **kwargs)  # type: ignore[no-any-return]
+    return sync(get_loop(), _with_waiting_thread, get_ident(), operation, *args, **kwargs)  # type: ignore[no-any-return]
 
 
-def blocking_here(operation: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs) -> T:
+def run_on_own_loop(operation: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs) -> T:
     """
-    `blocking` for engines whose calls block anyway: run the operation on this thread's private event loop.
+    `run_on_io_loop` for engines whose calls block anyway: run the operation on this thread's private event loop.
 
     :param operation: The coroutine function.
     :param args: Its positional arguments.
@@ -49,24 +49,24 @@ def blocking_here(operation: Callable[P, Coroutine[Any, Any, T]], *args: P.args,
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return _thread_loop().run_until_complete(_as_blocked(get_ident(), operation, *args, **kwargs))
-    return blocking(operation, *args, **kwargs)
+        return _thread_loop().run_until_complete(_with_waiting_thread(get_ident(), operation, *args, **kwargs))
+    return run_on_io_loop(operation, *args, **kwargs)
 
 
-def blocked_here() -> bool:
+def caller_is_waiting() -> bool:
     """
-    Whether the running operation is a sync caller's, on that caller's own thread (`blocking_here`).
+    Whether the running operation is a sync caller's, on that caller's own thread (`run_on_own_loop`).
 
     :returns: True if blocking calls may run inline: the thread they would block is waiting for them anyway.
     """
-    return BLOCKED_THREAD.get() == get_ident()
+    return WAITING_THREAD.get() == get_ident()
 
 
-async def _as_blocked(
+async def _with_waiting_thread(
     thread: int, operation: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs
 ) -> T:
     # Set inside the task (a context of its own), so it never leaks to other operations on the loop.
-    BLOCKED_THREAD.set(thread)
+    WAITING_THREAD.set(thread)
     return await operation(*args, **kwargs)
 
 
