@@ -130,7 +130,7 @@ async def test_a_live_channel_never_touches_serialization(tmp_path: Path, ledger
 
 
 def test_request_expiry_is_inclusive() -> None:
-    from haystack_integrations.offload.approvals.records import ApprovalRequest
+    from haystack_integrations.offload.approvals.approval_records import ApprovalRequest
 
     created = datetime(2026, 1, 1, tzinfo=UTC)
     request = ApprovalRequest(

@@ -1,6 +1,7 @@
 """
-Approvals need a `DocumentStore`, not this library's store: a third-party store that keeps documents works end to end,
-and a store that keeps none (Haystack's plain protocol) gets a clear error from the durable channel and the ledger.
+Approvals need a `SessionDocumentSource`, not this library's store: a third-party store that keeps documents works end
+to end, and a store that keeps none (Haystack's plain protocol) gets a clear error from the durable channel and the
+ledger.
 """
 
 import uuid
@@ -32,14 +33,15 @@ from haystack_integrations.offload import (
 )
 from haystack_integrations.offload.approvals.ledger import ApprovalLedger, session_scope
 from haystack_integrations.offload.context import RESULT_STORE_CONTEXT_KEY, resume_context
-from haystack_integrations.offload.types import Documents, DocumentStore
+from haystack_integrations.offload.types import Documents, SessionDocumentSource
 
 INVOICE = ("send_invoice", {"customer": "acme", "amount": 120}, "call_inv")
 
 
 class DelegatingStore:
     """
-    A third-party store: Haystack's ``write``/``read`` and the `DocumentStore` Protocol, delegating to a real session.
+    A third-party store: Haystack's ``write``/``read`` and the `SessionDocumentSource` Protocol, delegating to a real
+    session.
 
     Not a subclass of `FsspecToolResultStore` and no ``scope``: approvals may use nothing but the Protocol.
     """
@@ -84,7 +86,7 @@ class PlainStore:
 
 
 class DocumentsOnlyStore(PlainStore):
-    """Has ``documents()`` but says nothing of its tenant and session: not a `DocumentStore`."""
+    """Has ``documents()`` but says nothing of its tenant and session: not a `SessionDocumentSource`."""
 
     def __init__(self, inner: FsspecToolResultStore) -> None:
         super().__init__()
@@ -117,7 +119,7 @@ def test_a_third_party_document_store_holds_decides_and_resumes(
     agent: Agent, inner: FsspecToolResultStore, ledger: Path
 ) -> None:
     store = DelegatingStore(inner)
-    assert isinstance(store, DocumentStore) and not isinstance(store, FsspecToolResultStore)
+    assert isinstance(store, SessionDocumentSource) and not isinstance(store, FsspecToolResultStore)
 
     reply = agent.run([plan(INVOICE)], hook_context=durable(store))
     assert reply["exit_reason"] == APPROVAL_REQUIRED
@@ -184,7 +186,7 @@ def test_a_store_without_documents_is_a_clear_type_error_for_the_durable_channel
 def test_a_store_with_documents_but_no_tenant_or_session_is_not_a_document_store(
     inner: FsspecToolResultStore,
 ) -> None:
-    with pytest.raises(TypeError, match="DocumentStore"):
+    with pytest.raises(TypeError, match="SessionDocumentSource"):
         session_scope(DocumentsOnlyStore(inner))
 
 

@@ -16,9 +16,9 @@ from haystack_integrations.offload import FsspecToolResultStore, OffloadHook
 from haystack_integrations.offload.hooks import writes
 from haystack_integrations.offload.types import (
     AsyncWrites,
-    DocumentStore,
     ListableResults,
     RangedResults,
+    SessionDocumentSource,
     TaggedWrites,
     WriteBehind,
 )
@@ -85,7 +85,7 @@ def test_a_runtime_protocol_check_cannot_tell_a_tagged_async_twin_from_an_untagg
 
 def test_the_librarys_store_offers_every_protocol() -> None:
     session = FsspecToolResultStore(f"memory://protocols-{uuid.uuid4().hex}").for_session("acme", "chat-1")
-    for protocol in (TaggedWrites, AsyncWrites, WriteBehind, RangedResults, ListableResults, DocumentStore):
+    for protocol in (TaggedWrites, AsyncWrites, WriteBehind, RangedResults, ListableResults, SessionDocumentSource):
         assert isinstance(session, protocol), protocol.__name__
     assert writes.can_write_behind(session)
 

@@ -13,7 +13,7 @@ from haystack.components.agents.state.state import State
 from haystack.hooks.tool_result_offloading import RESULT_STORE_CONTEXT_KEY
 from haystack.hooks.tool_result_offloading.types import ToolResultStore
 
-from haystack_integrations.offload.types import DocumentStore
+from haystack_integrations.offload.types import SessionDocumentSource
 
 __all__ = [
     "APPROVAL_CHANNEL_KEY",
@@ -62,7 +62,7 @@ def offload_context(store: ToolResultStore, **extra: Any) -> dict[str, Any]:
 
 
 def resume_context(
-    store: DocumentStore, hook_context: dict[str, Any] | None, *, default_channel: Callable[[], object]
+    store: SessionDocumentSource, hook_context: dict[str, Any] | None, *, default_channel: Callable[[], object]
 ) -> dict[str, Any]:
     """
     Build the `hook_context` a resumed run goes on with: the caller's, bound to the store being resumed.
@@ -81,7 +81,7 @@ def resume_context(
     context = dict(hook_context)
     given = context.setdefault(RESULT_STORE_CONTEXT_KEY, store)
     # A store without a tenant and session (a plain Haystack one) is of another scope too: its writes would leave it.
-    if not isinstance(given, DocumentStore) or (given.tenant, given.session) != (store.tenant, store.session):
+    if not isinstance(given, SessionDocumentSource) or (given.tenant, given.session) != (store.tenant, store.session):
         raise ValueError("hook_context carries the store of another scope than the one being resumed.")
     return context
 

@@ -128,8 +128,13 @@ class Documents(Protocol):
 
 
 @runtime_checkable
-class DocumentStore(Protocol):
-    """A store scoped to one tenant's session that keeps documents beside its results (durable approvals, history)."""
+class SessionDocumentSource(Protocol):
+    """
+    A store scoped to one tenant's session that hands out the documents kept beside its results, by namespace.
+
+    What durable approvals and their audit need of a store (unrelated to Haystack's ``DocumentStore`` of retrievable
+    ``Document`` objects).
+    """
 
     @property
     def tenant(self) -> str | None:
@@ -148,10 +153,10 @@ class DocumentStore(Protocol):
 
 __all__ = [
     "AsyncWrites",
-    "DocumentStore",
     "Documents",
     "ListableResults",
     "RangedResults",
+    "SessionDocumentSource",
     "TaggedWrites",
     "WriteBehind",
 ]

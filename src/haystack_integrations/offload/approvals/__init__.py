@@ -6,6 +6,13 @@ with `pending_approvals_async` and `decide_async`, continues with `resume_async`
 any worker: everything lives under the session's scope in the store.
 """
 
+from haystack_integrations.offload.approvals.approval_records import (
+    ApprovalDecision,
+    ApprovalRequest,
+    AuditEvent,
+    CallOutcome,
+    Decision,
+)
 from haystack_integrations.offload.approvals.audit import read_audit, read_audit_async
 from haystack_integrations.offload.approvals.channels import (
     APPROVAL_REQUIRED,
@@ -31,13 +38,6 @@ from haystack_integrations.offload.approvals.errors import (
     ResumeInterruptedError,
 )
 from haystack_integrations.offload.approvals.outcomes import META_KEY
-from haystack_integrations.offload.approvals.records import (
-    ApprovalDecision,
-    ApprovalRequest,
-    AuditEvent,
-    CallOutcome,
-    Decision,
-)
 from haystack_integrations.offload.approvals.resume import resume, resume_async
 from haystack_integrations.offload.approvals.rules import AskOncePerSession, AskWhen
 from haystack_integrations.offload.context import APPROVAL_CHANNEL_KEY

@@ -7,7 +7,7 @@ Every record is a frozen pydantic model that refuses unknown fields; times are t
 from datetime import datetime
 from typing import Any, Literal
 
-from haystack.dataclasses import ChatMessage
+from haystack.dataclasses import ChatMessage, ToolCall
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 from haystack_integrations.offload.stores.documents import writer_token
@@ -170,6 +170,37 @@ class HeldCall(_Record):
     request: ApprovalRequest | None = None
     denial: Denial | None = None
 
+    @classmethod
+    def of(
+        cls,
+        position: int,
+        call: ToolCall,
+        digest: str,
+        *,
+        request: ApprovalRequest | None = None,
+        denial: Denial | None = None,
+    ) -> "HeldCall":
+        """
+        The held record of the call at `position`: asked about with `request`, denied with `denial`, else run.
+
+        :param position: The call's index among the message's tool calls.
+        :param call: The call.
+        :param digest: The digest of its arguments.
+        :param request: Its approval request, if it waits for one.
+        :param denial: Why it does not run, if it is denied in place.
+        :returns: The record.
+        """
+        action: CallAction = "ask" if request is not None else ("deny" if denial is not None else "run")
+        return cls(
+            position=position,
+            tool_call_id=call.id,
+            tool_name=call.tool_name,
+            arguments_digest=digest,
+            action=action,
+            request=request,
+            denial=denial,
+        )
+
     @model_validator(mode="after")
     def _action_has_its_details(self) -> "HeldCall":
         if (self.action == "ask") != (self.request is not None):
@@ -203,6 +234,57 @@ class HeldStep(_Record):
         "kept here so that losing that resume's turn cannot lose them.",
     )
     token: str = Field(default_factory=writer_token)
+
+    @classmethod
+    def holding(
+        cls,
+        message: ChatMessage,
+        calls: list[HeldCall],
+        *,
+        sequence: int,
+        step_id: str,
+        tenant: str,
+        session: str,
+        guard: str,
+        created: datetime,
+        requested_by: str | None,
+        continues: str | None = None,
+        state: dict[str, Any] | None = None,
+        preceding: list[dict[str, Any]] | None = None,
+    ) -> "HeldStep":
+        """
+        The record of `message` held under the step number the ledger claimed: the one way both holders build it.
+
+        `ApprovalHook` holds a step for its guard's requests; `resume` holds one again for calls that may have run.
+
+        :param message: The assistant message whose calls wait.
+        :param calls: One `HeldCall` per tool call of the message, in order.
+        :param sequence: The number claimed for the step.
+        :param step_id: The step's id (``ledger.step_id_for(sequence)``), which its requests already carry.
+        :param tenant: The session's tenant.
+        :param session: The session.
+        :param guard: The hook (or ``"may-have-run"``) whose requests the step holds.
+        :param created: When the step was held.
+        :param requested_by: Who the run acts for, or the worker that held it.
+        :param continues: The step whose resumption holds this one, if any.
+        :param state: The run's own state values when it first stopped.
+        :param preceding: What the resume holding this step added before the message.
+        :returns: The record.
+        """
+        return cls(
+            step_id=step_id,
+            sequence=sequence,
+            tenant=tenant,
+            session=session,
+            guard=guard,
+            continues=continues,
+            created=created,
+            requested_by=requested_by,
+            message=message.to_dict(),
+            calls=calls,
+            state=state,
+            preceding=preceding or [],
+        )
 
     @model_validator(mode="after")
     def _calls_match_the_message(self) -> "HeldStep":

@@ -9,9 +9,9 @@ import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from haystack_integrations.offload.approvals.approval_records import AuditEvent
 from haystack_integrations.offload.approvals.ledger import session_scope
-from haystack_integrations.offload.approvals.records import AuditEvent
-from haystack_integrations.offload.types import Documents, DocumentStore
+from haystack_integrations.offload.types import Documents, SessionDocumentSource
 
 NAMESPACE = "audit"
 _counter = itertools.count(1)
@@ -42,12 +42,12 @@ def _name(event: AuditEvent) -> str:
     return f"{event.at.strftime('%Y%m%dT%H%M%S%f')}Z-{next(_counter):012d}-{secrets.token_hex(4)}.json"
 
 
-def _documents(store: DocumentStore) -> Documents:
+def _documents(store: SessionDocumentSource) -> Documents:
     session_scope(store)  # the same checks, and errors, as the approval ledger's
     return store.documents(NAMESPACE)
 
 
-def append_audit(store: DocumentStore, *events: AuditEvent) -> None:
+def append_audit(store: SessionDocumentSource, *events: AuditEvent) -> None:
     """
     Append events to the session's audit record.
 
@@ -60,13 +60,13 @@ def append_audit(store: DocumentStore, *events: AuditEvent) -> None:
         documents.put(_name(event), event.model_dump_json().encode())
 
 
-async def append_audit_async(store: DocumentStore, *events: AuditEvent) -> None:
+async def append_audit_async(store: SessionDocumentSource, *events: AuditEvent) -> None:
     """Async `append_audit`; the events are written concurrently (their names already fix their order)."""
     documents = _documents(store)
     await asyncio.gather(*(documents.put_async(_name(event), event.model_dump_json().encode()) for event in events))
 
 
-def read_audit(store: DocumentStore) -> list[AuditEvent]:
+def read_audit(store: SessionDocumentSource) -> list[AuditEvent]:
     """
     Read a session's audit record, oldest first.
 
@@ -75,7 +75,7 @@ def read_audit(store: DocumentStore) -> list[AuditEvent]:
         print(event.at, event.event, event.actor, event.tool_name)
     ```
 
-    :param store: The session's store (a `DocumentStore`: `FsspecToolResultStore.for_session`).
+    :param store: The session's store (a `SessionDocumentSource`: `FsspecToolResultStore.for_session`).
     :returns: Every event, in time order. Documents other writers put in the namespace that are not approval audit
         events are skipped.
     :raises TypeError: If the store keeps no documents.
@@ -85,7 +85,7 @@ def read_audit(store: DocumentStore) -> list[AuditEvent]:
     return _parsed([(name, documents.get(name)) for name in documents.list()])
 
 
-async def read_audit_async(store: DocumentStore) -> list[AuditEvent]:
+async def read_audit_async(store: SessionDocumentSource) -> list[AuditEvent]:
     """Async `read_audit`; the documents are read concurrently."""
     documents = _documents(store)
     names = await documents.list_async()

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from haystack_integrations.offload.approvals.records import (
+from haystack_integrations.offload.approvals.approval_records import (
     APPROVAL_EXPIRED,
     APPROVAL_INVALID,
     ApprovalDecision,

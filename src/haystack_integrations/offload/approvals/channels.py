@@ -14,8 +14,8 @@ from typing import Any
 
 from haystack.hooks.human_in_the_loop import ConfirmationUIResult, ToolExecutionDecision
 
+from haystack_integrations.offload.approvals.approval_records import ApprovalRequest, Decision
 from haystack_integrations.offload.approvals.errors import InvalidApprovalEditError
-from haystack_integrations.offload.approvals.records import ApprovalRequest, Decision
 from haystack_integrations.offload.context import APPROVAL_CHANNEL_KEY as APPROVAL_CHANNEL_KEY
 
 APPROVAL_REQUIRED = "approval_required"

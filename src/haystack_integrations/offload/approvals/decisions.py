@@ -8,6 +8,14 @@ once: a second decision for the same request fails with `ApprovalAlreadyDecidedE
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from haystack_integrations.offload.approvals.approval_records import (
+    ApprovalDecision,
+    ApprovalRequest,
+    AuditEvent,
+    Decision,
+    HeldStep,
+    StepDone,
+)
 from haystack_integrations.offload.approvals.audit import append_audit, append_audit_async, new_event
 from haystack_integrations.offload.approvals.binding import arguments_digest
 from haystack_integrations.offload.approvals.errors import (
@@ -22,27 +30,19 @@ from haystack_integrations.offload.approvals.ledger import (
     parse_request_id,
     sequence_of,
 )
-from haystack_integrations.offload.approvals.records import (
-    ApprovalDecision,
-    ApprovalRequest,
-    AuditEvent,
-    Decision,
-    HeldStep,
-    StepDone,
-)
 from haystack_integrations.offload.approvals.rules import remembered_approval
 from haystack_integrations.offload.approvals.validation import approved_arguments
-from haystack_integrations.offload.types import DocumentStore
+from haystack_integrations.offload.types import SessionDocumentSource
 
 DEFAULT_DECISION_TTL = 3600.0
 """Seconds an approval stays usable by `resume` after it was made."""
 
 
-def pending_approvals(store: DocumentStore) -> list[ApprovalRequest]:
+def pending_approvals(store: SessionDocumentSource) -> list[ApprovalRequest]:
     """
     The session's requests that wait for a decision: those of its open held step, not decided, not expired.
 
-    :param store: The session's store (a `DocumentStore`: `FsspecToolResultStore.for_session`).
+    :param store: The session's store (a `SessionDocumentSource`: `FsspecToolResultStore.for_session`).
     :returns: The requests, in the model's order; empty when nothing waits.
     :raises TypeError: If the store keeps no documents.
     :raises ValueError: If the store is not scoped to one session.
@@ -55,7 +55,7 @@ def pending_approvals(store: DocumentStore) -> list[ApprovalRequest]:
     return _waiting(ledger.step(sequence), listing, now())
 
 
-async def pending_approvals_async(store: DocumentStore) -> list[ApprovalRequest]:
+async def pending_approvals_async(store: SessionDocumentSource) -> list[ApprovalRequest]:
     """Async `pending_approvals`."""
     ledger = ApprovalLedger(store)
     listing = await ledger.listing_async()
@@ -66,7 +66,7 @@ async def pending_approvals_async(store: DocumentStore) -> list[ApprovalRequest]
 
 
 def decide(
-    store: DocumentStore, request_id: str, decision: Decision, *, ttl: float = DEFAULT_DECISION_TTL
+    store: SessionDocumentSource, request_id: str, decision: Decision, *, ttl: float = DEFAULT_DECISION_TTL
 ) -> ApprovalDecision:
     """
     Record a person's decision on one request of this session.
@@ -105,7 +105,7 @@ def decide(
 
 
 async def decide_async(
-    store: DocumentStore, request_id: str, decision: Decision, *, ttl: float = DEFAULT_DECISION_TTL
+    store: SessionDocumentSource, request_id: str, decision: Decision, *, ttl: float = DEFAULT_DECISION_TTL
 ) -> ApprovalDecision:
     """Async `decide`."""
     ledger = ApprovalLedger(store)
@@ -124,7 +124,7 @@ async def decide_async(
     return record
 
 
-async def open_step_async(store: DocumentStore) -> "OpenStep | None":
+async def open_step_async(store: SessionDocumentSource) -> "OpenStep | None":
     """
     The session's held step that is not finished yet, and where it stands: the server's check before a new message.
 
@@ -146,7 +146,7 @@ async def open_step_async(store: DocumentStore) -> "OpenStep | None":
     )
 
 
-async def newest_done_async(store: DocumentStore) -> StepDone | None:
+async def newest_done_async(store: SessionDocumentSource) -> StepDone | None:
     """
     What the session's newest finished step added to the conversation, or None.
 

@@ -25,6 +25,18 @@ from haystack.tools.tool import Tool
 from haystack.tracing.tracer import tracer
 
 from haystack_integrations.offload.approvals import learning
+from haystack_integrations.offload.approvals.approval_records import (
+    APPROVAL_DENIED,
+    APPROVAL_INVALID,
+    ApprovalRequest,
+    AuditEvent,
+    Decision,
+    Denial,
+    HeldCall,
+    HeldStep,
+    RememberApproval,
+    RememberedApproval,
+)
 from haystack_integrations.offload.approvals.audit import append_audit, append_audit_async, new_event
 from haystack_integrations.offload.approvals.binding import arguments_digest
 from haystack_integrations.offload.approvals.channels import (
@@ -46,20 +58,6 @@ from haystack_integrations.offload.approvals.outcomes import (
     expired,
     in_process_shape,
 )
-from haystack_integrations.offload.approvals.records import (
-    APPROVAL_DENIED,
-    APPROVAL_INVALID,
-    ApprovalRequest,
-    AuditEvent,
-    CallAction,
-    Decision,
-    Denial,
-    HeldCall,
-    HeldStep,
-    RememberApproval,
-    RememberedApproval,
-)
-from haystack_integrations.offload.approvals.resuming import ResumedDecisions, Verdict
 from haystack_integrations.offload.approvals.rules import (
     AskOncePerSession,
     Rule,
@@ -74,8 +72,9 @@ from haystack_integrations.offload.approvals.rules import (
     serialize_rules,
 )
 from haystack_integrations.offload.approvals.validation import approved_arguments, validated_arguments
+from haystack_integrations.offload.approvals.verdicts import ResumedDecisions, Verdict
 from haystack_integrations.offload.context import RESULT_STORE_CONTEXT_KEY, RESUMING_KEY, context_store, hook_context_of
-from haystack_integrations.offload.types import DocumentStore
+from haystack_integrations.offload.types import SessionDocumentSource
 
 _STRATEGY_SPAN = "haystack.agent.hook.human_in_the_loop.strategy"
 
@@ -524,17 +523,17 @@ class ApprovalHook:
         def build(sequence: int) -> HeldStep:
             step_id = step_id_for(sequence)
             self._make_requests(step, step_id)
-            return HeldStep(
-                step_id=step_id,
+            return HeldStep.holding(
+                step.message,
+                [self._held_call(step, item) for item in step.screened],
                 sequence=sequence,
+                step_id=step_id,
                 tenant=ledger.tenant,
                 session=ledger.session,
                 guard=self.guard,
-                continues=resuming.step.step_id if resuming is not None else None,
                 created=step.created,
                 requested_by=step.channel.actor,
-                message=step.message.to_dict(),
-                calls=[self._held_call(step, item) for item in step.screened],
+                continues=resuming.step.step_id if resuming is not None else None,
                 state=run_state,
                 preceding=preceding,
             )
@@ -544,16 +543,8 @@ class ApprovalHook:
     @staticmethod
     def _held_call(step: _Step, item: _Screened) -> HeldCall:
         request = step.requests.get(item.position)
-        action: CallAction = "ask" if request is not None else ("deny" if item.ask else "run")
-        return HeldCall(
-            position=item.position,
-            tool_call_id=item.call.id,
-            tool_name=item.call.tool_name,
-            arguments_digest=item.digest,
-            action=action,
-            request=request,
-            denial=UNBOUND_CALL if action == "deny" else None,
-        )
+        denial = UNBOUND_CALL if request is None and item.ask else None
+        return HeldCall.of(item.position, item.call, item.digest, request=request, denial=denial)
 
     @staticmethod
     def _refuse(step: _Step, request: ApprovalRequest, reason: str, *, actor: str | None) -> None:
@@ -749,6 +740,6 @@ def _context_ledger(state: State) -> ApprovalLedger | None:
 def _optional_ledger(store: object) -> ApprovalLedger | None:
     # The in-process channel works without a session store; with one, it gets the audit and AskOncePerSession memory.
     # `store` is whatever the run brought, unchecked: a plain Haystack store (no documents) or an unscoped one is fine.
-    if not isinstance(store, DocumentStore) or store.tenant is None or store.session is None:
+    if not isinstance(store, SessionDocumentSource) or store.tenant is None or store.session is None:
         return None
     return ApprovalLedger(store)

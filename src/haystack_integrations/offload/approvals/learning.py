@@ -15,8 +15,8 @@ from haystack.core.serialization import component_to_dict, default_from_dict, ge
 from haystack.hooks.human_in_the_loop import AlwaysAskPolicy, ConfirmationUIResult, NeverAskPolicy
 from haystack.hooks.human_in_the_loop.types import ConfirmationPolicy
 
+from haystack_integrations.offload.approvals.approval_records import ApprovalRequest, Decision
 from haystack_integrations.offload.approvals.ledger import ApprovalLedger
-from haystack_integrations.offload.approvals.records import ApprovalRequest, Decision
 from haystack_integrations.offload.approvals.rules import AskOncePerSession, AskWhen, Rule, RuleKey, policy_of
 from haystack_integrations.offload.errors import ResultNotFoundError
 

@@ -13,13 +13,7 @@ from typing import Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from haystack_integrations.offload.approvals.errors import (
-    ApprovalAlreadyDecidedError,
-    ApprovalClaimedError,
-    ApprovalNotFoundError,
-    ApprovalRecordError,
-)
-from haystack_integrations.offload.approvals.records import (
+from haystack_integrations.offload.approvals.approval_records import (
     ApprovalDecision,
     CallRecord,
     ExecutionClaim,
@@ -28,8 +22,14 @@ from haystack_integrations.offload.approvals.records import (
     StepClaim,
     StepDone,
 )
+from haystack_integrations.offload.approvals.errors import (
+    ApprovalAlreadyDecidedError,
+    ApprovalClaimedError,
+    ApprovalNotFoundError,
+    ApprovalRecordError,
+)
 from haystack_integrations.offload.errors import DocumentExistsError, ResultNotFoundError
-from haystack_integrations.offload.types import Documents, DocumentStore
+from haystack_integrations.offload.types import Documents, SessionDocumentSource
 
 NAMESPACE = "approvals"
 _STEP_ID = r"\d{8}-[0-9a-f]{12}"
@@ -51,13 +51,14 @@ def session_scope(store: object) -> tuple[str, str]:
 
     :param store: The run's store (whatever the run brought: this is where it is checked).
     :returns: Its tenant and session ids.
-    :raises TypeError: If the store keeps no documents (it is not a `DocumentStore`, such as a plain Haystack store).
+    :raises TypeError: If the store keeps no session documents (it is not a `SessionDocumentSource`, such as a plain
+        Haystack store).
     :raises ValueError: If it is not scoped to one session.
     """
-    if not isinstance(store, DocumentStore):
+    if not isinstance(store, SessionDocumentSource):
         raise TypeError(
             f"Approvals are kept in the session's store: it needs a documents() API with its tenant and session "
-            f"(a DocumentStore such as FsspecToolResultStore.for_session), got {type(store).__name__}."
+            f"(a SessionDocumentSource, such as FsspecToolResultStore.for_session), got {type(store).__name__}."
         )
     tenant, session = store.tenant, store.session
     if tenant is None or session is None:
@@ -191,14 +192,15 @@ class ApprovalLedger:
     async twin that differ only in how they await the store.
     """
 
-    def __init__(self, store: DocumentStore) -> None:
+    def __init__(self, store: SessionDocumentSource) -> None:
         """
-        :param store: A session-scoped `DocumentStore` (`FsspecToolResultStore.for_session`, or a third-party one).
+        :param store: The session's `SessionDocumentSource` (`FsspecToolResultStore.for_session`, or a third-party
+            one).
         :raises TypeError: If the store keeps no documents.
         :raises ValueError: If the store is not scoped to one session.
         """
         self.tenant, self.session = session_scope(store)
-        self.store: DocumentStore = store
+        self.store: SessionDocumentSource = store
         self.documents: Documents = store.documents(NAMESPACE)
 
     # Listing

@@ -16,7 +16,7 @@ from haystack.hooks.human_in_the_loop.strategies import (
     USER_FEEDBACK_TEMPLATE,
 )
 
-from haystack_integrations.offload.approvals.records import APPROVAL_DENIED, APPROVAL_EXPIRED, Denial
+from haystack_integrations.offload.approvals.approval_records import APPROVAL_DENIED, APPROVAL_EXPIRED, Denial
 
 META_KEY = "approval"
 """The tool-result meta key carrying ``{"kind": ..., "request_id": ...}`` for calls that did not run."""

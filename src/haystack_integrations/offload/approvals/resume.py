@@ -21,6 +21,18 @@ from haystack.components.agents import Agent
 from haystack.components.agents.state.state import State
 from haystack.dataclasses import ChatMessage, ToolCall
 
+from haystack_integrations.offload.approvals.approval_records import (
+    MAY_HAVE_RUN_GUARD,
+    ApprovalRequest,
+    AuditEvent,
+    CallOutcome,
+    CallRecord,
+    ExecutionClaim,
+    HeldCall,
+    HeldStep,
+    StepClaim,
+    StepDone,
+)
 from haystack_integrations.offload.approvals.audit import append_audit_async, new_event
 from haystack_integrations.offload.approvals.binding import arguments_digest
 from haystack_integrations.offload.approvals.channels import APPROVAL_REQUIRED, DurableApprovals
@@ -55,22 +67,10 @@ from haystack_integrations.offload.approvals.outcomes import (
     ResultFormat,
     denial_result,
 )
-from haystack_integrations.offload.approvals.records import (
-    MAY_HAVE_RUN_GUARD,
-    ApprovalRequest,
-    AuditEvent,
-    CallOutcome,
-    CallRecord,
-    ExecutionClaim,
-    HeldCall,
-    HeldStep,
-    StepClaim,
-    StepDone,
-)
-from haystack_integrations.offload.approvals.resuming import ResumedDecisions, Verdict, verdict_of
+from haystack_integrations.offload.approvals.verdicts import ResumedDecisions, Verdict, verdict_of
 from haystack_integrations.offload.context import RESUMING_KEY, resume_context
 from haystack_integrations.offload.leases import renewing
-from haystack_integrations.offload.types import DocumentStore
+from haystack_integrations.offload.types import SessionDocumentSource
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def default_worker() -> str:
 def resume(
     agent: Agent,
     messages: Sequence[ChatMessage],
-    store: DocumentStore,
+    store: SessionDocumentSource,
     *,
     hook_context: dict[str, Any] | None = None,
     worker: str | None = None,
@@ -160,7 +160,7 @@ def resume(
 async def resume_async(
     agent: Agent,
     messages: Sequence[ChatMessage],
-    store: DocumentStore,
+    store: SessionDocumentSource,
     *,
     hook_context: dict[str, Any] | None = None,
     worker: str | None = None,
@@ -371,6 +371,7 @@ class _Resumed:
             calls = []
             for item in plan:
                 request = None
+                digest = arguments_digest(item.call.arguments)
                 if item.uncertain:
                     request = ApprovalRequest(
                         request_id=request_id(step_id, item.position),
@@ -387,34 +388,25 @@ class _Resumed:
                             "have run."
                         ),
                         arguments=dict(item.call.arguments),
-                        arguments_digest=arguments_digest(item.call.arguments),
+                        arguments_digest=digest,
                         parameters={},
                         rule="MayHaveRun",
                         requested_by=self.worker,
                         created=created,
                         expires=expires,
                     )
-                calls.append(
-                    HeldCall(
-                        position=item.position,
-                        tool_call_id=item.call.id,
-                        tool_name=item.call.tool_name,
-                        arguments_digest=arguments_digest(item.call.arguments),
-                        action="ask" if request is not None else "run",
-                        request=request,
-                    )
-                )
-            return HeldStep(
-                step_id=step_id,
+                calls.append(HeldCall.of(item.position, item.call, digest, request=request))
+            return HeldStep.holding(
+                message,
+                calls,
                 sequence=sequence,
+                step_id=step_id,
                 tenant=self.step.tenant,
                 session=self.step.session,
                 guard=MAY_HAVE_RUN_GUARD,
-                continues=self.step.step_id,
                 created=created,
                 requested_by=self.worker,
-                message=message.to_dict(),
-                calls=calls,
+                continues=self.step.step_id,
                 state=self.decisions.state,
                 preceding=preceding,
             )

@@ -17,7 +17,11 @@ from haystack.hooks.human_in_the_loop.types import ConfirmationPolicy, Confirmat
 from haystack.utils.callable_serialization import deserialize_callable, serialize_callable
 from haystack.utils.deserialization import deserialize_component_inplace
 
-from haystack_integrations.offload.approvals.records import ApprovalRequest, RememberApproval, RememberedApproval
+from haystack_integrations.offload.approvals.approval_records import (
+    ApprovalRequest,
+    RememberApproval,
+    RememberedApproval,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ from typing import Any
 from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 from jsonschema.exceptions import SchemaError  # type: ignore[import-untyped]
 
+from haystack_integrations.offload.approvals.approval_records import ApprovalRequest, Decision
 from haystack_integrations.offload.approvals.errors import InvalidApprovalEditError
-from haystack_integrations.offload.approvals.records import ApprovalRequest, Decision
 
 _MAX_LISTED_ERRORS = 5
 

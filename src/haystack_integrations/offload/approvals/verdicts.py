@@ -1,5 +1,5 @@
 """
-What a resumed step hands to the ``before_tool`` hooks it runs again: the decisions already made for its calls.
+The verdicts a resumed step hands to the ``before_tool`` hooks it runs again: the decisions already made for its calls.
 
 Resuming re-enters the Agent's step at ``before_tool`` with the held message, so every hook of the chain runs again
 and is obeyed: guardrails, Haystack ``@hook``s and every `ApprovalHook`. An `ApprovalHook` finds here the decisions
@@ -14,15 +14,15 @@ from typing import Any
 
 from haystack.dataclasses import ChatMessage, ToolCall
 
-from haystack_integrations.offload.approvals.binding import arguments_digest, binding_problem
-from haystack_integrations.offload.approvals.outcomes import denied_by_person, expired
-from haystack_integrations.offload.approvals.records import (
+from haystack_integrations.offload.approvals.approval_records import (
     ApprovalDecision,
     ApprovalRequest,
     Decision,
     Denial,
     HeldStep,
 )
+from haystack_integrations.offload.approvals.binding import arguments_digest, binding_problem
+from haystack_integrations.offload.approvals.outcomes import denied_by_person, expired
 
 # The key is defined with the rest of what a run's hook_context holds; it stays importable from here.
 from haystack_integrations.offload.context import RESUMING_KEY as RESUMING_KEY

@@ -15,8 +15,8 @@ from haystack.hooks.human_in_the_loop.strategies import (
 )
 
 from haystack_integrations.offload.approvals import META_KEY, ApprovalDecision, ApprovalRequest, AuditEvent, CallOutcome
+from haystack_integrations.offload.approvals.approval_records import APPROVAL_DENIED, APPROVAL_EXPIRED
 from haystack_integrations.offload.approvals.outcomes import APPROVAL_REQUIRED_META_KEY
-from haystack_integrations.offload.approvals.records import APPROVAL_DENIED, APPROVAL_EXPIRED
 from haystack_integrations.offload.hooks.pointers import OFFLOADED_META_KEY
 from haystack_integrations.offload.server.service import (
     DecisionOutcome,
