@@ -31,6 +31,7 @@ from hook_scripts import (
 )
 
 from haystack_integrations.offload import FsspecToolResultStore, OffloadHook, offload_context
+from haystack_integrations.offload.hooks import pointers
 from haystack_integrations.offload.testing.local_s3 import RequestLog
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4).decode()
@@ -261,6 +262,11 @@ def test_hook_context_holding_no_store_is_refused() -> None:
 def test_the_hook_point_is_enforced() -> None:
     with pytest.raises(ValueError, match="only supports: after_tool"):
         make_agent({"before_llm": [OffloadHook({"*": AlwaysOffload()})]})
+
+
+def test_the_write_path_runs_one_way() -> None:
+    # The hook decides, `writes` writes (sync, async or behind), `pointers` only plans and renders: never calling back.
+    assert "hooks.write" not in Path(pointers.__file__).read_text()
 
 
 # Concurrency and the event loop

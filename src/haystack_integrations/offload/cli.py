@@ -19,11 +19,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import urlsplit
 
 from haystack_integrations.offload.errors import OffloadError, StoragePermissionError
 from haystack_integrations.offload.server.scripted_model import SCRIPTED_MODEL_LABEL
+
+if TYPE_CHECKING:
+    from haystack_integrations.offload.demo.runner import DemoReport
 
 DEFAULT_DEMO_STORE = "./offload-demo-results"
 DEMO_TENANTS = ("acme", "globex")
@@ -368,49 +371,14 @@ def _demo(arguments: argparse.Namespace) -> int:
         )
     finally:
         bar.close()
-    rows = []
-    summary = []
-    for tenant, outcomes in report.by_tenant().items():
-        figures = {
-            "tenant": tenant,
-            "sessions": len(outcomes),
-            "results_offloaded": sum(o.results_offloaded for o in outcomes),
-            "results_compacted": sum(o.results_compacted for o in outcomes),
-            "bytes_stored": sum(o.bytes_stored for o in outcomes),
-            "context_chars_saved": sum(o.context_chars_saved for o in outcomes),
-            "approvals_asked": sum(o.approvals_asked for o in outcomes),
-            "approvals_granted": sum(o.approvals_granted for o in outcomes),
-            "isolation_checks_passed": sum(o.isolation_checks for o in outcomes),
-            "other_checks_passed": sum(o.checks_passed for o in outcomes),
-            "failures": [f"{o.session}: {failure}" for o in outcomes for failure in o.failures],
-        }
-        summary.append(figures)
-        rows.append(
-            [
-                tenant,
-                str(figures["sessions"]),
-                f"{figures['results_offloaded']} ({figures['results_compacted']} by compaction)",
-                f"{figures['bytes_stored']:,}",
-                f"{figures['context_chars_saved']:,}",
-                f"{figures['approvals_asked']}/{figures['approvals_granted']}",
-                str(figures["isolation_checks_passed"]),
-                "FAILED" if figures["failures"] else "ok",
-            ]
-        )
     if arguments.json:
-        _print_json({"store": _shown(store), "model": SCRIPTED_MODEL_LABEL, "ok": report.ok, "tenants": summary})
+        figures = report.tenant_figures()
+        _print_json({"store": _shown(store), "model": SCRIPTED_MODEL_LABEL, "ok": report.ok, "tenants": figures})
     else:
-        print()
-        header = ["tenant", "sessions", "results offloaded", "bytes stored", "context chars saved"]
-        _table(rows, [*header, "approvals asked/granted", "isolation checks passed", "checks"])
-        print()
-        print("Where each tenant's results went:")
-        for tenant, outcomes in report.by_tenant().items():
-            print(f"  {_shown(store).rstrip('/')}/{tenant}/  ({', '.join(o.session for o in outcomes)})")
-    failures = [f"{o.tenant}/{o.session}: {failure}" for o in report.outcomes for failure in o.failures]
-    if failures:
+        _demo_table(report, store)
+    if report.failures:
         print("\nFAILED checks:", file=sys.stderr)
-        for failure in failures:
+        for failure in report.failures:
             print(f"  {failure}", file=sys.stderr)
         return EXIT_FAILED_CHECKS
     if not arguments.json:
@@ -419,6 +387,29 @@ def _demo(arguments: argparse.Namespace) -> int:
             "once and denied ones never, and no session could see another's results, approvals or messages."
         )
     return 0
+
+
+def _demo_table(report: "DemoReport", store: str) -> None:
+    rows = [
+        [
+            tenant["tenant"],
+            str(tenant["sessions"]),
+            f"{tenant['results_offloaded']} ({tenant['results_compacted']} by compaction)",
+            f"{tenant['bytes_stored']:,}",
+            f"{tenant['context_chars_saved']:,}",
+            f"{tenant['approvals_asked']}/{tenant['approvals_granted']}",
+            str(tenant["isolation_checks_passed"]),
+            "FAILED" if tenant["failures"] else "ok",
+        ]
+        for tenant in report.tenant_figures()
+    ]
+    print()
+    header = ["tenant", "sessions", "results offloaded", "bytes stored", "context chars saved"]
+    _table(rows, [*header, "approvals asked/granted", "isolation checks passed", "checks"])
+    print()
+    print("Where each tenant's results went:")
+    for tenant, outcomes in report.by_tenant().items():
+        print(f"  {_shown(store).rstrip('/')}/{tenant}/  ({', '.join(o.session for o in outcomes)})")
 
 
 # serve

@@ -11,7 +11,7 @@ import hashlib
 import json
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from haystack.dataclasses import ChatMessage
@@ -88,12 +88,39 @@ class DemoReport:
         """Whether every check in every session passed."""
         return all(not outcome.failures for outcome in self.outcomes)
 
+    @property
+    def failures(self) -> list[str]:
+        """Every check that failed, as ``tenant/session: what failed``."""
+        return [f"{o.tenant}/{o.session}: {failure}" for o in self.outcomes for failure in o.failures]
+
     def by_tenant(self) -> dict[str, list[SessionOutcome]]:
         """Group the outcomes by tenant, in first-seen order."""
         grouped: dict[str, list[SessionOutcome]] = {}
         for outcome in self.outcomes:
             grouped.setdefault(outcome.tenant, []).append(outcome)
         return grouped
+
+    def tenant_figures(self) -> list[dict[str, Any]]:
+        """
+        Each tenant's sessions added up, in first-seen order: what ``offload-haystack demo`` shows per tenant.
+
+        :returns: Per tenant, JSON-ready: ``tenant``, ``sessions``, every count of `SessionOutcome` summed (its
+            check counts as ``isolation_checks_passed`` and ``other_checks_passed``), and ``failures`` by session.
+        """
+        counts = [outcome_field.name for outcome_field in fields(SessionOutcome) if outcome_field.type is int]
+        return [
+            {
+                "tenant": tenant,
+                "sessions": len(outcomes),
+                **{_SHOWN_AS.get(name, name): sum(getattr(o, name) for o in outcomes) for name in counts},
+                "failures": [f"{o.session}: {failure}" for o in outcomes for failure in o.failures],
+            }
+            for tenant, outcomes in self.by_tenant().items()
+        ]
+
+
+# What `DemoReport.tenant_figures` calls the counts of `SessionOutcome` whose own names do not say what they count.
+_SHOWN_AS = {"isolation_checks": "isolation_checks_passed", "checks_passed": "other_checks_passed"}
 
 
 def session_marker(tenant: str, session: str) -> str:

@@ -27,7 +27,7 @@ from haystack_integrations.offload.compat import estimated_context_tokens as _es
 from haystack_integrations.offload.compat import last_assistant_index as _last_assistant_index
 from haystack_integrations.offload.context import run_store
 from haystack_integrations.offload.hooks.compaction_rounds import OffloadRounds
-from haystack_integrations.offload.hooks.pointers import offload, offload_async
+from haystack_integrations.offload.hooks.writes import offload, offload_async
 
 logger = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ class OffloadCompactionHook:
         if store is not None:
             rounds = self._rounds(store, messages, target_tokens)
             while batch := rounds.next_batch():
-                rounds.apply(batch, [offload(rounds.store, candidate.plan) for candidate in batch])
+                rounds.apply(batch, offload(rounds.store, [candidate.plan for candidate in batch]))
             compacted = rounds.result()
             if rounds.current_tokens <= target_tokens:
                 self._apply(state, messages, compacted, target_tokens, context_tokens, overhead)
@@ -230,8 +230,7 @@ class OffloadCompactionHook:
         if store is not None:
             rounds = self._rounds(store, messages, target_tokens)
             while batch := rounds.next_batch():
-                pointers = await asyncio.gather(*(offload_async(rounds.store, candidate.plan) for candidate in batch))
-                rounds.apply(batch, list(pointers))
+                rounds.apply(batch, await offload_async(rounds.store, [candidate.plan for candidate in batch]))
             compacted = rounds.result()
             if rounds.current_tokens <= target_tokens:
                 self._apply(state, messages, compacted, target_tokens, context_tokens, overhead)

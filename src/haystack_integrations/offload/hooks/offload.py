@@ -13,15 +13,15 @@ from haystack.hooks.tool_result_offloading.types import OffloadPolicy, ToolResul
 from haystack.utils.deserialization import deserialize_component_inplace
 
 from haystack_integrations.offload.context import run_store
-from haystack_integrations.offload.hooks.pointers import OffloadPlan, offload, offload_async, plan
+from haystack_integrations.offload.hooks.pointers import OffloadPlan, plan
 from haystack_integrations.offload.hooks.strategies import (
     deserialize_strategies,
     policy_for,
     serialize_strategies,
     validate_strategies,
 )
-from haystack_integrations.offload.hooks.write_behind import offload_behind, settle_run
-from haystack_integrations.offload.hooks.writes import can_write_behind
+from haystack_integrations.offload.hooks.write_behind import settle_run
+from haystack_integrations.offload.hooks.writes import offload, offload_async
 
 
 class OffloadHook:
@@ -155,7 +155,7 @@ class OffloadHook:
         if planned is None:
             return
         store, plans = planned
-        self._apply(state, plans, [offload(store, offload_plan) for _, offload_plan in plans])
+        self._apply(state, plans, offload(store, [offload_plan for _, offload_plan in plans]))
 
     async def run_async(self, state: State) -> None:
         """
@@ -174,15 +174,8 @@ class OffloadHook:
         planned = self._plan(state)
         if planned is not None:
             store, plans = planned
-            pointers: list[ChatMessage | None]
-            if self.write_behind and not ending and can_write_behind(store):
-                pointers = [await offload_behind(state, store, offload_plan) for _, offload_plan in plans]
-            elif len(plans) == 1:
-                # No task to create for the common single result.
-                pointers = [await offload_async(store, plans[0][1])]
-            else:
-                offloads = (offload_async(store, offload_plan) for _, offload_plan in plans)
-                pointers = list(await asyncio.gather(*offloads))
+            behind = state if self.write_behind and not ending else None
+            pointers = await offload_async(store, [offload_plan for _, offload_plan in plans], behind=behind)
             self._apply(state, plans, pointers)
         await settle_run(state, wait=ending)
 

@@ -1,13 +1,11 @@
 """
-One tool result's way into the store, top to bottom: what of it is written, writing it, and the pointer left behind.
+What of one tool result is written, and the pointer left in its place; no I/O.
 
-`plan` splits a result into blocks, `offload`, `offload_async` and `begin_offload` write them, and
-`OffloadPlan.pointer_message` builds the pointer that replaces the result, in Haystack's own text and meta key.
+`plan` splits a result into blocks with their keys; once `writes` has stored them, `OffloadPlan.pointer_message`
+builds the pointer that replaces the result, in Haystack's own text and meta key.
 """
 
-import asyncio
 import base64
-import logging
 import mimetypes
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,16 +19,12 @@ from haystack_integrations.offload.compat import FALLBACK_EXTENSION as _FALLBACK
 from haystack_integrations.offload.compat import OFFLOADED_META_KEY as _OFFLOADED_META_KEY
 from haystack_integrations.offload.compat import content_block_payload as _content_block_payload
 from haystack_integrations.offload.compat import offloadable_content_blocks as _offloadable_content_blocks
-from haystack_integrations.offload.hooks.writes import begin_block_async, write_block, write_block_async
-from haystack_integrations.offload.stores.pending import PendingWrite
-
-logger = logging.getLogger(__name__)
 
 OFFLOADED_META_KEY = _OFFLOADED_META_KEY
 """Haystack's meta key on an offloaded tool-result message; its value is the list of references written."""
 
 
-# What a plan holds, and the pointer it becomes once written (step 3 lives with the data it renders).
+# What a plan holds, and the pointer it becomes once written.
 
 
 @dataclass(frozen=True)
@@ -120,7 +114,7 @@ class OffloadPlan:
         )
 
 
-# Step 1: planning.
+# Planning.
 
 
 def plan(
@@ -176,99 +170,3 @@ def _planned_block(block: TextContent | ImageContent | FileContent, key_prefix: 
     mime_extension = mimetypes.guess_extension(block.mime_type) if block.mime_type else None
     extension = (Path(filename).suffix if filename else "") or mime_extension or _FALLBACK_EXTENSION
     return PlannedBlock(key=f"{key_prefix}{extension}", content=data, label=label, filename=filename)
-
-
-# Step 2: writing, the same plan three ways; each ends in the plan's pointer, or None if the store failed.
-
-
-def offload(store: ToolResultStore, offload_plan: OffloadPlan) -> ChatMessage | None:
-    """
-    Write a planned result's blocks one after another and return its pointer message.
-
-    Offloading only saves context, so a failed write must not end the run: it is logged and `None` is returned, and
-    the caller leaves the result in the conversation. Blocks written before a failure stay in the store, unreferenced.
-
-    :param store: The run's store.
-    :param offload_plan: What to write.
-    :returns: The pointer message, or `None` if a write failed.
-    """
-    try:
-        references = [
-            write_block(store, key=block.key, content=block.content, tool_name=offload_plan.tool_name)
-            for block in offload_plan.blocks
-        ]
-    except Exception as error:
-        _log_failure(offload_plan, store, error)
-        return None
-    return offload_plan.pointer_message(references)
-
-
-async def offload_async(store: ToolResultStore, offload_plan: OffloadPlan) -> ChatMessage | None:
-    """
-    Write a planned result's blocks concurrently and return its pointer message.
-
-    Every block's write is awaited, failed or not, before this returns, so no write is left running behind the run.
-
-    :param store: The run's store.
-    :param offload_plan: What to write.
-    :returns: The pointer message, or `None` if a write failed (logged; the result stays in the conversation).
-    """
-    writes = [
-        write_block_async(store, key=block.key, content=block.content, tool_name=offload_plan.tool_name)
-        for block in offload_plan.blocks
-    ]
-    outcomes: list[str | BaseException]
-    if len(writes) == 1:
-        # Most results are one block: await it in place, without the task a gather would create.
-        try:
-            outcomes = [await writes[0]]
-        except Exception as error:
-            outcomes = [error]
-    else:
-        outcomes = await asyncio.gather(*writes, return_exceptions=True)
-    references: list[str] = []
-    for outcome in outcomes:
-        if isinstance(outcome, BaseException):
-            if not isinstance(outcome, Exception):
-                raise outcome  # cancellation and interpreter exits are not storage failures
-            _log_failure(offload_plan, store, outcome)
-            return None
-        references.append(outcome)
-    return offload_plan.pointer_message(references)
-
-
-async def begin_offload(
-    store: ToolResultStore, offload_plan: OffloadPlan
-) -> tuple[ChatMessage, tuple[PendingWrite, ...]] | None:
-    """
-    Start writing a planned result's blocks and return its pointer at once, with the writes still in flight.
-
-    The store names each reference before sending anything (``begin_write_async``), so the pointer is final; what
-    becomes of the writes is the caller's to watch (`write_behind`).
-
-    :param store: The run's store; `writes.can_write_behind` must be true for it.
-    :param offload_plan: What to write.
-    :returns: The pointer message and one write per block, in block order; or `None` if the store refused a block
-        before sending it (a quota, say: logged, and the result stays in the conversation).
-    """
-    writes: list[PendingWrite] = []
-    try:
-        for block in offload_plan.blocks:
-            writes.append(
-                await begin_block_async(store, key=block.key, content=block.content, tool_name=offload_plan.tool_name)
-            )
-    except Exception as error:
-        # Blocks already started finish unreferenced, as a failed write-through leaves its earlier blocks.
-        _log_failure(offload_plan, store, error)
-        return None
-    return offload_plan.pointer_message([write.reference for write in writes]), tuple(writes)
-
-
-def _log_failure(offload_plan: OffloadPlan, store: ToolResultStore, error: BaseException) -> None:
-    logger.warning(
-        "Failed to offload the result of tool %r to %s; leaving the result in context. Error: %s",
-        offload_plan.tool_name,
-        type(store).__name__,
-        error,
-        exc_info=error,
-    )

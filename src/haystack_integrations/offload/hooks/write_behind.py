@@ -1,8 +1,8 @@
 """
 Write-behind offloading: the pointer goes into the conversation while the result's bytes are still being stored.
 
-`offload_behind` starts a result's writes and keeps them in the run's table; `settle_run` puts back any result whose
-write has failed and, at ``after_run``, waits for every write of the run first.
+`writes` starts a result's writes and `track`s them in the run's table; `settle_run` puts back any result whose write
+has failed and, at ``after_run``, waits for every write of the run first.
 """
 
 import logging
@@ -12,9 +12,8 @@ from weakref import WeakKeyDictionary
 from haystack.components.agents.state.state import State
 from haystack.components.agents.state.state_utils import replace_values
 from haystack.dataclasses import ChatMessage
-from haystack.hooks.tool_result_offloading.types import ToolResultStore
 
-from haystack_integrations.offload.hooks.pointers import OFFLOADED_META_KEY, OffloadPlan, begin_offload
+from haystack_integrations.offload.hooks.pointers import OFFLOADED_META_KEY, OffloadPlan
 from haystack_integrations.offload.stores.pending import PendingWrite, settle
 
 logger = logging.getLogger(__name__)
@@ -49,22 +48,14 @@ class InFlightOffload:
 _RUNS: "WeakKeyDictionary[State, list[InFlightOffload]]" = WeakKeyDictionary()
 
 
-async def offload_behind(state: State, store: ToolResultStore, offload_plan: OffloadPlan) -> ChatMessage | None:
+def track(state: State, offload: InFlightOffload) -> None:
     """
-    Start writing a planned result, remember its writes as the run's, and return its pointer at once.
+    Keep a result's writes in flight as the run's, for `settle_run` to settle.
 
     :param state: The run's live `State`.
-    :param store: The run's store; `writes.can_write_behind` must be true for it.
-    :param offload_plan: What to write.
-    :returns: The pointer message, or `None` if the store refused a block before sending it (logged; the result
-        stays in the conversation).
+    :param offload: The result whose pointer is in the conversation, and its writes.
     """
-    started = await begin_offload(store, offload_plan)
-    if started is None:
-        return None
-    pointer, writes = started
-    _RUNS.setdefault(state, []).append(InFlightOffload(offload_plan, writes))
-    return pointer
+    _RUNS.setdefault(state, []).append(offload)
 
 
 async def settle_run(state: State, *, wait: bool) -> None:

@@ -9,7 +9,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from haystack.components.agents.state.state import State
 from haystack.core.serialization import default_from_dict, default_to_dict
@@ -200,7 +200,45 @@ def run_progress(state: State) -> TurnProgress | None:
     return found if isinstance(found, TurnProgress) else None
 
 
-class ToolCallProgressHook:
+class _ProgressHook:
+    """
+    What the progress hooks share: each finds the run's `TurnProgress` and announces from the step's messages.
+
+    Stateless, with nothing to configure: one instance serves every run, and ``run_async`` is ``run`` (no I/O).
+    """
+
+    def run(self, state: State) -> None:
+        """
+        Announce what this hook tells, if the run's client asked to watch.
+
+        :param state: The Agent's live `State`.
+        """
+        progress = run_progress(state)
+        if progress is not None:
+            self._announce(progress, state.data.get("messages") or [])
+
+    async def run_async(self, state: State) -> None:
+        """
+        The same as `run`: publishing never waits.
+
+        :param state: The Agent's live `State`.
+        """
+        self.run(state)
+
+    def _announce(self, progress: TurnProgress, messages: list[ChatMessage]) -> None:
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize the hook (it has no settings)."""
+        return default_to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        """Deserialize the hook."""
+        return default_from_dict(cls, data)
+
+
+class ToolCallProgressHook(_ProgressHook):
     """
     A ``before_tool`` hook that announces the calls about to run, to the run's `TurnProgress` (if it has one).
 
@@ -210,16 +248,8 @@ class ToolCallProgressHook:
 
     allowed_hook_points = ("before_tool",)
 
-    def run(self, state: State) -> None:
-        """
-        Announce this step's calls that will run.
-
-        :param state: The Agent's live `State`.
-        """
-        progress = run_progress(state)
-        if progress is None:
-            return
-        messages: list[ChatMessage] = state.data.get("messages") or []
+    def _announce(self, progress: TurnProgress, messages: list[ChatMessage]) -> None:
+        # This step's calls that will run.
         calling = next((m for m in reversed(messages) if m.is_from(ChatRole.ASSISTANT)), None)
         if calling is None or not calling.tool_calls:
             return  # a held step: the service announces its approval requests
@@ -231,21 +261,8 @@ class ToolCallProgressHook:
             if call.id is None or call.id not in answered:
                 progress.tool_call(call)
 
-    async def run_async(self, state: State) -> None:
-        """Announce this step's calls that will run (no I/O: the same as `run`)."""
-        self.run(state)
 
-    def to_dict(self) -> dict[str, Any]:
-        """Serialize the hook (it has no settings)."""
-        return default_to_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ToolCallProgressHook":
-        """Deserialize the hook."""
-        return default_from_dict(cls, data)
-
-
-class ToolResultProgressHook:
+class ToolResultProgressHook(_ProgressHook):
     """
     An ``after_tool`` hook that announces this step's results the streaming callback did not, to the run's
     `TurnProgress`.
@@ -259,36 +276,15 @@ class ToolResultProgressHook:
 
     allowed_hook_points = ("after_tool",)
 
-    def run(self, state: State) -> None:
-        """
-        Announce the step's results not yet told.
-
-        :param state: The Agent's live `State`.
-        """
-        progress = run_progress(state)
-        if progress is None:
-            return
-        messages: list[ChatMessage] = state.data.get("messages") or []
+    def _announce(self, progress: TurnProgress, messages: list[ChatMessage]) -> None:
+        # The step's results not yet told.
         for message in _step_results(messages):
             result = message.tool_call_result
             if result is not None and progress.unreported(result.origin.id):
                 progress.tool_result(result)
 
-    async def run_async(self, state: State) -> None:
-        """Announce the step's results not yet told (no I/O: the same as `run`)."""
-        self.run(state)
 
-    def to_dict(self) -> dict[str, Any]:
-        """Serialize the hook (it has no settings)."""
-        return default_to_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ToolResultProgressHook":
-        """Deserialize the hook."""
-        return default_from_dict(cls, data)
-
-
-class OffloadProgressHook:
+class OffloadProgressHook(_ProgressHook):
     """
     An ``after_tool`` hook that announces this step's results written to the store, to the run's `TurnProgress`.
 
@@ -299,16 +295,8 @@ class OffloadProgressHook:
 
     allowed_hook_points = ("after_tool",)
 
-    def run(self, state: State) -> None:
-        """
-        Announce the step's offloaded results.
-
-        :param state: The Agent's live `State`.
-        """
-        progress = run_progress(state)
-        if progress is None:
-            return
-        messages: list[ChatMessage] = state.data.get("messages") or []
+    def _announce(self, progress: TurnProgress, messages: list[ChatMessage]) -> None:
+        # The step's offloaded results.
         for message in _step_results(messages):
             references = message.meta.get(OFFLOADED_META_KEY)
             result = message.tool_call_result
@@ -321,19 +309,6 @@ class OffloadProgressHook:
                 references=[str(reference) for reference in references],
                 size=progress.size_of(result.origin.id),
             )
-
-    async def run_async(self, state: State) -> None:
-        """Announce the step's offloaded results (no I/O: the same as `run`)."""
-        self.run(state)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Serialize the hook (it has no settings)."""
-        return default_to_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "OffloadProgressHook":
-        """Deserialize the hook."""
-        return default_from_dict(cls, data)
 
 
 def _step_results(messages: list[ChatMessage]) -> list[ChatMessage]:

@@ -4,7 +4,7 @@ What `read_tool_result` and `list_tool_results` share: State injection, the run'
 
 import logging
 from collections.abc import Mapping
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, get_args
 
 from haystack.components.agents.state.state import State
 from haystack.core.serialization import generate_qualified_class_name
@@ -21,6 +21,29 @@ from haystack_integrations.offload.tools.resolve import resolve_store
 logger = logging.getLogger(__name__)
 
 ToolOutput = str | list[TextContent | ImageContent]
+
+_JSON_TYPES = {str: "string", int: "integer", bool: "boolean"}
+
+
+def argument_schema(arguments_model: type[BaseModel]) -> dict[str, Any]:
+    """
+    The JSON schema the model sees for a tool's arguments, from the model that validates them: names and types only.
+
+    The model reads this schema on every call of every step, so limits (page size, match count, pattern length) stay
+    out of it: the tool enforces them, clamping or explaining, and a configured tool costs what the default one does.
+
+    :param arguments_model: The tool's `arguments_model`; each field is a `str`, `int` or `bool`, optional or not.
+    :returns: An object schema with each field's type, and the required fields, if any.
+    """
+    fields = arguments_model.model_fields
+    properties = {name: {"type": _json_type(info.annotation)} for name, info in fields.items()}
+    required = [name for name, info in fields.items() if info.is_required()]
+    return {"type": "object", "properties": properties, **({"required": required} if required else {})}
+
+
+def _json_type(annotation: Any) -> str:
+    # An optional argument (`int | None`) has the type of what it is when given.
+    return _JSON_TYPES[next(kind for kind in get_args(annotation) or (annotation,) if kind is not type(None))]
 
 
 class _ErrorText(str):

@@ -10,7 +10,7 @@ from haystack.hooks.tool_result_offloading.types import ToolResultStore
 from pydantic import BaseModel, ConfigDict, Field
 
 from haystack_integrations.offload.constants import READ_BACK_TOOL_NAMES
-from haystack_integrations.offload.tools.base import ReadBackTool, ToolOutput
+from haystack_integrations.offload.tools.base import ReadBackTool, ToolOutput, argument_schema
 from haystack_integrations.offload.tools.errors import ReadBackToolError
 from haystack_integrations.offload.types import ListableResults
 
@@ -26,11 +26,6 @@ _UNSAFE_KEY_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 
 # Sent with every model call: see the note on read_tool_result's DESCRIPTION.
 DESCRIPTION = "List this conversation's offloaded tool results, newest first, with their references."
-
-
-def _parameters() -> dict[str, Any]:
-    # Names and types only: the tool clamps `limit` to `max_limit`, and its first line then says how to see more.
-    return {"type": "object", "properties": {"limit": {"type": "integer"}, "tool_name": {"type": "string"}}}
 
 
 class ListToolResultsArguments(BaseModel):
@@ -99,7 +94,7 @@ class ListToolResults(ReadBackTool):
         super().__init__(
             name=LIST_TOOL_RESULTS_NAME,
             description=DESCRIPTION,
-            parameters=_parameters(),
+            parameters=argument_schema(ListToolResultsArguments),
             store=store,
             raise_on_error=raise_on_error,
         )

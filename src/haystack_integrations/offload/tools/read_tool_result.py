@@ -9,7 +9,7 @@ from haystack.hooks.tool_result_offloading.types import ToolResultStore
 from pydantic import BaseModel, ConfigDict, Field
 
 from haystack_integrations.offload.constants import READ_BACK_TOOL_NAMES
-from haystack_integrations.offload.tools.base import ReadBackTool, ToolOutput
+from haystack_integrations.offload.tools.base import ReadBackTool, ToolOutput, argument_schema
 from haystack_integrations.offload.tools.errors import ReadBackToolError
 from haystack_integrations.offload.tools.reading import ReadOptions, read_binary, read_text, search_result
 from haystack_integrations.offload.tools.source import Reader, ResultSource, drive, drive_async, source_for
@@ -19,6 +19,8 @@ if READ_TOOL_RESULT_NAME not in READ_BACK_TOOL_NAMES:  # pragma: no cover - a gu
     raise RuntimeError("read_tool_result must be listed in READ_BACK_TOOL_NAMES, or hooks would offload its pages.")
 
 DEFAULT_PAGE_CHARS = 10_000
+DEFAULT_MATCHES = 20
+"""Matches one search returns when the model does not say (at most the tool's `max_matches`)."""
 MAX_SEARCH_PATTERN_CHARS = 500
 # Quotes and spaces models put around a reference they copy from "... at '<reference>'".
 _REFERENCE_WRAPPING = " \t\r\n'\"`"
@@ -126,38 +128,24 @@ class ReadToolResult(ReadBackTool):
             in tool results; images are then described.
         :param raise_on_error: Raise `ToolInvocationError` on failure (Haystack's tool-failure policy then applies)
             instead of returning ``"Error: ..."``.
-        :raises ValueError: If a limit is not positive or `page_chars` exceeds `max_page_chars`.
+        :raises ValueError: If a limit is not positive (`context_chars`: negative) or `page_chars` exceeds
+            `max_page_chars`.
         """
-        for name, value in (
-            ("page_chars", page_chars),
-            ("max_page_chars", max_page_chars),
-            ("max_matches", max_matches),
-            ("max_scan_bytes", max_scan_bytes),
-            ("regex_timeout", regex_timeout),
-            ("regex_match_chars", regex_match_chars),
-            ("max_image_bytes", max_image_bytes),
-        ):
-            if value <= 0:
-                raise ValueError(f"{name} must be positive, got {value!r}.")
-        if context_chars < 0:
-            raise ValueError(f"context_chars must not be negative, got {context_chars!r}.")
-        if page_chars > max_page_chars:
-            raise ValueError(f"page_chars ({page_chars}) must not exceed max_page_chars ({max_page_chars}).")
-        self.page_chars = page_chars
-        self.max_page_chars = max_page_chars
-        self.max_matches = max_matches
         self.options = ReadOptions(
-            max_image_bytes=max_image_bytes,
-            return_images=return_images,
+            page_chars=page_chars,
+            max_page_chars=max_page_chars,
+            max_matches=max_matches,
             context_chars=context_chars,
             max_scan_bytes=max_scan_bytes,
             regex_timeout=regex_timeout,
             regex_match_chars=regex_match_chars,
+            max_image_bytes=max_image_bytes,
+            return_images=return_images,
         )
         super().__init__(
             name=READ_TOOL_RESULT_NAME,
             description=DESCRIPTION,
-            parameters=_parameters(),
+            parameters=argument_schema(ReadToolResultArguments),
             store=store,
             raise_on_error=raise_on_error,
         )
@@ -194,27 +182,16 @@ class ReadToolResult(ReadBackTool):
                 pattern=pattern,
                 shown_pattern=shown,
                 offset=arguments.offset,
-                max_matches=min(arguments.max_matches or min(20, self.max_matches), self.max_matches),
+                max_matches=min(arguments.max_matches or DEFAULT_MATCHES, options.max_matches),
                 options=options,
             )
-        max_chars = min(arguments.max_chars or self.page_chars, self.max_page_chars)
+        max_chars = min(arguments.max_chars or self.options.page_chars, self.options.max_page_chars)
         if source.kind == "bytes":
             return read_binary(offset=arguments.offset, max_chars=max_chars, key=source.key, options=self.options)
         return read_text(offset=arguments.offset, max_chars=max_chars)
 
     def _init_parameters(self) -> dict[str, Any]:
-        return {
-            **super()._init_parameters(),
-            "page_chars": self.page_chars,
-            "max_page_chars": self.max_page_chars,
-            "max_matches": self.max_matches,
-            "context_chars": self.options.context_chars,
-            "max_scan_bytes": self.options.max_scan_bytes,
-            "regex_timeout": self.options.regex_timeout,
-            "regex_match_chars": self.options.regex_match_chars,
-            "max_image_bytes": self.options.max_image_bytes,
-            "return_images": self.options.return_images,
-        }
+        return {**super()._init_parameters(), **dataclasses.asdict(self.options)}
 
 
 def _clean_reference(reference: str) -> str:
@@ -232,24 +209,6 @@ DESCRIPTION = (
     "Read an offloaded tool result by the reference in its pointer (\"... at '<reference>'\"). Returns one page; its "
     "first line says where the next starts. Set search to find text instead."
 )
-
-
-def _parameters() -> dict[str, Any]:
-    # Limits (page size, match count, pattern length) are enforced by the tool, which clamps or explains, so the
-    # schema does not spend tokens repeating them.
-    return {
-        "type": "object",
-        "properties": {
-            "reference": {"type": "string"},
-            "offset": {"type": "integer"},
-            "max_chars": {"type": "integer"},
-            "search": {"type": "string"},
-            "regex": {"type": "boolean"},
-            "ignore_case": {"type": "boolean"},
-            "max_matches": {"type": "integer"},
-        },
-        "required": ["reference"],
-    }
 
 
 read_tool_result = ReadToolResult()

@@ -5,7 +5,7 @@ Readers are generators that yield the byte ranges they need; `source.drive` and 
 """
 
 import base64
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from haystack.dataclasses import ImageContent, TextContent
@@ -43,14 +43,32 @@ HEX_PREVIEW_BYTES = 32
 
 @dataclass(frozen=True)
 class ReadOptions:
-    """The limits a `ReadToolResult` tool applies to every call."""
+    """
+    The limits a `ReadToolResult` tool applies to every call: its constructor's arguments of the same names.
 
-    max_image_bytes: int
-    return_images: bool
-    context_chars: int
+    Each is checked here, once: every number must be positive, except `context_chars`, which may be 0.
+    """
+
+    page_chars: int
+    max_page_chars: int
+    max_matches: int
+    context_chars: int = field(metadata={"may_be_zero": True})
     max_scan_bytes: int
     regex_timeout: float
     regex_match_chars: int
+    max_image_bytes: int
+    return_images: bool
+
+    def __post_init__(self) -> None:
+        for limit in fields(self):
+            value = getattr(self, limit.name)
+            if limit.metadata.get("may_be_zero"):
+                if value < 0:
+                    raise ValueError(f"{limit.name} must not be negative, got {value!r}.")
+            elif limit.type is not bool and value <= 0:
+                raise ValueError(f"{limit.name} must be positive, got {value!r}.")
+        if self.page_chars > self.max_page_chars:
+            raise ValueError(f"page_chars ({self.page_chars}) must not exceed max_page_chars ({self.max_page_chars}).")
 
 
 def _past_end(offset: int, total: int) -> ReadBackToolError:
