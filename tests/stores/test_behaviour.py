@@ -7,12 +7,8 @@ from typing import Any
 
 import pytest
 
-from haystack_integrations.offload import (
-    FsspecToolResultStore,
-    InvalidReferenceError,
-    ResultNotFoundError,
-    StoredResult,
-)
+from haystack_integrations.offload import FsspecToolResultStore, InvalidReferenceError, ResultNotFoundError
+from haystack_integrations.offload.stores import StoredResult
 
 # Also on the obstore engine (tests/conftest.py), and through the async API as well as the sync one (conftest.py).
 pytestmark = [pytest.mark.real_s3, pytest.mark.engines, pytest.mark.usefixtures("api")]

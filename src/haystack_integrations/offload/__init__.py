@@ -56,12 +56,9 @@ _import_structure = {
     "hooks": ["OffloadCompactionHook", "OffloadHook"],
     "stores": [
         "FsspecToolResultStore",
-        "PendingWrite",
         "Quota",
         "Retention",
         "RetryPolicy",
-        "SessionDocuments",
-        "StoredResult",
         "end_session",
         "end_session_async",
     ],
@@ -111,12 +108,9 @@ if TYPE_CHECKING:
     from .hooks import OffloadCompactionHook as OffloadCompactionHook
     from .hooks import OffloadHook as OffloadHook
     from .stores import FsspecToolResultStore as FsspecToolResultStore
-    from .stores import PendingWrite as PendingWrite
     from .stores import Quota as Quota
     from .stores import Retention as Retention
     from .stores import RetryPolicy as RetryPolicy
-    from .stores import SessionDocuments as SessionDocuments
-    from .stores import StoredResult as StoredResult
     from .stores import end_session as end_session
     from .stores import end_session_async as end_session_async
     from .tools import ListToolResults as ListToolResults

@@ -6,26 +6,14 @@ argparse.
 `conformance` runs the checks of ``doctor``.
 """
 
-from haystack_integrations.offload.operations.inventory import (
-    LayoutReading,
-    StoredObject,
-    classify,
-    delete,
-    read_inside_layout,
-    read_object,
-    scan,
-)
+from haystack_integrations.offload.operations.inventory import delete, read_inside_layout, read_object, scan
 from haystack_integrations.offload.operations.purge import PurgePlan, parse_age, select_older_than, select_scope
-from haystack_integrations.offload.operations.usage import StoreUsage, TenantUsage, Usage, usage
+from haystack_integrations.offload.operations.usage import Usage, usage
 
+# What the operator commands call; the records they return are named in their own modules.
 __all__ = [
-    "LayoutReading",
     "PurgePlan",
-    "StoreUsage",
-    "StoredObject",
-    "TenantUsage",
     "Usage",
-    "classify",
     "delete",
     "parse_age",
     "read_inside_layout",
