@@ -25,13 +25,12 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any, Self
 
 from haystack.lazy_imports import LazyImport
 
 from haystack_integrations.offload.errors import OffloadError
-from haystack_integrations.offload.testing.endpoint import S3Endpoint
+from haystack_integrations.offload.testing.endpoint import DEFAULT_BUCKET, _S3Server
 
 with LazyImport(message="Run 'pip install \"offload-haystack[local-s3]\"'") as _boto3_import:
     import boto3  # noqa: F401 - client() needs it; checked at construction, so the error names the extra
@@ -40,7 +39,6 @@ __all__ = ["APT_INSTALL", "DEFAULT_BUCKET", "CephRGWServer", "ceph_available"]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_BUCKET = "offload-results"
 APT_INSTALL = "apt-get install -y --no-install-recommends ceph-mon ceph-osd radosgw ceph-common"
 # Every binary the start runs, in the order it first needs them.
 _BINARIES = ("ceph-authtool", "monmaptool", "ceph-mon", "ceph", "ceph-osd", "radosgw", "radosgw-admin")
@@ -116,7 +114,7 @@ class _Daemon:
         self.process.wait()
 
 
-class CephRGWServer(S3Endpoint):
+class CephRGWServer(_S3Server):
     """
     A one-node Ceph cluster serving S3 through radosgw on a free loopback port, with a bucket and a user of its own.
 
@@ -235,14 +233,6 @@ class CephRGWServer(S3Endpoint):
             if directory is not None:
                 shutil.rmtree(directory, ignore_errors=True)
 
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc_value: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.stop()
-
     # -- what clients need --------------------------------------------------------------------------------------
 
     @property
@@ -265,15 +255,6 @@ class CephRGWServer(S3Endpoint):
         :raises RuntimeError: If the server is not running.
         """
         return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def bucket_url(self) -> str:
-        """
-        The default bucket as an fsspec URL.
-
-        :returns: ``s3://<bucket>``.
-        """
-        return f"s3://{self.bucket}"
 
     @property
     def directory(self) -> Path:
@@ -447,13 +428,8 @@ rgw frontends = beast endpoint=127.0.0.1:{self._rgw_port} tcp_nodelay=1
         log, output = directory / "log" / f"{name}.log", directory / "log" / f"{name}.out"
         with output.open("wb") as sink:
             # -f: stay in the foreground as our child, so we can wait for it and see it exit.
-            process = subprocess.Popen(  # noqa: S603 - fixed Ceph command lines
-                [*command, "-f", "-c", str(conf)],
-                stdin=subprocess.DEVNULL,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                process_group=watchdog.pid,
-                env=_environ_without_ceph(),
+            process = _ceph_process(
+                [*command, "-f", "-c", str(conf)], stdout=sink, stderr=subprocess.STDOUT, process_group=watchdog.pid
             )
         daemon = _Daemon(name, process, log, output)
         self._daemons.append(daemon)
@@ -463,23 +439,15 @@ rgw frontends = beast endpoint=127.0.0.1:{self._rgw_port} tcp_nodelay=1
 
     def _wait(self, step: str, daemon: _Daemon, ready: Callable[[], bool]) -> None:
         started = time.monotonic()
-        deadline = started + self.timeout
         while not ready():
-            self._check(step, deadline, daemon)
+            self._check(step, started, daemon)
             time.sleep(0.02)
         logger.debug("%s: %.2f s", step, time.monotonic() - started)
 
     def _run(self, conf: Path | None, step: str, command: Sequence[str]) -> str:
         arguments = [*command, "-c", str(conf)] if conf is not None else list(command)
         started = time.monotonic()
-        deadline = started + self.timeout
-        with subprocess.Popen(  # noqa: S603 - fixed Ceph command lines
-            arguments,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=_environ_without_ceph(),
-        ) as process:
+        with _ceph_process(arguments, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
             while True:
                 try:
                     stdout, stderr = process.communicate(timeout=0.05)
@@ -488,7 +456,7 @@ rgw frontends = beast endpoint=127.0.0.1:{self._rgw_port} tcp_nodelay=1
                     pass
                 try:
                     # A command waits, unbounded, for a daemon that died (e.g. the mon lost the race for its port).
-                    self._check(step, deadline, None)
+                    self._check(step, started, None)
                 except BaseException:
                     process.kill()
                     raise
@@ -501,14 +469,15 @@ rgw frontends = beast endpoint=127.0.0.1:{self._rgw_port} tcp_nodelay=1
         logger.debug("%s: %s took %.2f s", step, arguments[0], time.monotonic() - started)
         return stdout.decode(errors="replace")
 
-    def _check(self, step: str, deadline: float, suspect: _Daemon | None) -> None:
+    def _check(self, step: str, started: float, suspect: _Daemon | None) -> None:
+        """Raise if a daemon exited, or if the step, begun at `started`, took longer than `timeout`."""
         for daemon in self._daemons:
             code = daemon.process.poll()
             if code is not None:
                 tail = daemon.tail()
                 error = _PortTaken if "Address already in use" in tail else RuntimeError
                 raise error(f"Ceph RGW start, step {step!r}: {daemon.name} exited with code {code}\n{tail}")
-        if time.monotonic() > deadline:
+        if time.monotonic() > started + self.timeout:
             raise RuntimeError(
                 f"Ceph RGW start, step {step!r}: not done after {self.timeout:.0f} s" + self._tail_of(suspect)
             )
@@ -568,6 +537,8 @@ def _close(stream: IO[bytes] | None) -> None:
             stream.close()
 
 
-def _environ_without_ceph() -> dict[str, str]:
+def _ceph_process(command: Sequence[str], **options: Any) -> subprocess.Popen[bytes]:
+    """Start a Ceph command, with no input and none of the environment's ``CEPH_*`` variables."""
     # CEPH_ARGS and CEPH_CONF would point our commands at someone else's cluster.
-    return {name: value for name, value in os.environ.items() if not name.startswith("CEPH_")}
+    environ = {name: value for name, value in os.environ.items() if not name.startswith("CEPH_")}
+    return subprocess.Popen(command, stdin=subprocess.DEVNULL, env=environ, **options)  # noqa: S603 - fixed Ceph command lines

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
+
+# The bucket the local servers create at start unless told another.
+DEFAULT_BUCKET = "offload-results"
+# What `S3Endpoint.environment` sets, in the order of its values: endpoint, access key, secret, region.
+_ENVIRONMENT_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
 
 
 class S3Endpoint:
@@ -47,13 +53,8 @@ class S3Endpoint:
         :returns: ``AWS_ENDPOINT_URL``, credentials and region.
         :raises RuntimeError: If the server is not running.
         """
-        key, secret = self._credentials
-        return {
-            "AWS_ENDPOINT_URL": self.endpoint_url,
-            "AWS_ACCESS_KEY_ID": key,
-            "AWS_SECRET_ACCESS_KEY": secret,
-            "AWS_DEFAULT_REGION": self.region,
-        }
+        values = (self.endpoint_url, *self._credentials, self.region)
+        return dict(zip(_ENVIRONMENT_VARIABLES, values, strict=True))
 
     def client(self, service: str = "s3") -> Any:
         """
@@ -73,3 +74,36 @@ class S3Endpoint:
             )
             self._clients[service] = session.client(service, endpoint_url=self.endpoint_url)
         return self._clients[service]
+
+
+class _S3Server(S3Endpoint):
+    """
+    An `S3Endpoint` that runs the server itself, with a default `bucket`: started and stopped, or used in a `with`.
+
+    Subclasses define `start` (returning the server) and `stop`.
+    """
+
+    bucket: str
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc_value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    @property
+    def bucket_url(self) -> str:
+        """
+        The default bucket as an fsspec URL.
+
+        :returns: ``s3://<bucket>``.
+        """
+        return f"s3://{self.bucket}"

@@ -30,8 +30,11 @@ from haystack_integrations.offload.testing.latency_proxy import (
     ProxiedRequest,
     ThreadSafeLog,
     _body_length,
+    _cancel,
+    _Connection,
     _Head,
     _parse_head,
+    _serve_until_interrupted,
 )
 
 __all__ = [
@@ -77,14 +80,7 @@ class Fault(StrEnum):
     """
 
 
-DEFAULT_FAULTS = (
-    Fault.INTERNAL_ERROR,
-    Fault.SLOW_DOWN,
-    Fault.RESET,
-    Fault.RESET_AFTER,
-    Fault.READ_TIMEOUT,
-    Fault.SLOW,
-)
+DEFAULT_FAULTS = tuple(kind for kind in Fault if kind not in {Fault.CONFLICT, Fault.NOT_IMPLEMENTED})
 """The kinds a `FaultPlan` draws from unless told otherwise: all but `Fault.CONFLICT` and `Fault.NOT_IMPLEMENTED`, which
 only conditional writes meet."""
 
@@ -112,6 +108,8 @@ _CONDITIONS = frozenset({b"if-none-match", b"if-match"})
 _READS = frozenset({"GET", "HEAD"})
 # How long the proxy reads what a client still sends after an answer that closes the connection.
 _LINGER_SECONDS = 5.0
+# How a copy of a request's body may end besides being cancelled, when the answer made it moot.
+_BODY_ERRORS = (ConnectionError, OSError, EOFError, ValueError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,26 +236,12 @@ class FaultPlan:
             return None
 
     def _first_conditional_put(self, request: ProxiedRequest) -> bool:
-        if not self.conflict_first_conditional_put or request.method != "PUT":
-            return False
-        if request.header("if-none-match") is None:
-            return False
+        conditional_put = request.method == "PUT" and request.header("if-none-match") is not None
         key = (request.header("host"), request.target.partition("?")[0])
-        if key in self._conflicted:
+        if not (self.conflict_first_conditional_put and conditional_put) or key in self._conflicted:
             return False
         self._conflicted.add(key)
         return True
-
-
-@dataclass(slots=True)
-class _Connection:
-    """One client connection, and the upstream connection opened for it at its first forwarded request."""
-
-    number: int
-    client_reader: asyncio.StreamReader
-    client_writer: asyncio.StreamWriter
-    upstream_reader: asyncio.StreamReader | None = None
-    upstream_writer: asyncio.StreamWriter | None = None
 
 
 class FaultProxy(LatencyProxy):
@@ -354,21 +338,13 @@ class FaultProxy(LatencyProxy):
         """
         self.plan.script(*kinds, method=method, path_contains=path_contains)
 
-    async def _serve(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
-        self._connections += 1
-        link = _Connection(self._connections, client_reader, client_writer)
-        try:
-            while await self._exchange(link):
-                pass
-        except (ConnectionError, OSError, EOFError, ValueError, asyncio.LimitOverrunError):
-            pass  # a peer that went away, or broke HTTP framing, ends only its own connection
-        except asyncio.CancelledError:
-            pass  # the proxy is stopping; this handler is the top of its own task
-        finally:
-            await self._end_exchange(task, None, (client_writer, link.upstream_writer))
+    # A peer that broke HTTP framing ends only its own connection too.
+    _PEER_ERRORS = (*_BODY_ERRORS, asyncio.LimitOverrunError)
+
+    async def _relay(self, link: _Connection) -> None:
+        """Serve the requests of one client connection one at a time; the upstream connection opens at the first."""
+        while await self._exchange(link):
+            pass
 
     async def _exchange(self, link: _Connection) -> bool:
         """Serve the next request on `link`. Returns whether the connection stays open for another."""
@@ -383,7 +359,7 @@ class FaultProxy(LatencyProxy):
         if head is None:
             await self._tunnel(link, raw)
             return False
-        request = ProxiedRequest(head.method, head.target, link.number, time.monotonic(), head.headers)
+        request = head.request(link.number)
         fault = self.plan.decide(request)
         await self._on_request(request)
         if fault is not None:
@@ -391,7 +367,7 @@ class FaultProxy(LatencyProxy):
         if fault is Fault.RESET:
             _reset(link.client_writer)
             return False
-        if fault is not None and fault in _ERROR_ANSWERS:
+        if fault in _ERROR_ANSWERS:
             return await self._answer_error(link, head, fault)
         return await self._forward(link, raw, head, request, fault)
 
@@ -404,15 +380,12 @@ class FaultProxy(LatencyProxy):
             await _copy_body(link.client_reader, None, length)
         keep = head.keeps_alive and not waiting
         status, reason, code, message = _ERROR_ANSWERS[fault]
-        body = (
-            b""
-            if head.method == "HEAD"
-            else (
-                '<?xml version="1.0" encoding="UTF-8"?>\n'
-                f"<Error><Code>{code}</Code><Message>{message}</Message>"
-                f"<RequestId>fault-{time.monotonic_ns()}</RequestId></Error>"
-            ).encode()
+        error = (
+            '<?xml version="1.0" encoding="UTF-8"?>\n'
+            f"<Error><Code>{code}</Code><Message>{message}</Message>"
+            f"<RequestId>fault-{time.monotonic_ns()}</RequestId></Error>"
         )
+        body = b"" if head.method == "HEAD" else error.encode()
         answer = (
             f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\nContent-Length: {len(body)}\r\n"
             + ("" if keep else "Connection: close\r\n")
@@ -424,8 +397,7 @@ class FaultProxy(LatencyProxy):
         if not keep:
             # Read what the client still sends until it hangs up: closing a socket with unread bytes would reset the
             # connection, and the client should see the answer, not a reset.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(_drain(link.client_reader), _LINGER_SECONDS)
+            await _until_hang_up(link.client_reader, _LINGER_SECONDS)
         return keep
 
     async def _forward(
@@ -458,8 +430,7 @@ class FaultProxy(LatencyProxy):
                     _reset(link.client_writer)
                     return False
                 # Withhold the answer until the client hangs up (its read timeout) or the hold ends.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(_drain(link.client_reader), self.hold_seconds)
+                await _until_hang_up(link.client_reader, self.hold_seconds)
                 return False
             await self._answer_late(self.slow_seconds if fault is Fault.SLOW else 0.0)
             link.client_writer.write(raw_answer)
@@ -468,10 +439,7 @@ class FaultProxy(LatencyProxy):
             # An answer that came before the whole body leaves the connection's framing unknown: it closes.
             return await _settle(body) and keep
         finally:
-            if body is not None and not body.done():
-                body.cancel()
-                with contextlib.suppress(asyncio.CancelledError, ConnectionError, OSError, EOFError, ValueError):
-                    await body
+            await _cancel(body, _BODY_ERRORS)
 
     def _outgoing(self, raw: bytes, head: _Head, request: ProxiedRequest) -> bytes:
         """The request head to forward: as sent, or without its conditions under `ignore_conditional_writes`."""
@@ -501,8 +469,7 @@ class FaultProxy(LatencyProxy):
         try:
             await _pipe(link.upstream_reader, link.client_writer)
         finally:
-            if not to_upstream.done():
-                to_upstream.cancel()
+            to_upstream.cancel()  # no-op once it is done; awaited either way, so that its end is seen
             with contextlib.suppress(asyncio.CancelledError, ConnectionError, OSError):
                 await to_upstream
 
@@ -544,9 +511,7 @@ async def _settle(body: asyncio.Task[None] | None) -> bool:
     if body.done():
         body.result()
         return True
-    body.cancel()
-    with contextlib.suppress(asyncio.CancelledError, ConnectionError, OSError, EOFError, ValueError):
-        await body
+    await _cancel(body, _BODY_ERRORS)
     return False
 
 
@@ -608,16 +573,17 @@ async def _copy_until_close(reader: asyncio.StreamReader, writer: asyncio.Stream
             writer.write(chunk)
 
 
+async def _until_hang_up(reader: asyncio.StreamReader, seconds: float) -> None:
+    """Read, and drop, what the client still sends until it hangs up; for `seconds` at most."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(_copy_until_close(reader, None), seconds)
+
+
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     await _copy_until_close(reader, writer)
     await writer.drain()
     if writer.can_write_eof():
         writer.write_eof()
-
-
-async def _drain(reader: asyncio.StreamReader) -> None:
-    while await reader.read(_CHUNK):
-        pass
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:
@@ -657,24 +623,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     plan = FaultPlan(rate=args.rate, kinds=[kind.strip() for kind in args.kinds.split(",")], seed=args.seed)
-
-    async def serve() -> None:
-        proxy = await FaultProxy(
-            args.upstream,
-            plan=plan,
-            latency=args.latency,
-            ignore_conditional_writes=args.ignore_conditional_writes,
-            port=args.port,
-        ).start()
-        print(f"Fault proxy ({args.rate:.0%} of requests fail) at {proxy.endpoint_url} -> {args.upstream}", flush=True)
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await proxy.stop()
-
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve())
-    return 0
+    proxy = FaultProxy(
+        args.upstream,
+        plan=plan,
+        latency=args.latency,
+        ignore_conditional_writes=args.ignore_conditional_writes,
+        port=args.port,
+    )
+    return _serve_until_interrupted(
+        proxy, lambda endpoint: f"Fault proxy ({args.rate:.0%} of requests fail) at {endpoint} -> {args.upstream}"
+    )
 
 
 if __name__ == "__main__":

@@ -138,6 +138,10 @@ class _Head:
     def header(self, name: str) -> str | None:
         return _header(self.headers, name)
 
+    def request(self, connection: int) -> ProxiedRequest:
+        """This request head as the log keeps it: arrived now, on client connection number `connection`."""
+        return ProxiedRequest(self.method, self.target, connection, time.monotonic(), self.headers)
+
     def tokens(self, name: str) -> set[str]:
         """The comma-separated values of a header such as ``Connection`` or ``Expect``, in lower case."""
         return {token.strip().lower() for token in (self.header(name) or "").split(",") if token.strip()}
@@ -238,6 +242,21 @@ class _RequestHeads:
             self._lost = True  # chunked bodies are forwarded but not parsed
             return
         self._body_left = length
+
+
+@dataclass(slots=True)
+class _Connection:
+    """One client connection, and the upstream connection the proxy opened for it (once it did)."""
+
+    number: int
+    client_reader: asyncio.StreamReader
+    client_writer: asyncio.StreamWriter
+    upstream_reader: asyncio.StreamReader | None = None
+    upstream_writer: asyncio.StreamWriter | None = None
+
+
+# A client or server that went away: that ends only its own connection.
+_PEER_GONE: tuple[type[Exception], ...] = (ConnectionError, OSError)
 
 
 class LatencyProxy:
@@ -363,12 +382,10 @@ class LatencyProxy:
                 loop.run_until_complete(self.start())
             except BaseException as error:  # reported to the starting thread
                 failure.append(error)
-                started.set()
-                loop.close()
-                return
             started.set()
-            loop.run_forever()
-            loop.run_until_complete(self.stop())
+            if not failure:
+                loop.run_forever()
+                loop.run_until_complete(self.stop())
             loop.close()
 
         self._thread = threading.Thread(target=serve, name="latency-proxy", daemon=True)
@@ -407,63 +424,44 @@ class LatencyProxy:
         """
         self.requests.append(request)
 
+    # What ends a connection quietly; subclasses that frame HTTP add the errors of peers that break it.
+    _PEER_ERRORS = _PEER_GONE
+
     async def _serve(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         if task is not None:  # asyncio.start_server runs every handler in a task of its own
             self._tasks.add(task)
         self._connections += 1
-        connection = self._connections
-        upstream_writer: asyncio.StreamWriter | None = None
-        to_upstream: asyncio.Task[None] | None = None
+        link = _Connection(self._connections, client_reader, client_writer)
         try:
-            upstream_reader, upstream_writer = await asyncio.open_connection(*self._upstream)
-            to_upstream = asyncio.create_task(self._forward_requests(client_reader, upstream_writer, connection))
-            # The exchange is over when the server is done answering (moto closes after every response).
-            await self._forward_responses(upstream_reader, client_writer)
-        except (ConnectionError, OSError):
-            pass  # a client or server that went away ends only its own connection
+            await self._relay(link)
+        except self._PEER_ERRORS:
+            pass  # a peer that went away ends only its own connection
         except asyncio.CancelledError:
             pass  # the proxy is stopping; this handler is the top of its own task
         finally:
-            await self._end_exchange(task, to_upstream, (client_writer, upstream_writer))
+            for writer in (client_writer, link.upstream_writer):
+                if writer is not None:
+                    writer.close()
+            if task is not None:
+                self._tasks.discard(task)
 
-    async def _end_exchange(
-        self,
-        task: asyncio.Task[Any] | None,
-        to_upstream: asyncio.Task[None] | None,
-        writers: tuple[asyncio.StreamWriter | None, ...],
-    ) -> None:
-        """Stop copying requests, close both sides and forget the handler's task: the end of every exchange."""
-        if to_upstream is not None and not to_upstream.done():
-            to_upstream.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ConnectionError, OSError):
-                await to_upstream
-        for writer in writers:
-            if writer is not None:
-                writer.close()
-        if task is not None:
-            self._tasks.discard(task)
+    async def _relay(self, link: _Connection) -> None:
+        """Pass the bytes of one client connection both ways, until the server is done with it."""
+        link.upstream_reader, link.upstream_writer = await asyncio.open_connection(*self._upstream)
+        to_upstream = asyncio.create_task(self._forward_requests(link.client_reader, link.upstream_writer, link.number))
+        try:
+            # The exchange is over when the server is done answering (moto closes after every response).
+            await self._forward_responses(link.upstream_reader, link.client_writer)
+        finally:
+            await _cancel(to_upstream)
 
     async def _forward_requests(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connection: int
     ) -> None:
-        """Copy the client's bytes to the server at once, logging each request head on the way."""
+        """Copy the client's bytes to the server at once, handing each request head on the way to `_on_request`."""
         parsed: list[ProxiedRequest] = []
-        heads = _RequestHeads(
-            lambda head: parsed.append(
-                ProxiedRequest(head.method, head.target, connection, time.monotonic(), head.headers)
-            )
-        )
-        await self._copy_requests(reader, writer, heads, parsed)
-
-    async def _copy_requests(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        heads: _RequestHeads,
-        parsed: list[ProxiedRequest],
-    ) -> None:
-        """Copy the client's bytes to the server, handing each request head `heads` finds to `_on_request`."""
+        heads = _RequestHeads(lambda head: parsed.append(head.request(connection)))
         while chunk := await reader.read(_CHUNK):
             heads.feed(chunk)
             for request in parsed:
@@ -505,10 +503,15 @@ class LatencyProxy:
             line.put_nowait((loop.time() + self._latency, None))
             await delivery
         finally:
-            if not delivery.done():
-                delivery.cancel()
-                with contextlib.suppress(asyncio.CancelledError, ConnectionError, OSError):
-                    await delivery
+            await _cancel(delivery)
+
+
+async def _cancel(task: asyncio.Task[Any] | None, quiet: tuple[type[Exception], ...] = _PEER_GONE) -> None:
+    """Stop `task` if it still runs and wait for it to end, cancelled or failed with one of `quiet`."""
+    if task is not None and not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, *quiet):
+            await task
 
 
 class _InterimResponses:
@@ -529,9 +532,7 @@ class _InterimResponses:
         while len(self._buffer) >= len(b"HTTP/1.1 100 "):
             if not _INTERIM_STATUS.match(self._buffer):
                 self._final = True
-                later = bytes(self._buffer)
-                self._buffer.clear()
-                return bytes(now), later
+                return bytes(now), self.flush()
             end = self._buffer.find(b"\r\n\r\n")
             if end < 0:
                 break
@@ -546,6 +547,22 @@ class _InterimResponses:
         leftover = bytes(self._buffer)
         self._buffer.clear()
         return leftover
+
+
+def _serve_until_interrupted(proxy: LatencyProxy, banner: Callable[[str], str]) -> int:
+    """Run `proxy` on an event loop of its own until Ctrl-C, printing `banner(endpoint_url)` once it listens."""
+
+    async def serve() -> None:
+        await proxy.start()
+        print(banner(proxy.endpoint_url), flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await proxy.stop()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve())
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -563,18 +580,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--latency", type=float, default=0.2, help="seconds added per response (default: %(default)s)")
     parser.add_argument("--port", type=int, default=0, help="port to listen on, 0 for any (default: %(default)s)")
     args = parser.parse_args(argv)
-
-    async def serve() -> None:
-        proxy = await LatencyProxy(args.upstream, latency=args.latency, port=args.port).start()
-        print(f"Latency proxy ({args.latency * 1000:.0f} ms) at {proxy.endpoint_url} -> {args.upstream}", flush=True)
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await proxy.stop()
-
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve())
-    return 0
+    proxy = LatencyProxy(args.upstream, latency=args.latency, port=args.port)
+    return _serve_until_interrupted(
+        proxy, lambda endpoint: f"Latency proxy ({args.latency * 1000:.0f} ms) at {endpoint} -> {args.upstream}"
+    )
 
 
 if __name__ == "__main__":

@@ -20,13 +20,12 @@ import urllib.request
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Self
 from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 from haystack.lazy_imports import LazyImport
 
-from haystack_integrations.offload.testing.endpoint import S3Endpoint
+from haystack_integrations.offload.testing.endpoint import DEFAULT_BUCKET, _S3Server
 
 with LazyImport(message="Run 'pip install \"offload-haystack[local-s3]\"'") as _local_s3_import:
     import boto3  # noqa: F401 - client() needs it; checked at construction, so the error names the extra
@@ -35,12 +34,11 @@ with LazyImport(message="Run 'pip install \"offload-haystack[local-s3]\"'") as _
 
 __all__ = ["LocalS3Process", "LocalS3Server", "RecordedRequest", "RequestLog", "local_s3_process", "main"]
 
-DEFAULT_BUCKET = "offload-results"
 # The IAM user that owns the bucket and creates other principals when IAM enforcement is on.
 ADMIN_USER = "offload-local-admin"
-# moto accepts any credentials unless IAM enforcement is switched on; these are the conventional fakes.
-_ACCESS_KEY = "testing"
-_SECRET_KEY = "testing"  # noqa: S105 - a fake credential for a local, loopback-only server
+# moto accepts any credentials unless IAM enforcement is switched on; these (access key, secret) are the conventional
+# fakes, for a local, loopback-only server.
+_FAKE_CREDENTIALS = ("testing", "testing")
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,15 +118,8 @@ class _Entry:
         self.bytes_sent = 0
 
     def freeze(self) -> RecordedRequest:
-        return RecordedRequest(
-            method=self.method,
-            path=self.path,
-            query=self.query,
-            range=self.range,
-            status=self.status,
-            bytes_sent=self.bytes_sent,
-            headers=self.headers,
-        )
+        # The slots are the record's fields, one for one.
+        return RecordedRequest(**{name: getattr(self, name) for name in self.__slots__})
 
 
 def _request_headers(environ: WSGIEnvironment) -> tuple[tuple[str, str], ...]:
@@ -336,7 +327,7 @@ def _request_handler(verbose: bool) -> type[WSGIRequestHandler]:
     return _QuietMotoRequestHandler
 
 
-class LocalS3Server(S3Endpoint):
+class LocalS3Server(_S3Server):
     """
     moto's S3 server on a loopback port, in a background thread, with every request recorded.
 
@@ -389,7 +380,7 @@ class LocalS3Server(S3Endpoint):
         self._server: BaseWSGIServer | None = None
         self._thread: threading.Thread | None = None
         self._clients: dict[str, Any] = {}
-        self._credentials = (_ACCESS_KEY, _SECRET_KEY)
+        self._credentials = _FAKE_CREDENTIALS
         self._auth_before: str | None = None
 
     def start(self) -> Self:
@@ -415,13 +406,10 @@ class LocalS3Server(S3Endpoint):
         )
         self._thread.start()
         try:
-            self.create_bucket(self.bucket)
-            if self.enforce_iam:
-                self._start_enforcing_iam()
+            self._set_up(enforce_iam=self.enforce_iam)
         except BaseException:
             self.stop()
             raise
-        self.requests.clear()
         return self
 
     def stop(self) -> None:
@@ -433,7 +421,7 @@ class LocalS3Server(S3Endpoint):
                 self._set_auth_threshold(restore)
         finally:
             # Even if that failed, the server still stops (and the failure is raised afterwards).
-            self._credentials = (_ACCESS_KEY, _SECRET_KEY)
+            self._credentials = _FAKE_CREDENTIALS
             server, thread = self._server, self._thread
             self._server = self._thread = None
             self._clients = {}
@@ -443,14 +431,6 @@ class LocalS3Server(S3Endpoint):
                 server.server_close()
             if thread is not None:
                 thread.join()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc_value: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.stop()
 
     @property
     def port(self) -> int:
@@ -472,15 +452,6 @@ class LocalS3Server(S3Endpoint):
         """
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
-
-    @property
-    def bucket_url(self) -> str:
-        """
-        The default bucket as an fsspec URL.
-
-        :returns: ``s3://<bucket>``.
-        """
-        return f"s3://{self.bucket}"
 
     def create_bucket(self, name: str) -> None:
         """
@@ -509,11 +480,13 @@ class LocalS3Server(S3Endpoint):
         if enforcing:
             # The reset deletes the admin user too: stop enforcing until it exists again.
             self._set_auth_threshold("inf")
-        request = urllib.request.Request(f"{self.endpoint_url}/moto-api/reset", method="POST")  # noqa: S310 - our own http:// endpoint
-        with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - our own http:// endpoint
-            response.read()
+        self._post_to_moto("reset")
+        self._set_up(enforce_iam=enforcing)
+
+    def _set_up(self, *, enforce_iam: bool) -> None:
+        """The just-started state, on a moto with no state: the default bucket, the admin user if asked, no log."""
         self.create_bucket(self.bucket)
-        if enforcing:
+        if enforce_iam:
             self._start_enforcing_iam()
         self.requests.clear()
 
@@ -531,17 +504,20 @@ class LocalS3Server(S3Endpoint):
 
     def _set_auth_threshold(self, value: str) -> str:
         # moto's HTTP switch for INITIAL_NO_AUTH_ACTION_COUNT: requests are checked once that many have been served
-        # since the switch ("0": from now on; "inf": never). It answers with the previous value. Not form-encoded
-        # (urllib's default), or Flask consumes the body as a form and moto reads an empty one.
-        request = urllib.request.Request(  # noqa: S310 - our own http:// endpoint
-            f"{self.endpoint_url}/moto-api/reset-auth",
-            data=value.encode(),
-            headers={"Content-Type": "text/plain"},
-            method="POST",
-        )
-        with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - our own http:// endpoint
-            previous: str = json.loads(response.read())["PREVIOUS_INITIAL_NO_AUTH_ACTION_COUNT"]
+        # since the switch ("0": from now on; "inf": never). It answers with the previous value.
+        previous: str = json.loads(self._post_to_moto("reset-auth", value))["PREVIOUS_INITIAL_NO_AUTH_ACTION_COUNT"]
         return previous
+
+    def _post_to_moto(self, action: str, text: str | None = None) -> bytes:
+        """POST `text` (if any) to moto's own API at ``/moto-api/<action>``; returns the answer's body."""
+        # Plain text, not form-encoded (urllib's default), or Flask consumes the body as a form and moto reads it empty.
+        headers = {"Content-Type": "text/plain"} if text is not None else {}
+        data = text.encode() if text is not None else None
+        url = f"{self.endpoint_url}/moto-api/{action}"
+        request = urllib.request.Request(url, data=data, headers=headers, method="POST")  # noqa: S310 - our own http:// endpoint
+        with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - our own http:// endpoint
+            body: bytes = response.read()
+        return body
 
     def _running(self) -> BaseWSGIServer:
         if self._server is None:
