@@ -53,6 +53,9 @@ PROGRESS_INTERVAL = 0.5
 _REGION = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?")
 
 
+Handler = Callable[[argparse.Namespace], int]  # a subcommand: the parsed command line in, the exit code out
+
+
 class CommandError(OffloadError):
     """An error the command reports in one line, without a traceback."""
 
@@ -108,9 +111,7 @@ def _s3_choices(arguments: argparse.Namespace, url: str) -> dict[str, tuple[str,
         flag = flags[name]
         if flag is not None:
             chosen[name] = (flag, f"--{name.replace('_', '-')}")
-            continue
-        variable = next((variable for variable in variables if os.environ.get(variable)), None)
-        if variable is not None:
+        elif variable := next((variable for variable in variables if os.environ.get(variable)), None):
             chosen[name] = (os.environ[variable], variable)
     for name, (value, source) in chosen.items():
         if name == "endpoint_url":
@@ -124,19 +125,23 @@ def _s3_choices(arguments: argparse.Namespace, url: str) -> dict[str, tuple[str,
     return chosen
 
 
+def _applied(options: dict[str, Any], chosen: dict[str, tuple[str, str]]) -> dict[str, str]:
+    """The S3 choices that apply over s3fs storage options: a flag over what is there, a variable only into a gap."""
+    present = {
+        "endpoint_url": "endpoint_url" in options,
+        "profile": "profile" in options,
+        "region": "region_name" in (options.get("client_kwargs") or {}),
+    }
+    return {name: value for name, (value, source) in chosen.items() if source.startswith("--") or not present[name]}
+
+
 def _with_s3(options: dict[str, Any], chosen: dict[str, tuple[str, str]]) -> dict[str, Any]:
-    """Put the S3 choices into s3fs storage options: a flag over what is there, a variable only into a gap."""
-    merged = dict(options)
-    client_kwargs = dict(merged.get("client_kwargs") or {})
-    for name, (value, source) in chosen.items():
-        flag = source.startswith("--")
-        if name == "region":
-            if flag or "region_name" not in client_kwargs:
-                client_kwargs["region_name"] = value
-        elif flag or name not in merged:
-            merged[name] = value
-    if client_kwargs:
-        merged["client_kwargs"] = client_kwargs
+    """Put the S3 choices into s3fs storage options (see `_applied`); the region goes into ``client_kwargs``."""
+    applied = _applied(options, chosen)
+    region = applied.pop("region", None)
+    merged = {**options, **applied}
+    if region is not None:
+        merged["client_kwargs"] = {**(options.get("client_kwargs") or {}), "region_name": region}
     return merged
 
 
@@ -310,18 +315,16 @@ class _ListingProgress:
     def __exit__(self, *failure: object) -> None:
         self._halt()
         if self._open:  # the listing failed: clear the line, so the error starts on a clean one
-            sys.stderr.write("\r\x1b[K")
-            sys.stderr.flush()
-            self._open = False
+            self._write("", end=False)
 
 
 def _size(count: int) -> str:
     size = float(count)
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
+    for unit in ("B", "KB", "MB"):
+        if size < 1024:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
-    return f"{size:.1f} TB"  # pragma: no cover - the loop returns at GB
+    return f"{size:.1f} GB"  # the largest unit: a terabyte shows as 1024.0 GB
 
 
 def _print_json(value: Any) -> None:
@@ -358,10 +361,8 @@ def _demo(arguments: argparse.Namespace) -> int:
         print(f"  model: {SCRIPTED_MODEL_LABEL}")
         print(f"  store: {_shown(store)}")
         print("  hooks: OffloadHook, OffloadCompactionHook, ApprovalHook (send_invoice asks a person)")
-    bar = _progress(
-        len(tenants) * arguments.sessions * len(STEPS), "step", False if arguments.json else None, "sessions"
-    )
-    try:
+    steps = len(tenants) * arguments.sessions * len(STEPS)
+    with _progress(steps, "step", False if arguments.json else None, "sessions") as bar:
         report = run_demo(
             store,
             storage_options=options,
@@ -370,8 +371,6 @@ def _demo(arguments: argparse.Namespace) -> int:
             on_progress=lambda tenant, session, step: bar.update(1),
             run_id=run_id,
         )
-    finally:
-        bar.close()
     if arguments.json:
         figures = report.tenant_figures()
         _print_json({"store": _shown(store), "model": SCRIPTED_MODEL_LABEL, "ok": report.ok, "tenants": figures})
@@ -416,6 +415,10 @@ def _demo_table(report: "DemoReport", store: str) -> None:
 # serve
 
 
+# The `ServerSettings` fields that serve's flags of the same names override (and --storage-options, parsed first).
+_SERVE_SETTINGS = ("store", "tokens_file", "model", "openai_base_url", "openai_model")
+
+
 def _serve(arguments: argparse.Namespace) -> int:
     from haystack_integrations.offload.server._extra import SERVER_EXTRA_HINT
 
@@ -425,18 +428,9 @@ def _serve(arguments: argparse.Namespace) -> int:
         from haystack_integrations.offload.server.settings import ServerSettings
     except ImportError as error:
         raise CommandError(f"{SERVER_EXTRA_HINT} ({error})") from error
-    overrides: dict[str, Any] = {
-        name: value
-        for name, value in {
-            "store": arguments.store,
-            "storage_options": _options(arguments.storage_options),
-            "tokens_file": arguments.tokens_file,
-            "model": arguments.model,
-            "openai_base_url": arguments.openai_base_url,
-            "openai_model": arguments.openai_model,
-        }.items()
-        if value is not None
-    }
+    given = {name: getattr(arguments, name) for name in _SERVE_SETTINGS}
+    given["storage_options"] = _options(arguments.storage_options)
+    overrides = {name: value for name, value in given.items() if value is not None}
     from pydantic import ValidationError
 
     try:
@@ -498,17 +492,11 @@ def _check_store(settings: Any, workers: int) -> None:
 
 def _serve_s3(settings: Any, arguments: argparse.Namespace) -> Any:
     # The server's own S3 settings (OFFLOAD_SERVER_S3_*) rank with --storage-options: below a flag, above AWS_*.
-    chosen = _s3_choices(arguments, settings.store)
-    current = settings.resolved_storage_options()
-    update: dict[str, Any] = {}
-    for name, (value, source) in chosen.items():
-        flag = source.startswith("--")
-        if name == "endpoint_url" and (flag or "endpoint_url" not in current):
-            update["s3_endpoint_url"] = value
-        elif name == "region" and (flag or "region_name" not in (current.get("client_kwargs") or {})):
-            update["s3_region"] = value
-        elif name == "profile" and (flag or "profile" not in current):
-            update["storage_options"] = {**settings.storage_options, "profile": value}
+    applied = _applied(settings.resolved_storage_options(), _s3_choices(arguments, settings.store))
+    fields = {"endpoint_url": "s3_endpoint_url", "region": "s3_region"}
+    update: dict[str, Any] = {fields[name]: value for name, value in applied.items() if name in fields}
+    if "profile" in applied:
+        update["storage_options"] = {**settings.storage_options, "profile": applied["profile"]}
     return settings.model_copy(update=update) if update else settings
 
 
@@ -531,42 +519,35 @@ def _scan(arguments: argparse.Namespace, root: Any, tenant: str | None, session:
     """`operations.scan` with a progress line on standard error (see `_ListingProgress`)."""
     from haystack_integrations.offload.operations import scan
 
-    scope = "/".join(part for part in (tenant, session) if part)
-    label = f"{_shown(arguments.url).rstrip('/')}/{scope + '/' if scope else ''}"
-    with _ListingProgress(label, _show_progress(arguments)) as progress:
+    with _ListingProgress(_scoped_url(arguments.url, tenant, session), _show_progress(arguments)) as progress:
         objects = scan(root, tenant=tenant, session=session)
         progress.found(len(objects))
     return objects
 
 
+def _scoped_url(url: str, tenant: str | None, session: str | None) -> str:
+    """The store URL down to the tenant and session a listing is limited to, as its progress line and `ls` show it."""
+    scope = "/".join(part for part in (tenant, session) if part)
+    return f"{_shown(url).rstrip('/')}/{scope + '/' if scope else ''}"
+
+
 def _ls(arguments: argparse.Namespace) -> int:
     from haystack_integrations.offload.operations import usage
 
-    root = _root(arguments)
-    objects = _scan(arguments, root, arguments.tenant, arguments.session)
+    objects = _scan(arguments, _root(arguments), arguments.tenant, arguments.session)
     reading = _inside_layout(arguments, objects)
     if reading is not None:
         objects = reading.objects
     found = usage(objects)
+    listing = arguments.session is not None or arguments.recursive
     if arguments.json:
         payload = found.to_dict()
         if reading is not None:
             payload["listed_as"] = {"root": reading.root_url, "tenant": reading.tenant, "session": reading.session}
-        if arguments.session is not None or arguments.recursive:
-            payload["objects"] = [
-                {
-                    "path": item.path,
-                    "kind": item.kind,
-                    "size": item.size,
-                    "namespace": item.namespace,
-                    "tool_name": item.tool_name,
-                    "created": item.created.isoformat() if item.created else None,
-                }
-                for item in objects
-            ]
+        if listing:
+            payload["objects"] = [_listed_object(item) for item in objects]
         _print_json(payload)
         return 0
-    scope = "/".join(part for part in (arguments.tenant, arguments.session) if part)
     if reading is not None:
         what = f"session {reading.session!r} of tenant" if reading.session else "tenant"
         print(
@@ -574,11 +555,10 @@ def _ls(arguments: argparse.Namespace) -> int:
             "of this library's; paths below are relative to that root)"
         )
     print(
-        f"{_shown(arguments.url).rstrip('/')}/{scope + '/' if scope else ''}  "
+        f"{_scoped_url(arguments.url, arguments.tenant, arguments.session)}  "
         f"{len(found.tenants)} tenant(s), {sum(len(t.sessions) for t in found.tenants.values())} session(s), "
         f"{found.total.results} result(s), {_size(found.total.total_bytes)}"
     )
-    listing = arguments.session is not None or arguments.recursive
     for tenant_name, tenant in sorted(found.tenants.items()):
         print(f"  {tenant_name}/  {tenant.total.results} results, {_size(tenant.total.total_bytes)}")
         for session_name, session in sorted(tenant.sessions.items()):
@@ -598,6 +578,12 @@ def _ls(arguments: argparse.Namespace) -> int:
     if found.other_objects:
         print(f"  (and {found.other_objects} object(s), {_size(found.other_bytes)}, not written by this library)")
     return 0
+
+
+def _listed_object(item: Any) -> dict[str, Any]:
+    """One stored object as ``ls --json`` lists it."""
+    fields = {name: getattr(item, name) for name in ("path", "kind", "size", "namespace", "tool_name")}
+    return {**fields, "created": item.created.isoformat() if item.created else None}
 
 
 def _inside_layout(arguments: argparse.Namespace, objects: list[Any]) -> Any:
@@ -752,13 +738,11 @@ def _purge(arguments: argparse.Namespace) -> int:
         plan = select_scope(objects, now=now)
         what = "results and documents"
     scope = "/".join(part for part in (arguments.tenant, arguments.session) if part) or "every tenant"
+    figures = {name: getattr(plan, name) for name in ("results", "documents", "temporary_files", "bytes")}
     summary = {
         "scope": scope,
         "selection": what,
-        "results": plan.results,
-        "documents": plan.documents,
-        "temporary_files": plan.temporary_files,
-        "bytes": plan.bytes,
+        **figures,
         "sessions": plan.sessions(),
         "dry_run": arguments.dry_run,
         "deleted": 0,
@@ -771,19 +755,16 @@ def _purge(arguments: argparse.Namespace) -> int:
             f"{', and ' + stale if stale else ''}, "
             f"{_size(plan.bytes)}, in {len(plan.sessions())} session(s)"
         )
-    if arguments.dry_run or not plan.objects:
-        if arguments.json:
-            _print_json(summary)
-        elif arguments.dry_run:
-            print("dry run: nothing was deleted")
-        return 0
-    if not arguments.yes and not _confirmed(f"Delete {len(plan.objects)} object(s)?"):
-        raise CommandError("Nothing deleted: confirm with --yes (or preview with --dry-run).")
-    with _progress(len(plan.objects), "obj", _show_progress(arguments), "deleting") as bar:
-        summary["deleted"] = delete(root, plan.objects, on_batch=bar.update)
+    if plan.objects and not arguments.dry_run:
+        if not arguments.yes and not _confirmed(f"Delete {len(plan.objects)} object(s)?"):
+            raise CommandError("Nothing deleted: confirm with --yes (or preview with --dry-run).")
+        with _progress(len(plan.objects), "obj", _show_progress(arguments), "deleting") as bar:
+            summary["deleted"] = delete(root, plan.objects, on_batch=bar.update)
     if arguments.json:
         _print_json(summary)
-    else:
+    elif arguments.dry_run:
+        print("dry run: nothing was deleted")
+    elif plan.objects:
         print(f"deleted {summary['deleted']} object(s)" + (f" ({stale} among them)" if stale else ""))
     return 0
 
@@ -832,8 +813,7 @@ def _confirmed(question: str) -> bool:
 def _audit(arguments: argparse.Namespace) -> int:
     from haystack_integrations.offload.approvals import read_audit
 
-    root = _root(arguments)
-    events = read_audit(root.for_session(arguments.tenant, arguments.session))
+    events = read_audit(_root(arguments).for_session(arguments.tenant, arguments.session))
     if arguments.json:
         _print_json([event.model_dump(mode="json") for event in events])
         return 0
@@ -890,6 +870,14 @@ def _store_arguments(parser: argparse.ArgumentParser, *, url_flag: bool = False)
     )
 
 
+def _operator(commands: Any, name: str, handler: Handler, **texts: str) -> argparse.ArgumentParser:
+    """An operator command over a store URL: its store arguments come first, then the ones the caller adds."""
+    parser: argparse.ArgumentParser = commands.add_parser(name, **texts)
+    _store_arguments(parser)
+    parser.set_defaults(handler=handler)
+    return parser
+
+
 def _progress_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--progress",
@@ -938,9 +926,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     _s3_arguments(serve)
     serve.set_defaults(handler=_serve)
+    _add_operator_commands(commands)
+    return parser
 
-    ls = commands.add_parser(
+
+def _add_operator_commands(commands: Any) -> None:
+    """The commands over a store URL, in the order ``--help`` lists them."""
+    ls = _operator(
+        commands,
         "ls",
+        _ls,
         help="the tenant/session tree with sizes",
         description="List a store's tenants, sessions, results and documents. A URL inside the layout, such as "
         "s3://bucket/prod/acme or s3://bucket/prod/acme/chat-1, is listed as that tenant or session of the root above "
@@ -948,31 +943,24 @@ def build_parser() -> argparse.ArgumentParser:
         "fit a tenant's or a session's layout; a root with results of its own is always listed as a root. With "
         "--tenant or --session the URL is always the root.",
     )
-    _store_arguments(ls)
     ls.add_argument("--tenant", help="list this tenant's sessions")
     ls.add_argument("--session", help="list this session's results and documents (needs --tenant)")
     ls.add_argument("-R", "--recursive", action="store_true", help="list every result and document")
     _progress_argument(ls)
-    ls.set_defaults(handler=_ls)
 
-    du = commands.add_parser("du", help="usage per tenant and session")
-    _store_arguments(du)
+    du = _operator(commands, "du", _du, help="usage per tenant and session")
     du.add_argument("--tenant", help="only this tenant")
     _progress_argument(du)
-    du.set_defaults(handler=_du)
 
-    cat = commands.add_parser("cat", help="print one stored result or document (bytes as stored)")
-    _store_arguments(cat)
+    cat = _operator(commands, "cat", _cat, help="print one stored result or document (bytes as stored)")
     cat.add_argument("reference", help="tenant/session/name as `ls` prints it, or a name with --tenant and --session")
     cat.add_argument("--tenant")
     cat.add_argument("--session")
     cat.add_argument("--offset", type=_whole_number(0, 2**63 - 1), default=0, help="first byte (default: 0)")
     cat.add_argument("--length", type=_whole_number(0, 2**63 - 1), help="bytes to print (default: to the end)")
     cat.add_argument("-o", "--output", help="write the bytes to this file instead of standard output")
-    cat.set_defaults(handler=_cat)
 
-    purge = commands.add_parser("purge", help="delete a session, a tenant, or results older than an age")
-    _store_arguments(purge)
+    purge = _operator(commands, "purge", _purge, help="delete a session, a tenant, or results older than an age")
     purge.add_argument("--tenant", help="purge this tenant (every session, results and documents)")
     purge.add_argument("--session", help="purge only this session of --tenant")
     purge.add_argument(
@@ -982,13 +970,10 @@ def build_parser() -> argparse.ArgumentParser:
     purge.add_argument("--dry-run", action="store_true", help="show what would be deleted, delete nothing")
     purge.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     _progress_argument(purge)
-    purge.set_defaults(handler=_purge)
 
-    audit = commands.add_parser("audit", help="a session's approval audit record")
-    _store_arguments(audit)
+    audit = _operator(commands, "audit", _audit, help="a session's approval audit record")
     audit.add_argument("--tenant", required=True)
     audit.add_argument("--session", required=True)
-    audit.set_defaults(handler=_audit)
 
     doctor = commands.add_parser(
         "doctor",
@@ -1002,7 +987,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _store_arguments(doctor, url_flag=True)
     doctor.set_defaults(handler=_doctor)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1020,7 +1004,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         arguments = build_parser().parse_args(argv)
     except SystemExit as stop:  # --help, --version, or a bad argument (already reported in one line)
         return stop.code if isinstance(stop.code, int) else EXIT_ERROR if stop.code else 0
-    handler: Callable[[argparse.Namespace], int] = arguments.handler
+    handler: Handler = arguments.handler
     try:
         return int(handler(arguments))
     except BrokenPipeError:
