@@ -5,7 +5,7 @@ Every record is a frozen pydantic model that refuses unknown fields; times are t
 """
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired, TypedDict
 
 from haystack.dataclasses import ChatMessage, ToolCall
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
@@ -172,13 +172,7 @@ class HeldCall(_Record):
 
     @classmethod
     def of(
-        cls,
-        position: int,
-        call: ToolCall,
-        digest: str,
-        *,
-        request: ApprovalRequest | None = None,
-        denial: Denial | None = None,
+        cls, position: int, call: ToolCall, digest: str, request: ApprovalRequest | None, denial: Denial | None = None
     ) -> "HeldCall":
         """
         The held record of the call at `position`: asked about with `request`, denied with `denial`, else run.
@@ -210,6 +204,19 @@ class HeldCall(_Record):
         return self
 
 
+class HeldStepFields(TypedDict):
+    """The fields of a `HeldStep` its holder gives; the ledger adds the number, the message and the calls."""
+
+    tenant: str
+    session: str
+    guard: str
+    created: datetime
+    requested_by: str | None
+    continues: NotRequired[str | None]
+    state: NotRequired[dict[str, Any] | None]
+    preceding: NotRequired[list[dict[str, Any]]]
+
+
 class HeldStep(_Record):
     """One assistant message whose tool calls wait for one guard's decisions, kept whole so resuming loses nothing."""
 
@@ -234,57 +241,6 @@ class HeldStep(_Record):
         "kept here so that losing that resume's turn cannot lose them.",
     )
     token: str = Field(default_factory=writer_token)
-
-    @classmethod
-    def holding(
-        cls,
-        message: ChatMessage,
-        calls: list[HeldCall],
-        *,
-        sequence: int,
-        step_id: str,
-        tenant: str,
-        session: str,
-        guard: str,
-        created: datetime,
-        requested_by: str | None,
-        continues: str | None = None,
-        state: dict[str, Any] | None = None,
-        preceding: list[dict[str, Any]] | None = None,
-    ) -> "HeldStep":
-        """
-        The record of `message` held under the step number the ledger claimed: the one way both holders build it.
-
-        `ApprovalHook` holds a step for its guard's requests; `resume` holds one again for calls that may have run.
-
-        :param message: The assistant message whose calls wait.
-        :param calls: One `HeldCall` per tool call of the message, in order.
-        :param sequence: The number claimed for the step.
-        :param step_id: The step's id (``ledger.step_id_for(sequence)``), which its requests already carry.
-        :param tenant: The session's tenant.
-        :param session: The session.
-        :param guard: The hook (or ``"may-have-run"``) whose requests the step holds.
-        :param created: When the step was held.
-        :param requested_by: Who the run acts for, or the worker that held it.
-        :param continues: The step whose resumption holds this one, if any.
-        :param state: The run's own state values when it first stopped.
-        :param preceding: What the resume holding this step added before the message.
-        :returns: The record.
-        """
-        return cls(
-            step_id=step_id,
-            sequence=sequence,
-            tenant=tenant,
-            session=session,
-            guard=guard,
-            continues=continues,
-            created=created,
-            requested_by=requested_by,
-            message=message.to_dict(),
-            calls=calls,
-            state=state,
-            preceding=preceding or [],
-        )
 
     @model_validator(mode="after")
     def _calls_match_the_message(self) -> "HeldStep":

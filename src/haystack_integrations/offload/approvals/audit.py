@@ -9,7 +9,7 @@ import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from haystack_integrations.offload.approvals.approval_records import AuditEvent
+from haystack_integrations.offload.approvals.approval_records import ApprovalRequest, AuditEvent
 from haystack_integrations.offload.approvals.ledger import session_scope
 from haystack_integrations.offload.types import Documents, SessionDocumentSource
 
@@ -36,6 +36,30 @@ def new_event(**fields: Any) -> AuditEvent:
     :returns: The event.
     """
     return AuditEvent(at=_next_time(), **fields)
+
+
+def request_event(event: str, request: ApprovalRequest, *, actor: str | None, **detail: Any) -> AuditEvent:
+    """
+    Build an audit event about one approval request, stamped now.
+
+    :param event: What happened, e.g. ``"approval.decided"``.
+    :param request: The request it happened to (its session, step, call and arguments digest are recorded).
+    :param actor: Who did it.
+    :param detail: The event's details.
+    :returns: The event.
+    """
+    return new_event(
+        event=event,
+        actor=actor,
+        tenant=request.tenant,
+        session=request.session,
+        step_id=request.step_id,
+        request_id=request.request_id,
+        tool_call_id=request.tool_call_id,
+        tool_name=request.tool_name,
+        arguments_digest=request.arguments_digest,
+        detail=detail,
+    )
 
 
 def _name(event: AuditEvent) -> str:

@@ -6,6 +6,7 @@ the session's store and stops the run, for `decide` and `resume` to continue lat
 """
 
 import asyncio
+import concurrent.futures
 import contextlib
 import inspect
 import threading
@@ -76,26 +77,13 @@ class CallbackApprovals:
         :returns: The decision, or None if the timeout passed first.
         :raises Exception: Whatever the callback raised.
         """
-        done = threading.Event()
-        outcome: dict[str, Any] = {}
-
-        def call() -> None:
-            try:
-                answer = self.callback(request)
-                if inspect.isawaitable(answer):
-                    answer = asyncio.run(_awaited(answer))
-                outcome["answer"] = answer
-            except BaseException as error:  # handed to the waiting thread, which re-raises it
-                outcome["error"] = error
-            finally:
-                done.set()
-
-        threading.Thread(target=call, name="approval-callback", daemon=True).start()
-        if not done.wait(self.timeout):
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._call_in_thread(request, lambda answer, error: _settle(future, answer, error))
+        try:
+            answer = future.result(self.timeout)  # the callback's error, handed over by its thread, is raised here
+        except TimeoutError:
             return None
-        if "error" in outcome:
-            raise outcome["error"]
-        return to_decision(outcome["answer"], request)
+        return to_decision(answer, request)
 
     async def ask_async(self, request: ApprovalRequest) -> Decision | None:
         """
@@ -119,22 +107,30 @@ class CallbackApprovals:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_settle, future, answer, error)
 
-        def call() -> None:
-            try:
-                answer = self.callback(request)
-                if inspect.isawaitable(answer):
-                    answer = asyncio.run(_awaited(answer))
-            except BaseException as error:
-                deliver(None, error)
-            else:
-                deliver(answer, None)
-
-        threading.Thread(target=call, name="approval-callback", daemon=True).start()
+        self._call_in_thread(request, deliver)
         try:
             answer = await asyncio.wait_for(future, self.timeout)
         except TimeoutError:
             return None
         return to_decision(answer, request)
+
+    def _call_in_thread(self, request: ApprovalRequest, deliver: Callable[[Any, BaseException | None], None]) -> None:
+        """
+        Run the callback in a daemon thread of its own (a person who never answers blocks neither the event loop nor
+        the process's exit), awaiting what it returns if that is awaitable; its answer or error goes to `deliver`.
+        """
+
+        def call() -> None:
+            try:
+                answer = self.callback(request)
+                if inspect.isawaitable(answer):
+                    answer = asyncio.run(_awaited(answer))
+            except BaseException as error:  # handed to the waiting caller, which raises it
+                deliver(None, error)
+            else:
+                deliver(answer, None)
+
+        threading.Thread(target=call, name="approval-callback", daemon=True).start()
 
 
 class DurableApprovals:
@@ -186,13 +182,7 @@ class StrategyApprovals:
         self.context = context
 
     def _arguments(self, request: ApprovalRequest) -> dict[str, Any]:
-        return {
-            "tool_name": request.tool_name,
-            "tool_description": request.tool_description,
-            "tool_params": dict(request.arguments),
-            "tool_call_id": request.tool_call_id,
-            "confirmation_strategy_context": self.context,
-        }
+        return {**strategy_input(request), "confirmation_strategy_context": self.context}
 
     def ask(self, request: ApprovalRequest) -> Decision:
         """
@@ -216,6 +206,16 @@ class StrategyApprovals:
 
 
 ApprovalChannel = CallbackApprovals | DurableApprovals | StrategyApprovals
+
+
+def strategy_input(request: ApprovalRequest) -> dict[str, Any]:
+    """What a Haystack `ConfirmationStrategy` is asked about a call (as `ConfirmationHook` asks, and traces, it)."""
+    return {
+        "tool_name": request.tool_name,
+        "tool_description": request.tool_description,
+        "tool_params": dict(request.arguments),
+        "tool_call_id": request.tool_call_id,
+    }
 
 
 def channel_from(hook_context: object) -> ApprovalChannel | None:
@@ -278,7 +278,9 @@ async def _awaited(answer: Awaitable[Any]) -> Any:
     return await answer
 
 
-def _settle(future: "asyncio.Future[Any]", answer: Any, error: BaseException | None) -> None:
+def _settle(
+    future: "asyncio.Future[Any] | concurrent.futures.Future[Any]", answer: Any, error: BaseException | None
+) -> None:
     if future.done():  # the waiter timed out and went away
         return
     if error is not None:

@@ -16,7 +16,7 @@ from haystack_integrations.offload.approvals.approval_records import (
     HeldStep,
     StepDone,
 )
-from haystack_integrations.offload.approvals.audit import append_audit, append_audit_async, new_event
+from haystack_integrations.offload.approvals.audit import append_audit, append_audit_async, request_event
 from haystack_integrations.offload.approvals.binding import arguments_digest
 from haystack_integrations.offload.approvals.errors import (
     ApprovalAlreadyDecidedError,
@@ -229,21 +229,14 @@ def _compare(
 
 
 def _decided_event(request: ApprovalRequest, record: ApprovalDecision) -> AuditEvent:
-    return new_event(
-        event="approval.decided",
+    # The record carries the request's session, step, call and tool (`_decision_record`), so the event is the request's.
+    return request_event(
+        "approval.decided",
+        request,
         actor=record.decided_by,
-        tenant=record.tenant,
-        session=record.session,
-        step_id=record.step_id,
-        request_id=record.request_id,
-        tool_call_id=record.tool_call_id,
-        tool_name=record.tool_name,
-        arguments_digest=request.arguments_digest,
-        detail={
-            "approved": record.approved,
-            "edited": record.edited,
-            "reason": record.reason,
-            "final_arguments_digest": record.final_arguments_digest,
-            "expires": record.expires.isoformat(),
-        },
+        approved=record.approved,
+        edited=record.edited,
+        reason=record.reason,
+        final_arguments_digest=record.final_arguments_digest,
+        expires=record.expires.isoformat(),
     )

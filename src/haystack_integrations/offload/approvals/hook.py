@@ -37,7 +37,7 @@ from haystack_integrations.offload.approvals.approval_records import (
     RememberApproval,
     RememberedApproval,
 )
-from haystack_integrations.offload.approvals.audit import append_audit, append_audit_async, new_event
+from haystack_integrations.offload.approvals.audit import append_audit, append_audit_async, new_event, request_event
 from haystack_integrations.offload.approvals.binding import arguments_digest
 from haystack_integrations.offload.approvals.channels import (
     APPROVAL_REQUIRED,
@@ -46,14 +46,15 @@ from haystack_integrations.offload.approvals.channels import (
     DurableApprovals,
     StrategyApprovals,
     channel_from,
+    strategy_input,
 )
 from haystack_integrations.offload.approvals.errors import InvalidApprovalEditError
 from haystack_integrations.offload.approvals.learning import SessionPolicies
-from haystack_integrations.offload.approvals.ledger import ApprovalLedger, StepBuilder, now, request_id, step_id_for
+from haystack_integrations.offload.approvals.ledger import ApprovalLedger, now, request_id
 from haystack_integrations.offload.approvals.outcomes import (
-    APPROVAL_REQUIRED_META_KEY,
     RESULT_FORMATS,
     ResultFormat,
+    approval_notice,
     denied_by_person,
     expired,
     in_process_shape,
@@ -249,29 +250,15 @@ class ApprovalHook:
         step = self._decided_step(state, policies)
         if step is None:
             return
-        if step.ledger is not None and step.memory_keys():
+        if step.ledger is not None:
             step.apply_memory([step.ledger.remembered(key) for key in step.memory_keys()])
-        if not step.asks():
-            self._finish_decided(state, step)
-            return
         if isinstance(step.channel, DurableApprovals):
-            ledger = _durable_ledger(step)
-            held = ledger.hold(self._builder(step, state), after=_resumed_sequence(step))
-            step.events.extend(_requested(held, step.channel.actor))
-            _stop(state, held)
-            append_audit(ledger.store, *step.events)
-            return
-        self._make_requests(step, step.step_id)
-        channel = step.channel
-        for request in step.requests.values():
-            step.events.append(_event("approval.requested", request, actor=channel.actor))
-            with _asking(self._asker(channel, request), request) as traced:
-                try:
-                    decision = traced(channel.ask(request))
-                except InvalidApprovalEditError as error:
-                    self._refuse(step, request, str(error), actor=None)
-                    continue
-            self._apply(step, request, decision)
+            if step.asks():
+                _stop(state, step, _durable_ledger(step).hold(step.message, **self._holding(step, state)))
+        else:
+            for request in self._make_requests(step, step.step_id):  # none when no call asks
+                with self._answering(step, request) as answer:
+                    answer(step.channel.ask(request))
         if step.ledger is not None:
             for key, record in step.memories:
                 step.ledger.remember(key, record)
@@ -289,30 +276,15 @@ class ApprovalHook:
         step = self._decided_step(state, policies)
         if step is None:
             return
-        if step.ledger is not None and step.memory_keys():
-            ledger = step.ledger
-            step.apply_memory([await ledger.remembered_async(key) for key in step.memory_keys()])
-        if not step.asks():
-            await self._finish_decided_async(state, step)
-            return
+        if step.ledger is not None:
+            step.apply_memory([await step.ledger.remembered_async(key) for key in step.memory_keys()])
         if isinstance(step.channel, DurableApprovals):
-            ledger = _durable_ledger(step)
-            held = await ledger.hold_async(self._builder(step, state), after=_resumed_sequence(step))
-            step.events.extend(_requested(held, step.channel.actor))
-            _stop(state, held)
-            await append_audit_async(ledger.store, *step.events)
-            return
-        self._make_requests(step, step.step_id)
-        channel = step.channel
-        for request in step.requests.values():
-            step.events.append(_event("approval.requested", request, actor=channel.actor))
-            with _asking(self._asker(channel, request), request) as traced:
-                try:
-                    decision = traced(await channel.ask_async(request))
-                except InvalidApprovalEditError as error:
-                    self._refuse(step, request, str(error), actor=None)
-                    continue
-            self._apply(step, request, decision)
+            if step.asks():
+                _stop(state, step, await _durable_ledger(step).hold_async(step.message, **self._holding(step, state)))
+        else:
+            for request in self._make_requests(step, step.step_id):  # none when no call asks
+                with self._answering(step, request) as answer:
+                    answer(await step.channel.ask_async(request))
         if step.ledger is not None:
             for key, record in step.memories:
                 await step.ledger.remember_async(key, record)
@@ -373,16 +345,6 @@ class ApprovalHook:
             answered = list(step.events)
             step = self._begin(state, policies)
         return step
-
-    def _finish_decided(self, state: State, step: _Step) -> None:
-        if step.ledger is not None and step.events:
-            append_audit(step.ledger.store, *step.events)
-        _rewrite(state, step)
-
-    async def _finish_decided_async(self, state: State, step: _Step) -> None:
-        if step.ledger is not None and step.events:
-            await append_audit_async(step.ledger.store, *step.events)
-        _rewrite(state, step)
 
     def _begin(self, state: State, policies: SessionPolicies) -> _Step | None:
         messages = state.data.get("messages") or []
@@ -481,7 +443,7 @@ class ApprovalHook:
         except InvalidApprovalEditError as error:
             step.denials[item.position] = (Denial(kind=APPROVAL_INVALID, reason=str(error)), request.request_id)
 
-    def _make_requests(self, step: _Step, step_id: str) -> None:
+    def _make_requests(self, step: _Step, step_id: str) -> list[ApprovalRequest]:
         channel = step.channel
         ttl = channel.ttl if isinstance(channel, DurableApprovals) else channel.timeout
         tenant = step.ledger.tenant if step.ledger is not None else None
@@ -511,45 +473,58 @@ class ApprovalHook:
                 expires=step.created + timedelta(seconds=ttl),
                 remember=item.remember,
             )
+        return list(step.requests.values())
 
-    def _builder(self, step: _Step, state: State) -> StepBuilder:
-        """What `ApprovalLedger.hold` records under the number it claims: the message, its calls, the run's state."""
+    def _holding(self, step: _Step, state: State) -> dict[str, Any]:
+        """What `ApprovalLedger.hold` records with the message: its calls, who holds it, and the run's state."""
         ledger = _durable_ledger(step)
         resuming = step.resuming
-        run_state = resuming.state if resuming is not None else _run_state(state)
-        # Held again while resuming: what this resume added so far is kept with the step, so losing its turn is safe.
-        preceding = resuming.preceding(state.data["messages"]) if resuming is not None else []
 
-        def build(sequence: int) -> HeldStep:
-            step_id = step_id_for(sequence)
+        def calls(step_id: str) -> list[HeldCall]:
             self._make_requests(step, step_id)
-            return HeldStep.holding(
-                step.message,
-                [self._held_call(step, item) for item in step.screened],
-                sequence=sequence,
-                step_id=step_id,
-                tenant=ledger.tenant,
-                session=ledger.session,
-                guard=self.guard,
-                created=step.created,
-                requested_by=step.channel.actor,
-                continues=resuming.step.step_id if resuming is not None else None,
-                state=run_state,
-                preceding=preceding,
-            )
+            return [self._held_call(step, item) for item in step.screened]
 
-        return build
+        return {
+            "calls": calls,
+            # Holding again while resuming step n takes the next number after n without listing; a race moves it on.
+            "after": resuming.step.sequence if resuming is not None else None,
+            "tenant": ledger.tenant,
+            "session": ledger.session,
+            "guard": self.guard,
+            "created": step.created,
+            "requested_by": step.channel.actor,
+            "continues": resuming.step.step_id if resuming is not None else None,
+            "state": resuming.state if resuming is not None else _run_state(state),
+            # Held again while resuming: what this resume added so far stays with the step, so losing its turn is safe.
+            "preceding": resuming.preceding(state.data["messages"]) if resuming is not None else [],
+        }
 
     @staticmethod
     def _held_call(step: _Step, item: _Screened) -> HeldCall:
         request = step.requests.get(item.position)
         denial = UNBOUND_CALL if request is None and item.ask else None
-        return HeldCall.of(item.position, item.call, item.digest, request=request, denial=denial)
+        return HeldCall.of(item.position, item.call, item.digest, request, denial)
+
+    @contextlib.contextmanager
+    def _answering(self, step: _Step, request: ApprovalRequest) -> Iterator[Callable[[Decision | None], None]]:
+        """
+        Ask about `request` inside its tracing span: the yielded function takes the channel's answer, which is then
+        applied to the step; an answer the channel could not understand is refused.
+        """
+        step.events.append(request_event("approval.requested", request, actor=step.channel.actor))
+        answers: list[Decision | None] = []
+        with _asking(self._asker(step.channel, request), request) as traced:
+            try:
+                yield lambda decision: answers.append(traced(decision))
+            except InvalidApprovalEditError as error:
+                self._refuse(step, request, str(error), actor=None)
+                return
+        self._apply(step, request, answers[0])
 
     @staticmethod
     def _refuse(step: _Step, request: ApprovalRequest, reason: str, *, actor: str | None) -> None:
         step.denials[request.position] = (Denial(kind=APPROVAL_INVALID, reason=reason), request.request_id)
-        step.events.append(_event("approval.invalid", request, actor=actor, reason=reason))
+        step.events.append(request_event("approval.invalid", request, actor=actor, reason=reason))
 
     def _learn(self, step: _Step, request: ApprovalRequest, decision: Decision | None) -> None:
         key = rule_key_for(request.tool_name, self.rules)
@@ -562,7 +537,7 @@ class ApprovalHook:
         if decision is None:
             timeout = step.channel.timeout if isinstance(step.channel, CallbackApprovals) else 0.0
             step.denials[position] = (expired(f"no answer within {timeout:g} seconds."), request.request_id)
-            step.events.append(_event("approval.expired", request, actor=None, reason="timeout"))
+            step.events.append(request_event("approval.expired", request, actor=None, reason="timeout"))
             return
         try:
             arguments, edited = approved_arguments(request, decision)
@@ -570,7 +545,7 @@ class ApprovalHook:
             self._refuse(step, request, str(error), actor=decision.decided_by)
             return
         step.events.append(
-            _event(
+            request_event(
                 "approval.decided",
                 request,
                 actor=decision.decided_by,
@@ -603,15 +578,7 @@ def _asking(asker: object, request: ApprovalRequest) -> Iterator[Callable[[Decis
         "haystack.agent.hook.human_in_the_loop.strategy.type": generate_qualified_class_name(type(asker)),
     }
     with tracer.trace(_STRATEGY_SPAN, tags=tags, parent_span=tracer.current_span()) as span:
-        span.set_content_tag(
-            f"{_STRATEGY_SPAN}.input",
-            {
-                "tool_name": request.tool_name,
-                "tool_description": request.tool_description,
-                "tool_params": request.arguments,
-                "tool_call_id": request.tool_call_id,
-            },
-        )
+        span.set_content_tag(f"{_STRATEGY_SPAN}.input", strategy_input(request))
 
         def traced(decision: Decision | None) -> Decision | None:
             span.set_tag(f"{_STRATEGY_SPAN}.decision", _decision_kind(request, decision))
@@ -657,11 +624,6 @@ def _durable_ledger(step: _Step) -> ApprovalLedger:
     return step.ledger
 
 
-def _resumed_sequence(step: _Step) -> int | None:
-    # Holding again while resuming step n takes the next number after n without listing; a race moves it further.
-    return step.resuming.step.sequence if step.resuming is not None else None
-
-
 def _run_state(state: State) -> dict[str, Any] | None:
     """The run's own state values (the Agent's `state_schema`), serialized as Haystack serializes State."""
     own = [key for key in state.data if key not in _AGENT_STATE_KEYS]
@@ -694,20 +656,16 @@ def _deny_unbound(step: _Step) -> None:
             )
 
 
-def _stop(state: State, held: HeldStep) -> None:
-    """Take the held message out of the run, leave a notice naming the pending requests, and stop the run."""
+def _stop(state: State, step: _Step, held: HeldStep) -> None:
+    """Audit the held step's requests, take its message out of the run, leave a notice naming them, stop the run."""
+    for request in held.requests():
+        step.events.append(request_event("approval.requested", request, actor=step.channel.actor))
     # The held message leaves this run's conversation (resume puts it back with its results), so the history the
     # run returns stays valid for any provider: no tool call without a result. The notice is what the run's caller
     # and a chat page show; resume takes it out again.
-    ids = [request.request_id for request in held.requests()]
-    notice = ChatMessage.from_assistant("Approval required: " + ", ".join(ids), meta={APPROVAL_REQUIRED_META_KEY: ids})
     messages = state.data["messages"]
-    state.set("messages", [*messages[:-1], notice], handler_override=replace_values)
+    state.set("messages", [*messages[:-1], approval_notice(held)], handler_override=replace_values)
     state.set("stop_run", APPROVAL_REQUIRED)
-
-
-def _requested(held: HeldStep, actor: str | None) -> list[AuditEvent]:
-    return [_event("approval.requested", request, actor=actor) for request in held.requests()]
 
 
 def _rewrite(state: State, step: _Step) -> None:
@@ -716,21 +674,6 @@ def _rewrite(state: State, step: _Step) -> None:
     messages = state.data["messages"]
     shaped = in_process_shape(step.message, step.denials, step.edits, step.result_format)
     state.set("messages", messages[:-1] + shaped, handler_override=replace_values)
-
-
-def _event(event: str, request: ApprovalRequest, *, actor: str | None, **detail: Any) -> AuditEvent:
-    return new_event(
-        event=event,
-        actor=actor,
-        tenant=request.tenant,
-        session=request.session,
-        step_id=request.step_id,
-        request_id=request.request_id,
-        tool_call_id=request.tool_call_id,
-        tool_name=request.tool_name,
-        arguments_digest=request.arguments_digest,
-        detail=detail,
-    )
 
 
 def _context_ledger(state: State) -> ApprovalLedger | None:

@@ -18,7 +18,6 @@ from haystack.hooks.human_in_the_loop.types import ConfirmationPolicy
 from haystack_integrations.offload.approvals.approval_records import ApprovalRequest, Decision
 from haystack_integrations.offload.approvals.ledger import ApprovalLedger
 from haystack_integrations.offload.approvals.rules import AskOncePerSession, AskWhen, Rule, RuleKey, policy_of
-from haystack_integrations.offload.errors import ResultNotFoundError
 
 # Policies known to learn nothing: no copy, no I/O.
 _STATELESS = (AlwaysAskPolicy, NeverAskPolicy, AskWhen, AskOncePerSession)
@@ -84,9 +83,11 @@ def _fresh(rule: Any) -> Any:
     return _from_dict(type(rule), component_to_dict(rule, name="approval_rule"))
 
 
-def _revived(data: bytes, rule: Any) -> Any:
+def _revived(data: bytes | None, rule: Any) -> Any:
     # Only the rule's own class is ever rebuilt: a document naming another type (the rule changed class, or the
     # document was tampered with) starts over from the rule, so nothing from the store picks what gets imported.
+    if data is None:
+        return _fresh(rule)
     serialized = json.loads(data)
     if not isinstance(serialized, dict) or serialized.get("type") != generate_qualified_class_name(type(rule)):
         return _fresh(rule)
@@ -109,15 +110,9 @@ async def load_async(rules: Mapping[RuleKey, Rule], guard: str, ledger: Approval
     """
     found = SessionPolicies()
     for key, rule in rules.items():
-        if not learns(rule):
-            continue
-        data = None
-        if ledger is not None:
-            try:
-                data = await ledger.documents.get_async(_document(guard, key))
-            except ResultNotFoundError:
-                data = None
-        found.copies[key] = _revived(data, rule) if data is not None else _fresh(rule)
+        if learns(rule):
+            data = await ledger.read_async(_document(guard, key)) if ledger is not None else None
+            found.copies[key] = _revived(data, rule)
     return found
 
 
@@ -125,31 +120,23 @@ def load(rules: Mapping[RuleKey, Rule], guard: str, ledger: ApprovalLedger | Non
     """Sync `load_async`."""
     found = SessionPolicies()
     for key, rule in rules.items():
-        if not learns(rule):
-            continue
-        data = None
-        if ledger is not None:
-            try:
-                data = ledger.documents.get(_document(guard, key))
-            except ResultNotFoundError:
-                data = None
-        found.copies[key] = _revived(data, rule) if data is not None else _fresh(rule)
+        if learns(rule):
+            data = ledger.read(_document(guard, key)) if ledger is not None else None
+            found.copies[key] = _revived(data, rule)
     return found
 
 
 async def save_async(policies: SessionPolicies, guard: str, ledger: ApprovalLedger | None) -> None:
     """Write back the copies that learned something in this run."""
-    if ledger is None:
-        return
-    for key in policies.learned:
-        data = json.dumps(component_to_dict(policies.copies[key], name="approval_rule")).encode()
-        await ledger.documents.put_async(_document(guard, key), data)
+    if ledger is not None:
+        for key in policies.learned:
+            data = json.dumps(component_to_dict(policies.copies[key], name="approval_rule")).encode()
+            await ledger.documents.put_async(_document(guard, key), data)
 
 
 def save(policies: SessionPolicies, guard: str, ledger: ApprovalLedger | None) -> None:
     """Sync `save_async`."""
-    if ledger is None:
-        return
-    for key in policies.learned:
-        data = json.dumps(component_to_dict(policies.copies[key], name="approval_rule")).encode()
-        ledger.documents.put(_document(guard, key), data)
+    if ledger is not None:
+        for key in policies.learned:
+            data = json.dumps(component_to_dict(policies.copies[key], name="approval_rule")).encode()
+            ledger.documents.put(_document(guard, key), data)

@@ -4,20 +4,25 @@ Where approval records live: documents in the session's ``.approvals/`` namespac
 Steps are numbered by sequence; steps, decisions and claims are claimed with the store's conditional create.
 """
 
+import contextlib
 import hashlib
 import re
 import secrets
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Protocol, TypeVar
+from typing import TypeVar, Unpack
 
+from haystack.dataclasses import ChatMessage
 from pydantic import BaseModel, ValidationError
 
 from haystack_integrations.offload.approvals.approval_records import (
     ApprovalDecision,
     CallRecord,
     ExecutionClaim,
+    HeldCall,
     HeldStep,
+    HeldStepFields,
     RememberedApproval,
     StepClaim,
     StepDone,
@@ -36,13 +41,14 @@ _STEP_ID = r"\d{8}-[0-9a-f]{12}"
 _REQUEST_ID = re.compile(rf"(?P<step>{_STEP_ID})-(?P<position>\d{{1,4}})")
 _STEP_NAME = re.compile(r"step\.(?P<sequence>\d{8})\.json")
 _RESUME_NAME = re.compile(r"resume\.(?P<sequence>\d{8})\.(?P<attempt>\d{3})\.json")
-_DONE_NAME = re.compile(r"done\.(?P<sequence>\d{8})\.json")
 _CLAIM_NAME = re.compile(r"claim\.(?P<call>\d{8}-[0-9a-f]{16})\.(?P<attempt>\d{2})\.json")
-_OUTCOME_NAME = re.compile(r"outcome\.(?P<call>\d{8}-[0-9a-f]{16})\.json")
 # A race for a step number moves on to the next; this many lost races in a row means something else is wrong.
 _SEQUENCE_RACES = 16
 
 _Model = TypeVar("_Model", bound=BaseModel)
+
+# Makes a held step's calls (one `HeldCall` per tool call of its message, in order) for the id it is held under.
+HeldCalls = Callable[[str], list[HeldCall]]
 
 
 def session_scope(store: object) -> tuple[str, str]:
@@ -147,15 +153,6 @@ class ApprovalListing:
         """Whether resuming the step finished (its messages are recorded)."""
         return f"done.{sequence:08d}.json" in self.names
 
-    def decisions_of(self, step_id: str) -> list[str]:
-        """The ids of the step's requests that have a decision document."""
-        prefix, suffix = f"decision.{step_id}-", ".json"
-        return sorted(
-            name[len("decision.") : -len(suffix)]
-            for name in self.names
-            if name.startswith(prefix) and name.endswith(suffix)
-        )
-
     def decided(self, request: str) -> bool:
         """Whether the request has a decision document."""
         return f"decision.{request}.json" in self.names
@@ -182,6 +179,13 @@ def _parse(model: type[_Model], name: str, data: bytes) -> _Model:
 
 def _dump(record: BaseModel) -> bytes:
     return record.model_dump_json().encode()
+
+
+def _numbered(first: int, message: ChatMessage, calls: HeldCalls, fields: HeldStepFields) -> Iterator[HeldStep]:
+    """The step to record under each number tried in turn, from `first`: a lost race moves on to the next number."""
+    for sequence in range(first, first + _SEQUENCE_RACES):
+        step_id = step_id_for(sequence)
+        yield HeldStep(step_id=step_id, sequence=sequence, message=message.to_dict(), calls=calls(step_id), **fields)
 
 
 class ApprovalLedger:
@@ -215,34 +219,36 @@ class ApprovalLedger:
 
     # Held steps: the step document's conditional create is the claim on its number.
 
-    def hold(self, build: "StepBuilder", after: int | None = None) -> HeldStep:
+    def hold(
+        self, message: ChatMessage, calls: HeldCalls, *, after: int | None = None, **fields: Unpack[HeldStepFields]
+    ) -> HeldStep:
         """
-        Record a held step under the next free number.
+        Record `message` as a held step under the next free number: the one place a `HeldStep` is built.
 
-        :param build: Makes the step for a given number.
+        `ApprovalHook` holds a step for its guard's requests; `resume` holds one again for calls that may have run.
+
+        :param message: The assistant message whose calls wait.
+        :param calls: Makes the step's held calls for the step id they are held under (their requests carry it).
         :param after: The newest number known to be taken; listed when not given.
+        :param fields: The step's other fields (`HeldStepFields`).
         :returns: The recorded step.
         """
-        sequence = (after if after is not None else (self.listing().newest() or 0)) + 1
-        for _ in range(_SEQUENCE_RACES):
-            step = build(sequence)
-            try:
-                self.documents.create(f"step.{sequence:08d}.json", _dump(step))
+        first = (after if after is not None else (self.listing().newest() or 0)) + 1
+        for step in _numbered(first, message, calls, fields):
+            with contextlib.suppress(DocumentExistsError):
+                self.documents.create(f"step.{step.sequence:08d}.json", _dump(step))
                 return step
-            except DocumentExistsError:
-                sequence += 1
         raise ApprovalClaimedError("Could not number a held step: every step number tried was taken meanwhile.")
 
-    async def hold_async(self, build: "StepBuilder", after: int | None = None) -> HeldStep:
+    async def hold_async(
+        self, message: ChatMessage, calls: HeldCalls, *, after: int | None = None, **fields: Unpack[HeldStepFields]
+    ) -> HeldStep:
         """Async `hold`."""
-        sequence = (after if after is not None else ((await self.listing_async()).newest() or 0)) + 1
-        for _ in range(_SEQUENCE_RACES):
-            step = build(sequence)
-            try:
-                await self.documents.create_async(f"step.{sequence:08d}.json", _dump(step))
+        first = (after if after is not None else ((await self.listing_async()).newest() or 0)) + 1
+        for step in _numbered(first, message, calls, fields):
+            with contextlib.suppress(DocumentExistsError):
+                await self.documents.create_async(f"step.{step.sequence:08d}.json", _dump(step))
                 return step
-            except DocumentExistsError:
-                sequence += 1
         raise ApprovalClaimedError("Could not number a held step: every step number tried was taken meanwhile.")
 
     def step(self, sequence: int) -> HeldStep:
@@ -358,28 +364,32 @@ class ApprovalLedger:
         """Async `remember`."""
         await self.documents.put_async(f"memory.{key}.json", _dump(record))
 
-    # Reading one record
+    # Reading one document
+
+    def read(self, name: str) -> bytes | None:
+        """Read one of the session's approval documents, or None if it has none of that name."""
+        try:
+            return self.documents.get(name)
+        except ResultNotFoundError:
+            return None
+
+    async def read_async(self, name: str) -> bytes | None:
+        """Async `read`."""
+        try:
+            return await self.documents.get_async(name)
+        except ResultNotFoundError:
+            return None
 
     def _optional(self, name: str, model: type[_Model]) -> _Model | None:
-        try:
-            return _parse(model, name, self.documents.get(name))
-        except ResultNotFoundError:
-            return None
+        data = self.read(name)
+        return _parse(model, name, data) if data is not None else None
 
     async def _optional_async(self, name: str, model: type[_Model]) -> _Model | None:
-        try:
-            return _parse(model, name, await self.documents.get_async(name))
-        except ResultNotFoundError:
-            return None
+        data = await self.read_async(name)
+        return _parse(model, name, data) if data is not None else None
 
     async def _required_async(self, name: str, model: type[_Model]) -> _Model:
         found = await self._optional_async(name, model)
         if found is None:
             raise ApprovalNotFoundError(f"No {name.split('.')[0]} record {name!r} in this session.")
         return found
-
-
-class StepBuilder(Protocol):
-    """Makes the held step to record under a given sequence number."""
-
-    def __call__(self, sequence: int) -> HeldStep: ...

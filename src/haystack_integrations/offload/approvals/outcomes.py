@@ -16,7 +16,7 @@ from haystack.hooks.human_in_the_loop.strategies import (
     USER_FEEDBACK_TEMPLATE,
 )
 
-from haystack_integrations.offload.approvals.approval_records import APPROVAL_DENIED, APPROVAL_EXPIRED, Denial
+from haystack_integrations.offload.approvals.approval_records import APPROVAL_DENIED, APPROVAL_EXPIRED, Denial, HeldStep
 
 META_KEY = "approval"
 """The tool-result meta key carrying ``{"kind": ..., "request_id": ...}`` for calls that did not run."""
@@ -53,6 +53,12 @@ def denial_result(
         error=True,
         meta={META_KEY: {"kind": denial.kind, "request_id": request_id}},
     )
+
+
+def approval_notice(held: HeldStep) -> ChatMessage:
+    """The notice a durable stop leaves as the run's last message, naming the held step's pending requests."""
+    ids = [request.request_id for request in held.requests()]
+    return ChatMessage.from_assistant("Approval required: " + ", ".join(ids), meta={APPROVAL_REQUIRED_META_KEY: ids})
 
 
 def _haystack_wording(tool_name: str, denial: Denial) -> str:

@@ -58,13 +58,13 @@ from haystack_integrations.offload.approvals.ledger import (
     now,
     request_id,
     sequence_of,
-    step_id_for,
 )
 from haystack_integrations.offload.approvals.outcomes import (
     APPROVAL_REQUIRED_META_KEY,
     META_KEY,
     RESULT_FORMATS,
     ResultFormat,
+    approval_notice,
     denial_result,
 )
 from haystack_integrations.offload.approvals.verdicts import ResumedDecisions, Verdict, verdict_of
@@ -364,54 +364,23 @@ class _Resumed:
         self, message: ChatMessage, plan: "list[_Call]", preceding: list[dict[str, Any]]
     ) -> HeldStep:
         created = now()
-        expires = created + timedelta(seconds=MAY_HAVE_RUN_TTL)
 
-        def build(sequence: int) -> HeldStep:
-            step_id = step_id_for(sequence)
-            calls = []
-            for item in plan:
-                request = None
-                digest = arguments_digest(item.call.arguments)
-                if item.uncertain:
-                    request = ApprovalRequest(
-                        request_id=request_id(step_id, item.position),
-                        step_id=step_id,
-                        guard=MAY_HAVE_RUN_GUARD,
-                        tenant=self.step.tenant,
-                        session=self.step.session,
-                        position=item.position,
-                        tool_call_id=item.call.id,
-                        tool_name=item.call.tool_name,
-                        tool_description=(
-                            "This call's worker stopped while running it, so it may or may not have taken effect. "
-                            "Approve to run it again with the same idempotency key; deny to tell the model it may "
-                            "have run."
-                        ),
-                        arguments=dict(item.call.arguments),
-                        arguments_digest=digest,
-                        parameters={},
-                        rule="MayHaveRun",
-                        requested_by=self.worker,
-                        created=created,
-                        expires=expires,
-                    )
-                calls.append(HeldCall.of(item.position, item.call, digest, request=request))
-            return HeldStep.holding(
-                message,
-                calls,
-                sequence=sequence,
-                step_id=step_id,
-                tenant=self.step.tenant,
-                session=self.step.session,
-                guard=MAY_HAVE_RUN_GUARD,
-                created=created,
-                requested_by=self.worker,
-                continues=self.step.step_id,
-                state=self.decisions.state,
-                preceding=preceding,
-            )
+        def calls(step_id: str) -> list[HeldCall]:
+            return [self._held_call(step_id, item, created) for item in plan]
 
-        held = await self.ledger.hold_async(build, after=self.step.sequence)
+        held = await self.ledger.hold_async(
+            message,
+            calls,
+            after=self.step.sequence,
+            tenant=self.step.tenant,
+            session=self.step.session,
+            guard=MAY_HAVE_RUN_GUARD,
+            created=created,
+            requested_by=self.worker,
+            continues=self.step.step_id,
+            state=self.decisions.state,
+            preceding=preceding,
+        )
         keys = {item.call.id: item.idempotency for item in plan}
         for request in held.requests():
             self.events.append(
@@ -427,25 +396,42 @@ class _Resumed:
             )
         return held
 
+    def _held_call(self, step_id: str, item: "_Call", created: datetime) -> HeldCall:
+        """The held record of a pending call: asked about again if it may have run, else run."""
+        digest = arguments_digest(item.call.arguments)
+        if not item.uncertain:
+            return HeldCall.of(item.position, item.call, digest, request=None)
+        request = ApprovalRequest(
+            request_id=request_id(step_id, item.position),
+            step_id=step_id,
+            guard=MAY_HAVE_RUN_GUARD,
+            tenant=self.step.tenant,
+            session=self.step.session,
+            position=item.position,
+            tool_call_id=item.call.id,
+            tool_name=item.call.tool_name,
+            tool_description=(
+                "This call's worker stopped while running it, so it may or may not have taken effect. "
+                "Approve to run it again with the same idempotency key; deny to tell the model it may "
+                "have run."
+            ),
+            arguments=dict(item.call.arguments),
+            arguments_digest=digest,
+            parameters={},
+            rule="MayHaveRun",
+            requested_by=self.worker,
+            created=created,
+            expires=created + timedelta(seconds=MAY_HAVE_RUN_TTL),
+        )
+        return HeldCall.of(item.position, item.call, digest, request)
+
     async def held_again(self, state: State) -> dict[str, Any]:
         """Stop as a held run does: the pending message out of the conversation, its step recorded."""
         messages = list(state.data["messages"])
         if self.held is not None and messages and messages[-1].tool_calls:  # held here: a call may have run
-            ids = [request.request_id for request in self.held.requests()]
-            notice = ChatMessage.from_assistant(
-                "Approval required: " + ", ".join(ids), meta={APPROVAL_REQUIRED_META_KEY: ids}
-            )
-            messages = [*messages[:-1], notice]
+            messages = [*messages[:-1], approval_notice(self.held)]
         await self.finish(messages, held_again=self.held.step_id if self.held is not None else None)
-        return {
-            "messages": messages,
-            "last_message": messages[-1] if messages else None,
-            "step_count": 0,
-            "token_usage": {},
-            "tool_call_counts": dict(state.data.get("tool_call_counts") or {}),
-            "exit_reason": APPROVAL_REQUIRED,
-            OUTCOMES_KEY: self.outcomes(messages),
-        }
+        return _reply(state, messages, APPROVAL_REQUIRED, self.outcomes(messages), steps=0)
 
     async def finish(self, conversation: list[ChatMessage], *, held_again: str | None) -> None:
         """Record what this step added; from then on the step is closed."""
@@ -728,11 +714,17 @@ def _state_values(agent: Agent, state: State) -> dict[str, Any]:
 def _stopped(
     agent: Agent, state: State, conversation: list[ChatMessage], reason: str, outcomes: list[CallOutcome]
 ) -> dict[str, Any]:
+    return {**_state_values(agent, state), **_reply(state, conversation, reason, outcomes, steps=1)}
+
+
+def _reply(
+    state: State, messages: list[ChatMessage], reason: str, outcomes: list[CallOutcome], *, steps: int
+) -> dict[str, Any]:
+    """The Agent's result for a resumed run that ends without calling the model again."""
     return {
-        **_state_values(agent, state),
-        "messages": conversation,
-        "last_message": conversation[-1],
-        "step_count": 1,
+        "messages": messages,
+        "last_message": messages[-1] if messages else None,
+        "step_count": steps,
         "token_usage": {},
         "tool_call_counts": dict(state.data.get("tool_call_counts") or {}),
         "exit_reason": reason,
