@@ -4,7 +4,7 @@ import asyncio
 import copy
 import inspect
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from haystack.components.agents.state.state import State
@@ -27,6 +27,7 @@ from haystack_integrations.offload.compat import estimated_context_tokens as _es
 from haystack_integrations.offload.compat import last_assistant_index as _last_assistant_index
 from haystack_integrations.offload.context import run_store
 from haystack_integrations.offload.hooks.compaction_rounds import OffloadRounds
+from haystack_integrations.offload.hooks.pointers import OffloadPlan
 from haystack_integrations.offload.hooks.writes import offload, offload_async
 
 logger = logging.getLogger(__name__)
@@ -37,6 +38,10 @@ TAG_ESTIMATED_CONTEXT_TOKENS = "haystack.agent.hook.compaction.estimated_context
 TAG_TRIGGERED = "haystack.agent.hook.compaction.triggered"
 TAG_TARGET_TOKENS = "haystack.agent.hook.compaction.target_tokens"
 TAG_COMPACTED = "haystack.agent.hook.compaction.compacted"
+
+# How `run` and `run_async` differ: they write a round of results, and run a compactor, each in their own way.
+_Write = Callable[[ToolResultStore, list[OffloadPlan]], Awaitable[list[ChatMessage | None]]]
+_Compact = Callable[[Compactor, list[ChatMessage], int, TokenCounter], Awaitable[list[ChatMessage] | None]]
 
 
 class OffloadCompactionHook:
@@ -152,8 +157,9 @@ class OffloadCompactionHook:
         for name, flag in (("offload", offload), ("allow_shared_store", allow_shared_store)):
             if flag is not None and not isinstance(flag, bool):
                 raise TypeError(f"`{name}` must be a bool, got {type(flag).__name__}.")
-        compactors = [compactor] if compactor is not None else []
-        compactors += list(chain or [])
+        self.compactor = compactor
+        self.chain: list[Compactor] = list(chain or [])
+        compactors = self._compactors()
         for entry in compactors:
             if not callable(getattr(entry, "compact", None)):
                 raise TypeError(f"compactor and each entry of chain must be a Compactor (with compact), got {entry!r}.")
@@ -163,7 +169,6 @@ class OffloadCompactionHook:
         if not allow_shared_store:
             for entry in compactors:
                 _refuse_shared_store(entry)
-        self.compactor = compactor
         self.context_window = context_window
         self.compact_at = compact_at
         self.compact_to = compact_to
@@ -173,7 +178,6 @@ class OffloadCompactionHook:
         self.min_keep_steps = min_keep_steps
         self.min_tokens = min_tokens
         self.preview_chars = preview_chars
-        self.chain: list[Compactor] = list(chain or [])
         self.allow_shared_store = allow_shared_store
 
     # Running
@@ -185,31 +189,7 @@ class OffloadCompactionHook:
         :param state: The Agent's live `State`, rewritten in place when compaction changes the conversation.
         :raises ValueError: If offloading is on and neither the run's ``hook_context`` nor the hook has a store.
         """
-        # Resolved before sizing, so a run without a store fails on its first step, not once its conversation grows.
-        store = run_store(state, self.store, hook_name=type(self).__name__) if self.offload else None
-        messages: list[ChatMessage] = state.data.get("messages") or []
-        context_tokens: int = state.data.get("context_tokens", 0)
-        target = self._target_tokens(messages, context_tokens, state.data.get("tools"))
-        if target is None:
-            return
-        target_tokens, overhead = target
-        compacted: list[ChatMessage] | None = None
-        if store is not None:
-            rounds = self._rounds(store, messages, target_tokens)
-            while batch := rounds.next_batch():
-                rounds.apply(batch, offload(rounds.store, [candidate.plan for candidate in batch]))
-            compacted = rounds.result()
-            if rounds.current_tokens <= target_tokens:
-                self._apply(state, messages, compacted, target_tokens, context_tokens, overhead)
-                return
-        for compactor in self._compactors():
-            chained = compactor.compact(
-                messages=messages if compacted is None else compacted,
-                target_tokens=target_tokens,
-                token_counter=self.token_counter,
-            )
-            compacted = chained if chained is not None else compacted
-        self._apply(state, messages, compacted, target_tokens, context_tokens, overhead)
+        _run_without_suspending(self._compact(state, _offload_sync, _compact_sync))
 
     async def run_async(self, state: State) -> None:
         """
@@ -218,6 +198,10 @@ class OffloadCompactionHook:
         :param state: The Agent's live `State`, rewritten in place when compaction changes the conversation.
         :raises ValueError: If offloading is on and neither the run's ``hook_context`` nor the hook has a store.
         """
+        await self._compact(state, offload_async, _compact_async)
+
+    async def _compact(self, state: State, write: _Write, compact: _Compact) -> None:
+        """The one compaction routine of `run` and `run_async`, which differ in how they `write` and `compact`."""
         # Resolved before sizing, so a run without a store fails on its first step, not once its conversation grows.
         store = run_store(state, self.store, hook_name=type(self).__name__) if self.offload else None
         messages: list[ChatMessage] = state.data.get("messages") or []
@@ -230,15 +214,14 @@ class OffloadCompactionHook:
         if store is not None:
             rounds = self._rounds(store, messages, target_tokens)
             while batch := rounds.next_batch():
-                rounds.apply(batch, await offload_async(rounds.store, [candidate.plan for candidate in batch]))
+                rounds.apply(batch, await write(rounds.store, [candidate.plan for candidate in batch]))
             compacted = rounds.result()
             if rounds.current_tokens <= target_tokens:
                 self._apply(state, messages, compacted, target_tokens, context_tokens, overhead)
                 return
         for compactor in self._compactors():
-            chained = await _compact_async(
-                compactor, messages if compacted is None else compacted, target_tokens, self.token_counter
-            )
+            current = messages if compacted is None else compacted
+            chained = await compact(compactor, current, target_tokens, self.token_counter)
             compacted = chained if chained is not None else compacted
         self._apply(state, messages, compacted, target_tokens, context_tokens, overhead)
 
@@ -334,12 +317,7 @@ class OffloadCompactionHook:
     async def warm_up_async(self) -> None:
         """Async `warm_up`, awaiting ``warm_up_async`` where a resource has one."""
         for resource in (self.token_counter, self.store, *self._compactors()):
-            warm_up_async = getattr(resource, "warm_up_async", None)
-            warm_up = getattr(resource, "warm_up", None)
-            if warm_up_async is not None and inspect.iscoroutinefunction(warm_up_async):
-                await warm_up_async()
-            elif callable(warm_up):
-                await asyncio.to_thread(warm_up)
+            await _call_async(resource, "warm_up", in_thread=True)
 
     def close(self) -> None:
         """Release the token counter's and the compactors' resources (stores belong to their owner)."""
@@ -351,12 +329,7 @@ class OffloadCompactionHook:
     async def close_async(self) -> None:
         """Async `close`."""
         for resource in (self.token_counter, *self._compactors()):
-            close_async = getattr(resource, "close_async", None)
-            close = getattr(resource, "close", None)
-            if close_async is not None and inspect.iscoroutinefunction(close_async):
-                await close_async()
-            elif callable(close):
-                close()
+            await _call_async(resource, "close", in_thread=False)
 
     # Serialization
 
@@ -427,16 +400,50 @@ def _refuse_shared_store(compactor: Compactor) -> None:
     )
 
 
+async def _offload_sync(store: ToolResultStore, plans: list[OffloadPlan]) -> list[ChatMessage | None]:
+    # Awaitable but never suspending: `run` gets the one compaction routine with sync, one-at-a-time writes.
+    return offload(store, plans)
+
+
+async def _compact_sync(
+    compactor: Compactor, messages: list[ChatMessage], target_tokens: int, token_counter: TokenCounter
+) -> list[ChatMessage] | None:
+    # Awaitable but never suspending, as `_offload_sync`.
+    return compactor.compact(messages=messages, target_tokens=target_tokens, token_counter=token_counter)
+
+
+def _run_without_suspending(routine: Coroutine[Any, Any, None]) -> None:
+    # A coroutine that awaits only what never suspends ends at its first step, with no event loop to drive it.
+    try:
+        routine.send(None)
+    except StopIteration:
+        return
+    routine.close()
+    raise RuntimeError("The sync compaction path awaited something that suspends.")
+
+
 async def _compact_async(
     compactor: Compactor, messages: list[ChatMessage], target_tokens: int, token_counter: TokenCounter
 ) -> list[ChatMessage] | None:
     # Compactors implementing Haystack's protocol inherit compact_async; duck-typed ones may only have compact.
-    compact_async = getattr(compactor, "compact_async", None)
-    if compact_async is not None and inspect.iscoroutinefunction(compact_async):
-        result: list[ChatMessage] | None = await compact_async(
-            messages=messages, target_tokens=target_tokens, token_counter=token_counter
-        )
-        return result
-    return await asyncio.to_thread(
-        compactor.compact, messages=messages, target_tokens=target_tokens, token_counter=token_counter
+    result: list[ChatMessage] | None = await _call_async(
+        compactor,
+        "compact",
+        in_thread=True,
+        messages=messages,
+        target_tokens=target_tokens,
+        token_counter=token_counter,
     )
+    return result
+
+
+async def _call_async(resource: Any, name: str, *, in_thread: bool, **kwargs: Any) -> Any:
+    # Awaits ``<name>_async`` where it is a coroutine function; otherwise calls ``<name>``, if any, in a worker thread
+    # or (`in_thread` off, for quick calls such as close) right here.
+    method_async = getattr(resource, f"{name}_async", None)
+    if method_async is not None and inspect.iscoroutinefunction(method_async):
+        return await method_async(**kwargs)
+    method = getattr(resource, name, None)
+    if not callable(method):
+        return None
+    return await asyncio.to_thread(method, **kwargs) if in_thread else method(**kwargs)

@@ -31,9 +31,9 @@ from haystack_integrations.offload.server.auth import TokenTable
 from haystack_integrations.offload.server.errors import (
     ERROR_STATUSES,
     NOT_FOUND_DETAIL,
-    STORAGE_UNAVAILABLE,
     ApprovalPendingConflict,
     NotFoundError,
+    error_status,
 )
 from haystack_integrations.offload.server.events import RunningTurns
 from haystack_integrations.offload.server.routes import HttpError, router
@@ -209,7 +209,7 @@ class BodyLimitMiddleware:
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         detail = f"The request body is larger than the server's limit of {self.max_body_bytes} bytes."
         # Connection: close, since the rest of the body is never read: the server drops it with the connection.
-        response = JSONResponse(_body("body_too_large", detail), status_code=413, headers={"Connection": "close"})
+        response = _error_response(413, "body_too_large", detail, {"Connection": "close"})
         await response(scope, receive, send)
 
 
@@ -271,51 +271,45 @@ def _shown_store(url: str) -> str:
     return url if "://" in url else str(Path(url).resolve())
 
 
-def _body(code: str, detail: str, **extra: Any) -> dict[str, Any]:
-    return {"error": code, "detail": detail, **extra}
+def _error_response(
+    status: int, code: str, detail: str, headers: dict[str, str] | None = None, **extra: Any
+) -> JSONResponse:
+    return JSONResponse({"error": code, "detail": detail, **extra}, status_code=status, headers=headers)
 
 
 def _add_error_handlers(app: FastAPI) -> None:
-    for error_type, (status, code) in ERROR_STATUSES.items():
-
-        async def handle(request: Request, error: Exception, status: int = status, code: str = code) -> JSONResponse:
-            return JSONResponse(_body(code, str(error)), status_code=status)
-
-        app.add_exception_handler(error_type, handle)
+    async def refused(request: Request, error: Exception) -> JSONResponse:
+        # The service's refusals, a missing result and storage failures: answered as `error_status` tells them.
+        status, code, detail = error_status(error)
+        if code == "storage_unavailable":
+            logger.error("Storage failed while serving %s %s", request.method, request.url.path, exc_info=error)
+        return _error_response(status, code, detail)
 
     async def http_error(request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, HttpError)  # noqa: S101 - registered for HttpError only
         headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
-        return JSONResponse(_body(error.code, error.detail, **error.extra), status_code=error.status, headers=headers)
-
-    async def not_found(request: Request, error: Exception) -> JSONResponse:
-        # One body for every "not found": a missing result, another tenant's result and a bad path look the same.
-        return JSONResponse(_body("not_found", NOT_FOUND_DETAIL), status_code=404)
+        return _error_response(error.status, error.code, error.detail, headers, **error.extra)
 
     async def pending(request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, ApprovalPendingConflict)  # noqa: S101 - registered for this type only
         views = [approval_view(item) for item in error.pending]
-        return JSONResponse(_body("approval_pending", str(error), pending=views), status_code=409)
-
-    async def storage(request: Request, error: Exception) -> JSONResponse:
-        logger.error("Storage failed while serving %s %s", request.method, request.url.path, exc_info=error)
-        return JSONResponse(_body("storage_unavailable", STORAGE_UNAVAILABLE), status_code=503)
+        return _error_response(409, "approval_pending", str(error), pending=views)
 
     async def invalid(request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, RequestValidationError)  # noqa: S101 - registered for this type only
         problems = [f"{'.'.join(str(part) for part in item['loc'])}: {item['msg']}" for item in error.errors()]
-        return JSONResponse(_body("invalid_request", "; ".join(problems)), status_code=422)
+        return _error_response(422, "invalid_request", "; ".join(problems))
 
     async def starlette_http(request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, StarletteHTTPException)  # noqa: S101 - registered for this type only
         if error.status_code == 404:
-            return await not_found(request, error)
-        return JSONResponse(_body("http_error", str(error.detail)), status_code=error.status_code)
+            # One body for every "not found": a missing result, another tenant's result and a bad path look the same.
+            return _error_response(404, "not_found", NOT_FOUND_DETAIL)
+        return _error_response(error.status_code, "http_error", str(error.detail))
 
+    for error_type in (*ERROR_STATUSES, NotFoundError, StorageError, StoragePermissionError):
+        app.add_exception_handler(error_type, refused)
     app.add_exception_handler(HttpError, http_error)
-    app.add_exception_handler(NotFoundError, not_found)
     app.add_exception_handler(ApprovalPendingConflict, pending)
-    app.add_exception_handler(StorageError, storage)
-    app.add_exception_handler(StoragePermissionError, storage)
     app.add_exception_handler(RequestValidationError, invalid)
     app.add_exception_handler(StarletteHTTPException, starlette_http)

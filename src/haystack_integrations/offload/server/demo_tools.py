@@ -151,35 +151,23 @@ def send_invoice(customer: str, amount: int) -> str:
     return f"Invoice {invoice_number(customer, amount)} sent to {customer} for {amount} EUR."
 
 
-WEB_SEARCH = Tool(
-    name="web_search",
-    description="Search the web and return a page of results.",
-    parameters={"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
-    function=search_results,
-)
+def _one_string_tool(name: str, description: str, parameter: str, function: Callable[..., Any], **options: Any) -> Tool:
+    """A demo tool whose one required argument is a string."""
+    parameters = {"type": "object", "properties": {parameter: {"type": "string"}}, "required": [parameter]}
+    return Tool(name=name, description=description, parameters=parameters, function=function, **options)
 
-SQL_QUERY = Tool(
-    name="sql_query",
-    description="Dump a database table as CSV.",
-    parameters={"type": "object", "properties": {"table": {"type": "string"}}, "required": ["table"]},
-    function=sql_rows,
-)
 
-RENDER_CHART = Tool(
-    name="render_chart",
-    description="Render a bar chart of a business metric as a PNG image.",
-    parameters={"type": "object", "properties": {"metric": {"type": "string"}}, "required": ["metric"]},
-    function=render_chart,
+WEB_SEARCH = _one_string_tool("web_search", "Search the web and return a page of results.", "query", search_results)
+SQL_QUERY = _one_string_tool("sql_query", "Dump a database table as CSV.", "table", sql_rows)
+RENDER_CHART = _one_string_tool(
+    "render_chart",
+    "Render a bar chart of a business metric as a PNG image.",
+    "metric",
+    render_chart,
     # The image travels as an ImageContent block, not as its repr.
     outputs_to_string={"raw_result": True},
 )
-
-FETCH_LOGS = Tool(
-    name="fetch_logs",
-    description="Fetch the last hour of a service's logs.",
-    parameters={"type": "object", "properties": {"service": {"type": "string"}}, "required": ["service"]},
-    function=service_logs,
-)
+FETCH_LOGS = _one_string_tool("fetch_logs", "Fetch the last hour of a service's logs.", "service", service_logs)
 
 SEND_INVOICE = Tool(
     name="send_invoice",
@@ -199,11 +187,7 @@ SEND_INVOICE = Tool(
 DEMO_TOOLS = [WEB_SEARCH, SQL_QUERY, RENDER_CHART, FETCH_LOGS, SEND_INVOICE]
 APPROVAL_TOOL_NAMES = ("send_invoice",)
 TOOL_FUNCTIONS: dict[str, Callable[..., Any]] = {
-    "web_search": search_results,
-    "sql_query": sql_rows,
-    "render_chart": render_chart,
-    "fetch_logs": service_logs,
-    "send_invoice": send_invoice,
+    tool.name: tool.function for tool in DEMO_TOOLS if tool.function is not None
 }
 
 

@@ -116,11 +116,6 @@ class HistoryState:
         """Whether a turn is running (started, not ended, lease not passed) at `at`."""
         return self.open_start is not None and at < self.open_start.lease_until
 
-    @property
-    def held_for_approval(self) -> bool:
-        """Whether the newest turn stopped for approvals (and no later turn resumed it)."""
-        return self.open_start is None and self.last_end is not None and self.last_end.status == "approval_required"
-
 
 @dataclass(frozen=True)
 class Turn:

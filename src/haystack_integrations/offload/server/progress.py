@@ -13,8 +13,9 @@ from typing import Any, Self
 
 from haystack.components.agents.state.state import State
 from haystack.core.serialization import default_from_dict, default_to_dict
-from haystack.dataclasses import ChatMessage, ChatRole, StreamingChunk, ToolCall, ToolCallResult
+from haystack.dataclasses import ChatMessage, StreamingChunk, ToolCall, ToolCallResult
 
+from haystack_integrations.offload.compat import last_assistant_index
 from haystack_integrations.offload.hooks.pointers import OFFLOADED_META_KEY
 
 PROGRESS_CONTEXT_KEY = "offload.progress"
@@ -118,9 +119,7 @@ class TurnProgress:
         :param call: The call, with the arguments it runs with.
         """
         self._running.add(call.id or "")
-        self.publish(
-            "tool_call", tool_call_id=call.id, tool_name=call.tool_name, arguments=summarize_arguments(call.arguments)
-        )
+        self.publish("tool_call", **_call_fields(call), arguments=summarize_arguments(call.arguments))
 
     def tool_result(self, result: ToolCallResult) -> None:
         """
@@ -132,13 +131,7 @@ class TurnProgress:
         self._running.discard(call_id)
         size = result_size(result.result)
         self._sizes[call_id] = size
-        self.publish(
-            "tool_result",
-            tool_call_id=result.origin.id,
-            tool_name=result.origin.tool_name,
-            error=bool(result.error),
-            size=size,
-        )
+        self.publish("tool_result", **_call_fields(result.origin), error=bool(result.error), size=size)
 
     def unreported(self, tool_call_id: str | None) -> bool:
         """
@@ -250,14 +243,12 @@ class ToolCallProgressHook(_ProgressHook):
 
     def _announce(self, progress: TurnProgress, messages: list[ChatMessage]) -> None:
         # This step's calls that will run.
-        calling = next((m for m in reversed(messages) if m.is_from(ChatRole.ASSISTANT)), None)
-        if calling is None or not calling.tool_calls:
+        position = last_assistant_index(messages=messages)
+        if position < 0 or not messages[position].tool_calls:
             return  # a held step: the service announces its approval requests
-        position = messages.index(calling)
-        answered = {
-            m.tool_call_result.origin.id for m in messages[position + 1 :] if m.tool_call_result is not None
-        }  # denied calls already have their error result
-        for call in calling.tool_calls:
+        # Denied calls already have their error result.
+        answered = {m.tool_call_result.origin.id for m in _step_results(messages) if m.tool_call_result is not None}
+        for call in messages[position].tool_calls:
             if call.id is None or call.id not in answered:
                 progress.tool_call(call)
 
@@ -302,24 +293,24 @@ class OffloadProgressHook(_ProgressHook):
             result = message.tool_call_result
             if not references or result is None:
                 continue
+            shown = [str(reference) for reference in references]
             progress.publish(
-                "offloaded",
-                tool_call_id=result.origin.id,
-                tool_name=result.origin.tool_name,
-                references=[str(reference) for reference in references],
-                size=progress.size_of(result.origin.id),
+                "offloaded", **_call_fields(result.origin), references=shown, size=progress.size_of(result.origin.id)
             )
 
 
 def _step_results(messages: list[ChatMessage]) -> list[ChatMessage]:
     """The tool results after the newest assistant message: this step's."""
-    for position in range(len(messages) - 1, -1, -1):
-        if messages[position].is_from(ChatRole.ASSISTANT):
-            return messages[position + 1 :]
-    return []
+    position = last_assistant_index(messages=messages)
+    return messages[position + 1 :] if position >= 0 else []
 
 
 # Small, JSON-ready descriptions
+
+
+def _call_fields(call: ToolCall) -> dict[str, Any]:
+    """What every event about a call names: the call's id and its tool."""
+    return {"tool_call_id": call.id, "tool_name": call.tool_name}
 
 
 def summarize_arguments(arguments: Mapping[str, Any]) -> str:

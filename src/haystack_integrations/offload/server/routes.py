@@ -157,11 +157,7 @@ def session_store(request: Request, session: str, who: Annotated[Caller, Depends
 
     :raises HttpError: 400 when the session id is not a safe single path segment.
     """
-    root: FsspecToolResultStore = request.app.state.root
-    try:
-        return root.for_session(who.tenant, session)
-    except (InvalidScopeIdError, TypeError) as error:
-        raise HttpError(400, "invalid_id", str(error)) from error
+    return _scoped(request, lambda root: root.for_session(who.tenant, session))
 
 
 def tenant_store(request: Request, who: Annotated[Caller, Depends(caller)]) -> FsspecToolResultStore:
@@ -170,9 +166,14 @@ def tenant_store(request: Request, who: Annotated[Caller, Depends(caller)]) -> F
 
     :raises HttpError: 400 when the tenant id is not a safe single path segment.
     """
+    return _scoped(request, lambda root: root.for_tenant(who.tenant))
+
+
+def _scoped(request: Request, scope: Callable[[FsspecToolResultStore], FsspecToolResultStore]) -> FsspecToolResultStore:
+    # Ids from the path or the token that are not safe single path segments are the client's error.
     root: FsspecToolResultStore = request.app.state.root
     try:
-        return root.for_tenant(who.tenant)
+        return scope(root)
     except (InvalidScopeIdError, TypeError) as error:
         raise HttpError(400, "invalid_id", str(error)) from error
 
@@ -215,6 +216,10 @@ Store = Annotated[FsspecToolResultStore, Depends(session_store)]
 TenantStore = Annotated[FsspecToolResultStore, Depends(tenant_store)]
 
 router = APIRouter(prefix="/api")
+# What a route that runs a turn answers (`answer_turn`): its JSON, or its progress as server-sent events.
+TURN_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"application/json": {}, EVENT_STREAM: {"schema": {"type": "string"}}}}
+}
 
 
 @router.get("/health")
@@ -259,11 +264,7 @@ async def read_messages(session: str, store: Store, service: Service) -> dict[st
     return transcript_view(session, await service.transcript(store))
 
 
-@router.post(
-    "/sessions/{session}/messages",
-    response_model=None,
-    responses={200: {"content": {"application/json": {}, EVENT_STREAM: {"schema": {"type": "string"}}}}},
-)
+@router.post("/sessions/{session}/messages", response_model=None, responses=TURN_RESPONSES)
 async def send_message(
     request: Request, session: str, message: MessageIn, store: Store, service: Service, who: Who
 ) -> dict[str, Any] | StreamingResponse:
@@ -293,11 +294,7 @@ async def list_approvals(session: str, store: Store, service: Service) -> dict[s
     return {"session": session, "pending": [approval_view(request) for request in await service.pending(store)]}
 
 
-@router.post(
-    "/sessions/{session}/approvals/{request_id}",
-    response_model=None,
-    responses={200: {"content": {"application/json": {}, EVENT_STREAM: {"schema": {"type": "string"}}}}},
-)
+@router.post("/sessions/{session}/approvals/{request_id}", response_model=None, responses=TURN_RESPONSES)
 async def decide(
     request: Request, session: str, request_id: str, decision: DecisionIn, store: Store, service: Service, who: Who
 ) -> dict[str, Any] | StreamingResponse:

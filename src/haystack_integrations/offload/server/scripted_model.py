@@ -8,7 +8,9 @@ The response function picks tool calls from phrases in the last user message, an
 import re
 
 from haystack.components.generators.chat import MockChatGenerator
-from haystack.dataclasses import ChatMessage, ChatRole, ToolCall
+from haystack.dataclasses import ChatMessage, ToolCall
+
+from haystack_integrations.offload.compat import last_assistant_index
 
 SCRIPTED_MODEL_LABEL = "scripted model (MockChatGenerator), no LLM is called"
 SCRIPTED_CONTEXT_WINDOW = 4_000
@@ -125,7 +127,8 @@ def _newest_reference(messages: list[ChatMessage], tool_name: str | None) -> str
 
 def _summary(messages: list[ChatMessage]) -> str:
     lines = []
-    for message in _since_last_assistant(messages):
+    # This step's tool results: everything after the newest assistant message.
+    for message in messages[last_assistant_index(messages=messages) + 1 :]:
         result = message.tool_call_result
         if result is None:
             continue
@@ -138,15 +141,6 @@ def _summary(messages: list[ChatMessage]) -> str:
         else:
             lines.append(f"- {name}: {_first_line(text, 400)}")
     return "Here is what the tools returned (scripted summary):\n" + "\n".join(lines)
-
-
-def _since_last_assistant(messages: list[ChatMessage]) -> list[ChatMessage]:
-    tail: list[ChatMessage] = []
-    for message in reversed(messages):
-        if message.is_from(ChatRole.ASSISTANT):
-            break
-        tail.append(message)
-    return list(reversed(tail))
 
 
 def _first_line(text: str, limit: int) -> str:

@@ -231,10 +231,7 @@ class ChatService:
         history = self._history(store)
         state = await history.read()
         await self._refuse_while_held(store, state)
-        turn = await history.begin(state, kind="message", text=text, actor=actor)
-        if progress is not None:
-            progress.turn_started(turn.start.turn)
-        conversation = await self._with_lost_steps(store, state, list(turn.conversation))
+        turn, conversation = await self._begin(history, state, progress, kind="message", text=text, actor=actor)
         if not conversation and self.system_prompt:
             conversation.append(ChatMessage.from_system(self.system_prompt))
         messages = [*conversation, ChatMessage.from_user(text)]
@@ -283,10 +280,7 @@ class ChatService:
             raise SessionBusyError("Another worker is resuming this conversation; try again when it has finished.")
         history = self._history(store)
         state = await history.read()
-        turn = await history.begin(state, kind="resume", actor=actor)
-        if progress is not None:
-            progress.turn_started(turn.start.turn)
-        conversation = await self._with_lost_steps(store, state, list(turn.conversation))
+        turn, conversation = await self._begin(history, state, progress, kind="resume", actor=actor)
         try:
             async with history.renewing(turn):
                 reply = await resume_async(
@@ -470,7 +464,9 @@ class ChatService:
         """
         if offset < 0 or not 0 < length <= MAX_PAGE_BYTES:
             raise ValueError(f"offset must be >= 0 and length between 1 and {MAX_PAGE_BYTES}.")
-        record = _record_of(reference)
+        record = record_named(reference)
+        if record is None:
+            raise NotFoundError(NOT_FOUND_RESULT)
         try:
             data, total = await store.read_range_and_size_async(reference, offset, offset + length)
         except (InvalidReferenceError, ResultNotFoundError) as error:
@@ -521,6 +517,15 @@ class ChatService:
     def _history(self, store: FsspecToolResultStore) -> SessionHistory:
         return SessionHistory(store, worker=self.worker, lease=self.turn_lease)
 
+    async def _begin(
+        self, history: SessionHistory, state: HistoryState, progress: TurnProgress | None, **start: Any
+    ) -> tuple[Turn, list[ChatMessage]]:
+        """Claim the next turn (telling a watching client) and build the conversation it continues."""
+        turn = await history.begin(state, **start)
+        if progress is not None:
+            progress.turn_started(turn.start.turn)
+        return turn, await self._with_lost_steps(history.store, state, list(turn.conversation))
+
     def _context(
         self, store: FsspecToolResultStore, actor: str | None, progress: TurnProgress | None = None
     ) -> dict[str, Any]:
@@ -554,10 +559,7 @@ class ChatService:
         state = await history.read()
         if _settled(state) or await self._with_lost_steps(store, state, list(state.conversation)) == state.conversation:
             raise NothingToResumeError("Nothing waits for approval in this session.")
-        turn = await history.begin(state, kind="resume", actor=actor)
-        if progress is not None:
-            progress.turn_started(turn.start.turn)
-        conversation = await self._with_lost_steps(store, state, list(turn.conversation))
+        turn, conversation = await self._begin(history, state, progress, kind="resume", actor=actor)
         try:
             async with history.renewing(turn):
                 reply = await continuing_agent(self.agent).run_async(
@@ -703,10 +705,16 @@ def _references(messages: list[ChatMessage]) -> set[str]:
     return found
 
 
-def _record_of(reference: str) -> StoredResult:
+def record_named(reference: str) -> StoredResult | None:
+    """
+    A result's record from its reference alone (no request; its size is unknown, so 0).
+
+    :param reference: A reference in the session's store (a client's input: anything else names no record).
+    :returns: The record, or None if `reference` is not the name of a stored result.
+    """
     parsed = parse_object_name(reference) if isinstance(reference, str) and "/" not in reference else None
     if parsed is None:
-        raise NotFoundError(NOT_FOUND_RESULT)
+        return None
     return StoredResult(
         reference=reference,
         kind=parsed.kind,

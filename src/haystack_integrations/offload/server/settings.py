@@ -265,10 +265,9 @@ class ServerSettings(BaseSettings):
         if protocol in {"s3", "s3a"}:
             if self.s3_endpoint_url:
                 options["endpoint_url"] = self.s3_endpoint_url
-            if self.s3_access_key_id is not None:
-                options["key"] = self.s3_access_key_id.get_secret_value()
-            if self.s3_secret_access_key is not None:
-                options["secret"] = self.s3_secret_access_key.get_secret_value()
+            for option, secret in (("key", self.s3_access_key_id), ("secret", self.s3_secret_access_key)):
+                if secret is not None:
+                    options[option] = secret.get_secret_value()
             if self.s3_region:
                 client_kwargs = dict(options.get("client_kwargs") or {})
                 client_kwargs["region_name"] = self.s3_region

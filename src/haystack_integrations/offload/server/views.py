@@ -24,9 +24,9 @@ from haystack_integrations.offload.server.service import (
     Transcript,
     TurnOutcome,
     media_type_of,
+    record_named,
 )
 from haystack_integrations.offload.stores import StoredResult
-from haystack_integrations.offload.stores.names import parse_object_name
 
 MAX_TOOL_TEXT_CHARS = 4000
 # How a person's denial reads in the structured result format (`approvals.outcomes.denied_by_person`).
@@ -36,50 +36,32 @@ _DENIAL_KINDS: dict[str, str] = {APPROVAL_DENIED: "denied", APPROVAL_EXPIRED: "e
 
 def approval_view(request: ApprovalRequest) -> dict[str, Any]:
     """One pending approval, with what a person needs to decide (and to edit the arguments)."""
-    return {
-        "request_id": request.request_id,
-        "tool_name": request.tool_name,
-        "tool_description": request.tool_description,
-        "arguments": request.arguments,
-        "parameters": request.parameters,
-        "rule": request.rule,
-        "requested_by": request.requested_by,
-        "created": request.created.isoformat(),
-        "expires": request.expires.isoformat(),
-    }
+    return _fields(
+        request,
+        ("request_id", "tool_name", "tool_description", "arguments", "parameters", "rule", "requested_by"),
+        ("created", "expires"),
+    )
 
 
 def decision_view(decision: ApprovalDecision) -> dict[str, Any]:
     """A recorded decision."""
-    return {
-        "request_id": decision.request_id,
-        "tool_name": decision.tool_name,
-        "approved": decision.approved,
-        "edited": decision.edited,
-        "arguments": decision.arguments,
-        "reason": decision.reason,
-        "decided_by": decision.decided_by,
-        "decided_at": decision.decided_at.isoformat(),
-    }
+    return _fields(
+        decision,
+        ("request_id", "tool_name", "approved", "edited", "arguments", "reason", "decided_by"),
+        ("decided_at",),
+    )
 
 
 def outcome_view(outcome: CallOutcome) -> dict[str, Any]:
     """What happened to one call of a resumed step."""
-    return {
-        "tool_call_id": outcome.tool_call_id,
-        "tool_name": outcome.tool_name,
-        "outcome": outcome.outcome,
-        "reason": outcome.reason,
-    }
+    return _fields(outcome, ("tool_call_id", "tool_name", "outcome", "reason"))
 
 
 def turn_view(session: str, outcome: TurnOutcome) -> dict[str, Any]:
     """A turn's outcome: the reply, or the approvals it waits for."""
     return {
         "session": session,
-        "turn": outcome.turn,
-        "status": outcome.status,
-        "reply": outcome.reply,
+        **_fields(outcome, ("turn", "status", "reply")),
         "pending": [approval_view(request) for request in outcome.pending],
         "new_results": outcome.new_references,
         "approval_outcomes": [outcome_view(item) for item in outcome.approval_outcomes],
@@ -127,18 +109,10 @@ def message_view(message: ChatMessage) -> dict[str, Any] | None:
 
 def _offloaded_view(reference: str) -> dict[str, Any]:
     # From the name alone (no request): what the page needs to show an image inline and a text in the viewer.
-    parsed = parse_object_name(reference) if "/" not in reference else None
-    if parsed is None:
+    record = record_named(reference)
+    if record is None:
         return {"reference": reference, "kind": None, "media_type": None}
-    record = StoredResult(
-        reference=reference,
-        kind=parsed.kind,
-        size=0,
-        created=parsed.created,
-        tool_name=parsed.tool_name,
-        key=parsed.key,
-    )
-    return {"reference": reference, "kind": parsed.kind, "media_type": media_type_of(record)}
+    return {"reference": reference, "kind": record.kind, "media_type": media_type_of(record)}
 
 
 def approval_event(messages: list[ChatMessage], index: int) -> dict[str, Any] | None:
@@ -232,11 +206,7 @@ def transcript_view(session: str, transcript: Transcript) -> dict[str, Any]:
         messages.append(view)
     return {
         "session": session,
-        "turns": transcript.turns,
-        "busy": transcript.busy,
-        "status": transcript.status,
-        "error": transcript.error,
-        "resumable": transcript.resumable,
+        **_fields(transcript, ("turns", "busy", "status", "error", "resumable")),
         "messages": messages,
     }
 
@@ -244,10 +214,7 @@ def transcript_view(session: str, transcript: Transcript) -> dict[str, Any]:
 def result_view(record: StoredResult) -> dict[str, Any]:
     """One stored result, as listed."""
     return {
-        "reference": record.reference,
-        "kind": record.kind,
-        "size": record.size,
-        "created": record.created.isoformat(),
+        **_fields(record, ("reference", "kind", "size"), ("created",)),
         "tool_name": record.tool_name,
         "media_type": media_type_of(record),
     }
@@ -258,11 +225,18 @@ def session_view(summary: SessionSummary) -> dict[str, Any]:
     return {
         "session": summary.session,
         "last_activity": summary.last_activity.isoformat() if summary.last_activity is not None else None,
-        "turns": summary.turns,
-        "results": summary.results,
+        **_fields(summary, ("turns", "results")),
     }
 
 
 def audit_view(event: AuditEvent) -> dict[str, Any]:
     """One audit event."""
     return event.model_dump(mode="json", exclude={"tenant", "session"})
+
+
+def _fields(source: Any, names: tuple[str, ...], times: tuple[str, ...] = ()) -> dict[str, Any]:
+    """`source`'s attributes by name, in order, then its `times` in ISO 8601."""
+    return {
+        **{name: getattr(source, name) for name in names},
+        **{name: getattr(source, name).isoformat() for name in times},
+    }
