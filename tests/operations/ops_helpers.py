@@ -138,3 +138,12 @@ def put_aged(store: FsspecToolResultStore, *, age: timedelta, content: str, key:
 def state_for(store: FsspecToolResultStore) -> State:
     """A State carrying `store` in `hook_context`, as the Agent builds it for a tool call."""
     return State(schema={"hook_context": {"type": dict}}, data={"hook_context": offload_context(store)})
+
+
+def retries_since(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """What a store's retry counters gained between two readings."""
+    causes = {cause: count - before["causes"].get(cause, 0) for cause, count in after["causes"].items()}
+    return {
+        **{name: after[name] - before[name] for name in ("retries", "recovered", "gave_up")},
+        "causes": {cause: count for cause, count in causes.items() if count},
+    }
