@@ -25,6 +25,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 if TYPE_CHECKING:
     from haystack_integrations.offload import FsspecToolResultStore
     from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
+    from metric_readings import MetricReadings
 
 
 class Backend(NamedTuple):
@@ -212,3 +213,11 @@ def store(backend: Backend) -> "FsspecToolResultStore":
 
     url, storage_options = backend
     return FsspecToolResultStore(url, storage_options=storage_options, **backend.store_kwargs)
+
+
+@pytest.fixture
+def metric_readings() -> "MetricReadings":
+    """What the library's metrics counted during the test, through an SDK MeterProvider set once per process."""
+    from metric_readings import MetricReadings, process_reader
+
+    return MetricReadings(process_reader())

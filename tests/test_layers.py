@@ -14,6 +14,7 @@ CONTRIBUTING = Path(__file__).parents[1] / "CONTRIBUTING.md"
 
 # Bottom first. A part may import the parts listed before it, never one listed after it.
 LAYERS = [
+    "metrics",
     "constants",
     "errors",
     "compat",

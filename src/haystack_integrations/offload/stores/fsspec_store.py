@@ -19,6 +19,7 @@ from haystack.core.errors import SerializationError
 from haystack.core.serialization import default_from_dict, default_to_dict
 from haystack.hooks.tool_result_offloading.types import ToolResultStore
 
+from haystack_integrations.offload import metrics
 from haystack_integrations.offload.errors import InvalidReferenceError, ResultExpiredError
 from haystack_integrations.offload.stores.chunks import ContentChunks
 from haystack_integrations.offload.stores.documents import DocumentHost, SessionDocuments
@@ -1106,7 +1107,8 @@ class _FilesystemHandle:
         io = self.io()
         if self._retry is None or not io.remote:
             # Memory and local disk do not fail transiently: a retry would only repeat a real failure, later.
-            return await call(io)
+            with metrics.storage_request(operation, timed=io.remote):
+                return await call(io)
         return await retried(io, self._retry, self.retry_stats, operation, path, call)
 
     def ledger(self) -> QuotaLedger:

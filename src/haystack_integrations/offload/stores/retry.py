@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from haystack_integrations.offload import metrics
 from haystack_integrations.offload.errors import StorageUnavailableError
 from haystack_integrations.offload.stores.failures import transient_cause
 from haystack_integrations.offload.stores.io import StorageIO
@@ -124,11 +125,14 @@ _VERBS = {
 class _Attempts:
     """The bookkeeping of one call's attempts: what failed, whether to go on, and how long to wait."""
 
-    def __init__(self, policy: RetryPolicy, stats: RetryStats, operation: str, path: str) -> None:
+    def __init__(
+        self, policy: RetryPolicy, stats: RetryStats, operation: str, path: str, record: metrics.RequestRecord
+    ) -> None:
         self.policy = policy
         self.stats = stats
         self.operation = operation
         self.path = path
+        self.record = record
         self.started = time.monotonic()
         self.causes: list[str] = []
 
@@ -152,6 +156,7 @@ class _Attempts:
         verb = _VERBS.get(self.operation, self.operation)
         if attempt >= policy.attempts or out_of_time:
             stats._failed(cause, retrying=False)
+            self.record.outcome = "gave_up"
             logger.warning(
                 "Storage gave up on %s of %s after %d attempt(s) over %.2f s; last failure: %s.",
                 verb,
@@ -170,6 +175,8 @@ class _Attempts:
                 unavailable.add_note(f"attempt {number}: {earlier}")
             raise unavailable from error
         stats._failed(cause, retrying=True)
+        self.record.outcome = "retried"
+        metrics.storage_retry(self.operation, cause)
         logger.info(
             "Retrying %s of %s in %.2f s (attempt %d of %d failed: %s).",
             verb,
@@ -211,18 +218,19 @@ async def retried(
     :raises StorageUnavailableError: If the policy ran out; any other failure is raised at once, as the engine
         raised it.
     """
-    attempts = _Attempts(policy, stats, operation, path)
     limit = policy.attempt_timeout if io.needs_attempt_limit else None
     await io.ready_async()  # a first call from a new loop makes its client here, outside the time limit
-    while True:
-        try:
-            # Cancelling the wait cancels the request on the filesystem's loop too (asyncio.wrap_future).
-            result = await asyncio.wait_for(call(io), limit)
-        except Exception as error:
-            await asyncio.sleep(attempts.failed(error))
-        else:
-            attempts.succeeded()
-            return result
+    with metrics.storage_request(operation) as record:
+        attempts = _Attempts(policy, stats, operation, path, record)
+        while True:
+            try:
+                # Cancelling the wait cancels the request on the filesystem's loop too (asyncio.wrap_future).
+                result = await asyncio.wait_for(call(io), limit)
+            except Exception as error:
+                await asyncio.sleep(attempts.failed(error))
+            else:
+                attempts.succeeded()
+                return result
 
 
 def s3_client_options(options: dict[str, Any]) -> dict[str, Any]:
