@@ -69,6 +69,11 @@ class OffloadCompactionHook:
     tenant's compacted results would land in that one store. Use this hook's offloading instead, or pass
     ``allow_shared_store=True`` where one store for every run is intended (a single-user tool).
 
+    Metrics: each write offloading makes counts once in ``offload.results`` (`metrics.result_offloaded`): ``stored``
+    with its bytes (even if its pointer then saves too little to replace the result), else ``refused_quota`` or
+    ``kept_inline``; a result whose write failed is tried, and counted, again at the next compaction. Results it leaves
+    (under `min_tokens`, in the kept steps) are not counted as ``under_threshold``: each compaction sees them again.
+
     Tracing: the tags are Haystack's (``haystack.agent.hook.compaction.strategy``, ``.estimated_context_tokens``,
     ``.triggered``, ``.target_tokens``, ``.compacted``). The strategy is the compactor's qualified class name, as in
     `CompactionHook`; with offloading or a chain it lists every stage in order, comma-separated, offloading named by

@@ -13,7 +13,7 @@ from haystack.hooks.tool_result_offloading.types import OffloadPolicy, ToolResul
 from haystack.utils.deserialization import deserialize_component_inplace
 
 from haystack_integrations.offload.context import run_store
-from haystack_integrations.offload.hooks.pointers import OffloadPlan, plan
+from haystack_integrations.offload.hooks.pointers import OffloadPlan, plan, store_tenant
 from haystack_integrations.offload.hooks.strategies import (
     deserialize_strategies,
     policy_for,
@@ -22,6 +22,7 @@ from haystack_integrations.offload.hooks.strategies import (
 )
 from haystack_integrations.offload.hooks.write_behind import settle_run
 from haystack_integrations.offload.hooks.writes import offload, offload_async
+from haystack_integrations.offload.metrics import result_offloaded
 
 
 class OffloadHook:
@@ -46,6 +47,11 @@ class OffloadHook:
 
     A failed write (network, permissions, a missing bucket) is logged and leaves that result in the conversation; the
     run goes on. Errors, empty results and results already offloaded stay as they are.
+
+    Metrics (`metrics.result_offloaded`): each result a policy decides on counts once in ``offload.results``, by
+    outcome: ``stored`` (with the bytes written; behind, once the write has finished), ``under_threshold`` (its policy
+    kept it), ``refused_quota`` or ``kept_inline`` (the write failed and the result stayed). Results of tools no key
+    covers, errors and empty results are not counted.
 
     **Write-behind** (``write_behind=True``, async runs, stores with ``begin_write_async`` such as
     `FsspecToolResultStore`): the pointer replaces the result as soon as the write has started, and the run's next
@@ -180,13 +186,16 @@ class OffloadHook:
         await settle_run(state, wait=ending)
 
     def _plan(self, state: State) -> tuple[ToolResultStore, list[tuple[int, OffloadPlan]]] | None:
-        # The policy, in one place: which of this step's results go (what of each goes is `plan`'s to say).
+        # The policy, in one place: which of this step's results go (what of each goes is `plan`'s to say). A result
+        # its policy keeps counts as ``under_threshold`` here; those that go count in `writes` once written or not.
         messages: list[ChatMessage] = state.data.get("messages") or []
         start = _fresh_results_start(messages)
         if start == len(messages):
             return None
         store = run_store(state, self.store, hook_name=type(self).__name__)
         step = state.data.get("step_count", 0)
+        # At the end of a run (`after_run`) the last step's results come round again; they counted at `after_tool`.
+        count_kept = state.data.get("exit_reason") is None
         plans: list[tuple[int, OffloadPlan]] = []
         for position, message in enumerate(messages[start:]):
             result = message.tool_call_result
@@ -206,6 +215,8 @@ class OffloadHook:
                 continue
             if policy.should_offload(tool_name=offload_plan.tool_name, result=offload_plan.payload, state=state):
                 plans.append((start + position, offload_plan))
+            elif count_kept:
+                result_offloaded("under_threshold", offload_plan.size, tenant=store_tenant(store))
         return (store, plans) if plans else None
 
     @staticmethod

@@ -1,8 +1,9 @@
 """
-What of one tool result is written, and the pointer left in its place; no I/O.
+What of one tool result is written, the pointer left in its place, and how its outcome is counted; no I/O.
 
 `plan` splits a result into blocks with their keys; once `writes` has stored them, `OffloadPlan.pointer_message`
-builds the pointer that replaces the result, in Haystack's own text and meta key.
+builds the pointer that replaces the result, in Haystack's own text and meta key. `count_outcome` counts what came
+of the plan (`metrics.result_offloaded`).
 """
 
 import base64
@@ -19,6 +20,8 @@ from haystack_integrations.offload.compat import FALLBACK_EXTENSION as _FALLBACK
 from haystack_integrations.offload.compat import OFFLOADED_META_KEY as _OFFLOADED_META_KEY
 from haystack_integrations.offload.compat import content_block_payload as _content_block_payload
 from haystack_integrations.offload.compat import offloadable_content_blocks as _offloadable_content_blocks
+from haystack_integrations.offload.errors import QuotaExceededError
+from haystack_integrations.offload.metrics import OffloadOutcome, result_offloaded
 
 OFFLOADED_META_KEY = _OFFLOADED_META_KEY
 """Haystack's meta key on an offloaded tool-result message; its value is the list of references written."""
@@ -79,6 +82,11 @@ class OffloadPlan:
     extra_meta: Mapping[str, Any] = field(default_factory=dict)
 
     @property
+    def size(self) -> int:
+        """The bytes its blocks are stored as: UTF-8 for text (as `FsspecToolResultStore` writes it), raw for binary."""
+        return sum(_stored_size(block.content) for block in self.blocks)
+
+    @property
     def tool_name(self) -> str:
         """The tool that produced the result (recorded by stores that take a tool name)."""
         return self.result.origin.tool_name
@@ -112,6 +120,43 @@ class OffloadPlan:
             error=self.result.error,
             meta={**self.message.meta, **self.extra_meta, OFFLOADED_META_KEY: list(references)},
         )
+
+
+def _stored_size(content: str | bytes) -> int:
+    if isinstance(content, bytes):
+        return len(content)
+    # Most tool output is ASCII, which is its own UTF-8 length (`isascii` is a flag check, not a scan).
+    return len(content) if content.isascii() else len(content.encode("utf-8", "surrogatepass"))
+
+
+# Counting what came of a plan.
+
+
+def store_tenant(store: ToolResultStore) -> str | None:
+    """
+    The tenant a store is scoped to, for the metrics' ``tenant=`` (which labels only the tenants the operator listed).
+
+    :param store: The run's store.
+    :returns: Its ``tenant`` (`FsspecToolResultStore` has one), or `None` for stores that have none.
+    """
+    tenant = getattr(store, "tenant", None)
+    return tenant if isinstance(tenant, str) else None
+
+
+def count_outcome(offload_plan: OffloadPlan, *, tenant: str | None, error: BaseException | None = None) -> None:
+    """
+    Count one planned result once its write is decided: ``stored``, else ``refused_quota`` or ``kept_inline``.
+
+    :param offload_plan: The result; its `size` is recorded.
+    :param tenant: The store's tenant (`store_tenant`).
+    :param error: Why the write failed (a `QuotaExceededError` is a refusal), or `None` if every block was stored.
+    """
+    outcome: OffloadOutcome = "stored"
+    if isinstance(error, QuotaExceededError):
+        outcome = "refused_quota"
+    elif error is not None:
+        outcome = "kept_inline"
+    result_offloaded(outcome, offload_plan.size, tenant=tenant)
 
 
 # Planning.

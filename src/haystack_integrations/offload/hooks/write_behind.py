@@ -1,8 +1,9 @@
 """
 Write-behind offloading: the pointer goes into the conversation while the result's bytes are still being stored.
 
-`writes` starts a result's writes and `track`s them in the run's table; `settle_run` puts back any result whose write
-has failed and, at ``after_run``, waits for every write of the run first.
+`writes` starts a result's writes and `track`s them in the run's table; `settle_run` counts each result once its writes
+have finished (`pointers.count_outcome`), puts back any whose write has failed and, at ``after_run``, waits for every
+write of the run first.
 """
 
 import logging
@@ -13,7 +14,7 @@ from haystack.components.agents.state.state import State
 from haystack.components.agents.state.state_utils import replace_values
 from haystack.dataclasses import ChatMessage
 
-from haystack_integrations.offload.hooks.pointers import OFFLOADED_META_KEY, OffloadPlan
+from haystack_integrations.offload.hooks.pointers import OFFLOADED_META_KEY, OffloadPlan, count_outcome
 from haystack_integrations.offload.stores.pending import PendingWrite, settle
 
 logger = logging.getLogger(__name__)
@@ -26,10 +27,12 @@ class InFlightOffload:
 
     :param plan: What was offloaded (the original message, to put back if a write fails).
     :param writes: One write per block, in block order.
+    :param tenant: The store's tenant, to count the result under once its writes finish.
     """
 
     plan: OffloadPlan
     writes: tuple[PendingWrite, ...]
+    tenant: str | None = None
 
     @property
     def references(self) -> list[str]:
@@ -60,7 +63,11 @@ def track(state: State, offload: InFlightOffload) -> None:
 
 async def settle_run(state: State, *, wait: bool) -> None:
     """
-    Settle the run's finished writes: a result whose write failed gets its original message back.
+    Settle the run's finished writes: each result is counted, and one whose write failed gets its original message back.
+
+    A result counts when its writes are seen finished here, not when its pointer was placed: ``stored`` once every
+    block is stored, else ``kept_inline`` (what the hook does on a storage failure, even when a compactor has dropped
+    the pointer since and there is nothing left to put back). A run whose hook never settles it counts nothing more.
 
     :param state: The run's live `State`.
     :param wait: Wait for every write in flight first (at the end of the run); otherwise only look at finished ones.
@@ -78,6 +85,8 @@ async def settle_run(state: State, *, wait: bool) -> None:
         _RUNS[state] = remaining
     else:
         del _RUNS[state]
+    for offload in finished:
+        count_outcome(offload.plan, tenant=offload.tenant, error=offload.error())
     failed = [offload for offload in finished if offload.error() is not None]
     if failed:
         _restore(state, failed)

@@ -2,7 +2,8 @@
 Writing planned results into whatever store the run brought: sync, async, or started for write-behind.
 
 `offload` and `offload_async` write a step's plans (from `pointers.plan`) and return their pointers; which way a store
-is written, block by block, is chosen here and nowhere else.
+is written, block by block, is chosen here and nowhere else, and so is what each written result counts as
+(`_stored`, `_not_stored`; a write-behind result counts once `write_behind.settle_run` sees its write finish).
 """
 
 import asyncio
@@ -17,7 +18,7 @@ from haystack.components.agents.state.state import State
 from haystack.dataclasses import ChatMessage
 from haystack.hooks.tool_result_offloading.types import ToolResultStore
 
-from haystack_integrations.offload.hooks.pointers import OffloadPlan
+from haystack_integrations.offload.hooks.pointers import OffloadPlan, count_outcome, store_tenant
 from haystack_integrations.offload.hooks.write_behind import InFlightOffload, track
 from haystack_integrations.offload.stores.pending import PendingWrite
 from haystack_integrations.offload.types import AsyncWrites, TaggedWrites, WriteBehind
@@ -72,9 +73,9 @@ def _write_through(store: ToolResultStore, offload_plan: OffloadPlan) -> ChatMes
             for block in offload_plan.blocks
         ]
     except Exception as error:
-        _log_failure(offload_plan, store, error)
+        _not_stored(offload_plan, store, error)
         return None
-    return offload_plan.pointer_message(references)
+    return _stored(offload_plan, store, references)
 
 
 async def _write_through_async(store: ToolResultStore, offload_plan: OffloadPlan) -> ChatMessage | None:
@@ -96,10 +97,10 @@ async def _write_through_async(store: ToolResultStore, offload_plan: OffloadPlan
         if isinstance(outcome, BaseException):
             if not isinstance(outcome, Exception):
                 raise outcome  # cancellation and interpreter exits are not storage failures
-            _log_failure(offload_plan, store, outcome)
+            _not_stored(offload_plan, store, outcome)
             return None
         references.append(outcome)
-    return offload_plan.pointer_message(references)
+    return _stored(offload_plan, store, references)
 
 
 async def _write_behind(state: State, store: ToolResultStore, offload_plan: OffloadPlan) -> ChatMessage | None:
@@ -113,11 +114,24 @@ async def _write_behind(state: State, store: ToolResultStore, offload_plan: Offl
     except Exception as error:
         # A refusal before sending (a quota, say). Blocks already started finish unreferenced, as a failed
         # write-through leaves its earlier blocks.
-        _log_failure(offload_plan, store, error)
+        _not_stored(offload_plan, store, error)
         return None
     pointer = offload_plan.pointer_message([write.reference for write in writes])
-    track(state, InFlightOffload(offload_plan, tuple(writes)))
+    # Not counted yet: its bytes are still on their way (`settle_run` counts it once they are stored, or not).
+    track(state, InFlightOffload(offload_plan, tuple(writes), tenant=store_tenant(store)))
     return pointer
+
+
+def _stored(offload_plan: OffloadPlan, store: ToolResultStore, references: list[str]) -> ChatMessage:
+    # Every block written: the result counts as stored, with the bytes written.
+    count_outcome(offload_plan, tenant=store_tenant(store))
+    return offload_plan.pointer_message(references)
+
+
+def _not_stored(offload_plan: OffloadPlan, store: ToolResultStore, error: BaseException) -> None:
+    # The result stays in the conversation: counted as refused by quota, or kept inline after a failed write.
+    _log_failure(offload_plan, store, error)
+    count_outcome(offload_plan, tenant=store_tenant(store), error=error)
 
 
 def _log_failure(offload_plan: OffloadPlan, store: ToolResultStore, error: BaseException) -> None:

@@ -15,6 +15,7 @@ from haystack.tools.tool import Tool
 from haystack.utils.deserialization import deserialize_component_inplace
 from pydantic import BaseModel, ValidationError
 
+from haystack_integrations.offload.metrics import ReadKind, read_back
 from haystack_integrations.offload.tools.errors import ReadBackToolError, message_for
 from haystack_integrations.offload.tools.resolve import resolve_store
 
@@ -120,6 +121,17 @@ class ReadBackTool(Tool):
 
     async def _run_async(self, store: ToolResultStore, arguments: Any, state: State | None) -> ToolOutput:
         raise NotImplementedError
+
+    @staticmethod
+    def _count_read(kind: ReadKind, size: int, store: ToolResultStore) -> None:
+        """
+        Count one call that read for the model (`metrics.read_back`), under the store's tenant if it has one.
+
+        Called only once a call has read what it returns: a call that fails (a refused reference, bad arguments, a
+        storage error) gets an error result and is not counted; its storage requests are, by the store.
+        """
+        tenant = getattr(store, "tenant", None)
+        read_back(kind, size, tenant=tenant if isinstance(tenant, str) else None)
 
     def _finish(self, result: ToolOutput) -> ToolOutput:
         if isinstance(result, _ErrorText):

@@ -53,7 +53,8 @@ class ListToolResults(ReadBackTool):
     The store must be able to list: `FsspecToolResultStore`, or any store with ``list`` and ``list_async`` (the
     `ListableResults` Protocol), whose records have the attributes of `StoredResult` (``reference``, ``key``,
     ``tool_name``, ``kind``, ``size``, ``created``); with any other store the model gets an error result saying so.
-    This tool's output is never worth offloading: see `READ_BACK_TOOL_NAMES`.
+    This tool's output is never worth offloading: see `READ_BACK_TOOL_NAMES`. Each listing counts once in
+    ``offload.readback.calls`` as ``list`` (`metrics.read_back`); a failed one is not counted.
 
     Usage example:
 
@@ -102,12 +103,16 @@ class ListToolResults(ReadBackTool):
     def _run(self, store: ToolResultStore, arguments: Any, state: State | None) -> ToolOutput:
         if not isinstance(store, ListableResults):
             raise _cannot_list()
-        return self._render(store.list(), arguments, state)
+        records = store.list()
+        self._count_read("list", 0, store)  # a listing reads no stored result's bytes
+        return self._render(records, arguments, state)
 
     async def _run_async(self, store: ToolResultStore, arguments: Any, state: State | None) -> ToolOutput:
         if not isinstance(store, ListableResults):
             raise _cannot_list()
-        return self._render(await store.list_async(), arguments, state)
+        records = await store.list_async()
+        self._count_read("list", 0, store)
+        return self._render(records, arguments, state)
 
     def _render(self, records: Iterable[Any], arguments: ListToolResultsArguments, state: State | None) -> str:
         tool_names = _run_tool_names(state)

@@ -9,10 +9,18 @@ from haystack.hooks.tool_result_offloading.types import ToolResultStore
 from pydantic import BaseModel, ConfigDict, Field
 
 from haystack_integrations.offload.constants import READ_BACK_TOOL_NAMES
+from haystack_integrations.offload.metrics import ReadKind
 from haystack_integrations.offload.tools.base import ReadBackTool, ToolOutput, argument_schema
 from haystack_integrations.offload.tools.errors import ReadBackToolError
 from haystack_integrations.offload.tools.reading import ReadOptions, read_binary, read_text, search_result
-from haystack_integrations.offload.tools.source import Reader, ResultSource, drive, drive_async, source_for
+from haystack_integrations.offload.tools.source import (
+    Reader,
+    ResultSource,
+    ServedBytes,
+    drive,
+    drive_async,
+    source_for,
+)
 
 READ_TOOL_RESULT_NAME = "read_tool_result"
 if READ_TOOL_RESULT_NAME not in READ_BACK_TOOL_NAMES:  # pragma: no cover - a guard for future renames
@@ -65,6 +73,10 @@ class ReadToolResult(ReadBackTool):
 
     Failures (a refused or unknown reference, bad arguments, a storage error) come back as ``"Error: ..."`` results the
     model can act on; the run goes on.
+
+    Metrics (`metrics.read_back`): each call that read counts once in ``offload.readback.calls`` as a ``page``, a
+    ``search`` or a ``binary`` read, with the bytes of the result it was served (a search: the bytes it scanned) in
+    ``offload.readback.bytes``. A failed call is not counted there; its storage requests are, by the store.
 
     Keep this tool's results in the conversation: offloading a page would hand the model a pointer to the page, which
     it would read, and so on. This library's hooks skip the tools in `READ_BACK_TOOL_NAMES`; with Haystack's stock
@@ -154,13 +166,29 @@ class ReadToolResult(ReadBackTool):
         reference = _clean_reference(arguments.reference)
         source = source_for(store, reference)
         source.open()
-        return drive(self._reader(source, arguments), source)
+        served = ServedBytes()
+        output = drive(served.tally(self._reader(source, arguments)), source)
+        self._count(store, source, arguments, served)
+        return output
 
     async def _run_async(self, store: ToolResultStore, arguments: Any, state: State | None) -> ToolOutput:
         reference = _clean_reference(arguments.reference)
         source = source_for(store, reference)
         await source.open_async()
-        return await drive_async(self._reader(source, arguments), source)
+        served = ServedBytes()
+        output = await drive_async(served.tally(self._reader(source, arguments)), source)
+        self._count(store, source, arguments, served)
+        return output
+
+    def _count(
+        self, store: ToolResultStore, source: ResultSource, arguments: ReadToolResultArguments, served: ServedBytes
+    ) -> None:
+        """
+        Count a call that read: a ``search`` (the bytes it scanned), else a ``binary`` or a text ``page`` (the bytes
+        its range held). Reached only when the reader returned, so a failed call (an error result) is not counted.
+        """
+        kind: ReadKind = "search" if arguments.search else "binary" if source.kind == "bytes" else "page"
+        self._count_read(kind, served.total, store)
 
     def _reader(self, source: ResultSource, arguments: ReadToolResultArguments) -> Reader[ToolOutput]:
         if arguments.search:

@@ -2,7 +2,8 @@
 Byte ranges of one stored result, from whichever store the run brought.
 
 `RangedSource` serves stores with ranged reads, `FileSource` Haystack's `FileSystemToolResultStore`, and
-`WholeSource` any other `ToolResultStore`; `drive` and `drive_async` serve the readers from them.
+`WholeSource` any other `ToolResultStore`; `drive` and `drive_async` serve the readers from them, and `ServedBytes`
+adds up what a reader was served.
 """
 
 import asyncio
@@ -259,6 +260,37 @@ def source_for(store: ToolResultStore, reference: str) -> ResultSource:
     if isinstance(store, FileSystemToolResultStore) and type(store).read is FileSystemToolResultStore.read:
         return FileSource(store, reference)
     return WholeSource(store, reference)
+
+
+class ServedBytes:
+    """The bytes of a result one reader was served: what one read-back call read for the model (for its metrics)."""
+
+    def __init__(self) -> None:
+        self.total = 0
+
+    def tally(self, reader: Reader[T]) -> Reader[T]:
+        """
+        Pass `reader`'s ranges and their replies through unchanged, adding up the bytes of each reply.
+
+        Counted as the reader gets them, not as fetched: bytes read ahead that a search never reached, or the rest of a
+        result a whole-read store returned, are not part of what the call read.
+
+        :param reader: The reader to serve.
+        :returns: A reader that asks for the same ranges and returns what `reader` returns.
+        """
+        try:
+            request = next(reader)
+        except StopIteration as stop:
+            result: T = stop.value
+            return result
+        while True:
+            reply = yield request
+            self.total += len(reply[0])
+            try:
+                request = reader.send(reply)
+            except StopIteration as stop:
+                result = stop.value
+                return result
 
 
 def _step(reader: Reader[T], reply: RangeReply) -> tuple[bool, Any]:
