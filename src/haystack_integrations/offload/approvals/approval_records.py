@@ -21,6 +21,9 @@ APPROVAL_INVALID: ErrorKind = "approval-invalid"
 
 CallAction = Literal["run", "ask", "deny"]
 
+DecisionVerdict = Literal["approved", "edited", "rejected"]
+"""A decision's verdict as the approval metrics count it."""
+
 MAY_HAVE_RUN_GUARD = "may-have-run"
 """The guard of requests `resume` makes itself: a call whose worker stopped mid-call; approving it retries the call."""
 
@@ -132,6 +135,13 @@ class Decision(_Record):
         :returns: The decision.
         """
         return cls(approved=False, reason=reason, decided_by=by)
+
+
+def decision_verdict(approved: bool, edited: bool) -> DecisionVerdict:
+    """A decision's verdict: rejected, approved as asked, or approved with edited arguments."""
+    if not approved:
+        return "rejected"
+    return "edited" if edited else "approved"
 
 
 class ApprovalDecision(_Record):

@@ -26,12 +26,14 @@ from haystack_integrations.offload.approvals.errors import (
 from haystack_integrations.offload.approvals.ledger import (
     ApprovalLedger,
     ApprovalListing,
+    known_pending,
     now,
     parse_request_id,
     sequence_of,
 )
 from haystack_integrations.offload.approvals.rules import remembered_approval
 from haystack_integrations.offload.approvals.validation import approved_arguments
+from haystack_integrations.offload.metrics import approval
 from haystack_integrations.offload.types import SessionDocumentSource
 
 DEFAULT_DECISION_TTL = 3600.0
@@ -50,9 +52,8 @@ def pending_approvals(store: SessionDocumentSource) -> list[ApprovalRequest]:
     ledger = ApprovalLedger(store)
     listing = ledger.listing()
     sequence = _open_step(listing)
-    if sequence is None:
-        return []
-    return _waiting(ledger.step(sequence), listing, now())
+    waiting = _waiting(ledger.step(sequence), listing, now()) if sequence is not None else []
+    return ledger.saw_waiting(waiting)
 
 
 async def pending_approvals_async(store: SessionDocumentSource) -> list[ApprovalRequest]:
@@ -60,9 +61,8 @@ async def pending_approvals_async(store: SessionDocumentSource) -> list[Approval
     ledger = ApprovalLedger(store)
     listing = await ledger.listing_async()
     sequence = _open_step(listing)
-    if sequence is None:
-        return []
-    return _waiting(await ledger.step_async(sequence), listing, now())
+    waiting = _waiting(await ledger.step_async(sequence), listing, now()) if sequence is not None else []
+    return ledger.saw_waiting(waiting)
 
 
 def decide(
@@ -136,9 +136,10 @@ async def open_step_async(store: SessionDocumentSource) -> "OpenStep | None":
     listing = await ledger.listing_async()
     sequence = _open_step(listing)
     if sequence is None:
+        ledger.saw_waiting([])
         return None
     at = now()
-    waiting = _waiting(await ledger.step_async(sequence), listing, at)
+    waiting = ledger.saw_waiting(_waiting(await ledger.step_async(sequence), listing, at))
     attempts = listing.claims_of(sequence)
     lease_until = (await ledger.step_claim_async(sequence, attempts[-1])).lease_until if attempts else None
     return OpenStep(
@@ -189,13 +190,16 @@ def _request(step: HeldStep, position: int, request_id: str) -> ApprovalRequest:
 def _decision_record(request: ApprovalRequest, decision: Decision, *, at: datetime, ttl: float) -> ApprovalDecision:
     if ttl < 0:
         raise ValueError(f"ttl must be zero or more seconds, got {ttl}.")
+    # A durable request always has its tenant, session and tool call id: the hook makes none without them.
+    assert request.tenant is not None and request.session is not None and request.tool_call_id is not None  # noqa: S101
     if request.expired(at):
+        # Seen expired: each decision refused so counts, and the resume that answers the request counts it again.
+        approval("expired", tenant=request.tenant)
+        known_pending.settle(request.tenant, request.session, request.request_id)
         raise ApprovalExpiredError(
             f"Request {request.request_id!r} expired at {request.expires.isoformat()}; it can no longer be decided."
         )
     arguments, edited = approved_arguments(request, decision)
-    # A durable request always has its tenant, session and tool call id: the hook makes none without them.
-    assert request.tenant is not None and request.session is not None and request.tool_call_id is not None  # noqa: S101
     return ApprovalDecision(
         request_id=request.request_id,
         step_id=request.step_id,

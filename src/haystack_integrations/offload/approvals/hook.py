@@ -36,6 +36,7 @@ from haystack_integrations.offload.approvals.approval_records import (
     HeldStep,
     RememberApproval,
     RememberedApproval,
+    decision_verdict,
 )
 from haystack_integrations.offload.approvals.audit import append_audit, append_audit_async, new_event, request_event
 from haystack_integrations.offload.approvals.binding import arguments_digest
@@ -75,6 +76,7 @@ from haystack_integrations.offload.approvals.rules import (
 from haystack_integrations.offload.approvals.validation import approved_arguments, validated_arguments
 from haystack_integrations.offload.approvals.verdicts import ResumedDecisions, Verdict
 from haystack_integrations.offload.context import RESULT_STORE_CONTEXT_KEY, RESUMING_KEY, context_store, hook_context_of
+from haystack_integrations.offload.metrics import approval
 from haystack_integrations.offload.types import SessionDocumentSource
 
 _STRATEGY_SPAN = "haystack.agent.hook.human_in_the_loop.strategy"
@@ -145,6 +147,10 @@ class _Step:
 
     def asks(self) -> bool:
         return any(item.ask for item in self.screened)
+
+    @property
+    def tenant(self) -> str | None:
+        return self.ledger.tenant if self.ledger is not None else None
 
 
 class ApprovalHook:
@@ -512,6 +518,7 @@ class ApprovalHook:
         applied to the step; an answer the channel could not understand is refused.
         """
         step.events.append(request_event("approval.requested", request, actor=step.channel.actor))
+        approval("requested", tenant=step.tenant)  # in process: a person is asked now (durable: `hold`)
         answers: list[Decision | None] = []
         with _asking(self._asker(step.channel, request), request) as traced:
             try:
@@ -538,19 +545,22 @@ class ApprovalHook:
             timeout = step.channel.timeout if isinstance(step.channel, CallbackApprovals) else 0.0
             step.denials[position] = (expired(f"no answer within {timeout:g} seconds."), request.request_id)
             step.events.append(request_event("approval.expired", request, actor=None, reason="timeout"))
+            approval("expired", tenant=step.tenant)
             return
         try:
             arguments, edited = approved_arguments(request, decision)
         except InvalidApprovalEditError as error:
             self._refuse(step, request, str(error), actor=decision.decided_by)
             return
+        edited = edited and decision.approved
+        approval("decided", verdict=decision_verdict(decision.approved, edited), tenant=step.tenant)
         step.events.append(
             request_event(
                 "approval.decided",
                 request,
                 actor=decision.decided_by,
                 approved=decision.approved,
-                edited=edited and decision.approved,
+                edited=edited,
                 reason=decision.reason,
                 final_arguments_digest=arguments_digest(arguments) if decision.approved else None,
             )
@@ -645,7 +655,7 @@ def _deny_unbound(step: _Step) -> None:
                 new_event(
                     event="approval.denied",
                     actor=None,
-                    tenant=step.ledger.tenant if step.ledger is not None else None,
+                    tenant=step.tenant,
                     session=step.ledger.session if step.ledger is not None else None,
                     step_id=None,
                     tool_call_id=None,

@@ -1,13 +1,15 @@
 """
 Where approval records live: documents in the session's ``.approvals/`` namespace, read and written one request each.
 
-Steps are numbered by sequence; steps, decisions and claims are claimed with the store's conditional create.
+Steps are numbered by sequence; steps, decisions and claims are claimed with the store's conditional create. Those
+creates are where the approval metrics count requests and decisions, and where `KnownPending` learns what waits.
 """
 
 import contextlib
 import hashlib
 import re
 import secrets
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -18,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from haystack_integrations.offload.approvals.approval_records import (
     ApprovalDecision,
+    ApprovalRequest,
     CallRecord,
     ExecutionClaim,
     HeldCall,
@@ -26,6 +29,7 @@ from haystack_integrations.offload.approvals.approval_records import (
     RememberedApproval,
     StepClaim,
     StepDone,
+    decision_verdict,
 )
 from haystack_integrations.offload.approvals.errors import (
     ApprovalAlreadyDecidedError,
@@ -34,6 +38,7 @@ from haystack_integrations.offload.approvals.errors import (
     ApprovalRecordError,
 )
 from haystack_integrations.offload.errors import DocumentExistsError, ResultNotFoundError
+from haystack_integrations.offload.metrics import PendingApprovals, approval, pending_approvals
 from haystack_integrations.offload.types import Documents, SessionDocumentSource
 
 NAMESPACE = "approvals"
@@ -188,6 +193,62 @@ def _numbered(first: int, message: ChatMessage, calls: HeldCalls, fields: HeldSt
         yield HeldStep(step_id=step_id, sequence=sequence, message=message.to_dict(), calls=calls(step_id), **fields)
 
 
+class KnownPending:
+    """
+    The requests this worker knows wait for a decision, by session: what feeds its figure of the oldest pending one.
+
+    Fed where this worker sees all that waits in a session: when it holds a step, lists the pending requests, or
+    claims a step to resume (nothing waits then). Each sighting replaces what it knew of the session, so a request
+    decided or resumed by another worker leaves this worker's figure when it next sees the session; a request decided
+    or refused here leaves at once, and an expired one at this worker's next sighting of any session. Sessions are
+    told apart by their tenant and session ids.
+    """
+
+    def __init__(self, figure: PendingApprovals) -> None:
+        """
+        :param figure: The figure to feed (the process's is `metrics.pending_approvals`).
+        """
+        self.figure = figure
+        self._lock = threading.Lock()
+        # (tenant, session) -> {request id: when it expires}
+        self._sessions: dict[tuple[str, str], dict[str, datetime]] = {}
+
+    def seen(self, tenant: str, session: str, waiting: list[ApprovalRequest]) -> None:
+        """Note that these requests, and no others, wait in the session now."""
+        known = {request.request_id: request.expires for request in waiting}
+        # Under one lock, so that the figure is the one the latest sighting left, whatever the threads' order.
+        with self._lock:
+            for request_id in self._sessions.pop((tenant, session), {}).keys() - known.keys():
+                self.figure.settled(request_id)
+            for request in waiting:
+                self.figure.pending(request.request_id, request.created.timestamp())
+            if known:
+                self._sessions[(tenant, session)] = known
+            self._forget_expired(now())
+
+    def settle(self, tenant: str, session: str, request_id: str) -> None:
+        """Forget a request this worker saw decided or expired."""
+        with self._lock:
+            known = self._sessions.get((tenant, session), {})
+            known.pop(request_id, None)
+            if not known:
+                self._sessions.pop((tenant, session), None)
+            self.figure.settled(request_id)
+
+    def _forget_expired(self, at: datetime) -> None:
+        # A request can wait no longer than its expiry: this bounds what a session this worker never sees again leaves.
+        for key, known in list(self._sessions.items()):
+            for request_id in [request_id for request_id, expires in known.items() if at >= expires]:
+                del known[request_id]
+                self.figure.settled(request_id)
+            if not known:
+                del self._sessions[key]
+
+
+known_pending = KnownPending(pending_approvals)
+"""This worker's `KnownPending`: it feeds the gauge the metrics export."""
+
+
 class ApprovalLedger:
     """
     The approval documents of one session.
@@ -237,7 +298,7 @@ class ApprovalLedger:
         for step in _numbered(first, message, calls, fields):
             with contextlib.suppress(DocumentExistsError):
                 self.documents.create(f"step.{step.sequence:08d}.json", _dump(step))
-                return step
+                return self._held(step)
         raise ApprovalClaimedError("Could not number a held step: every step number tried was taken meanwhile.")
 
     async def hold_async(
@@ -248,8 +309,21 @@ class ApprovalLedger:
         for step in _numbered(first, message, calls, fields):
             with contextlib.suppress(DocumentExistsError):
                 await self.documents.create_async(f"step.{step.sequence:08d}.json", _dump(step))
-                return step
+                return self._held(step)
         raise ApprovalClaimedError("Could not number a held step: every step number tried was taken meanwhile.")
+
+    def _held(self, step: HeldStep) -> HeldStep:
+        """Count the requests of a step just recorded: the session's newest, so they are all that waits in it."""
+        requests = step.requests()
+        if requests:
+            approval("requested", len(requests), tenant=self.tenant)
+        self.saw_waiting(requests)
+        return step
+
+    def saw_waiting(self, requests: list[ApprovalRequest]) -> list[ApprovalRequest]:
+        """Note these as all that waits in this session now (`KnownPending`), and return them."""
+        known_pending.seen(self.tenant, self.session, requests)
+        return requests
 
     def step(self, sequence: int) -> HeldStep:
         """
@@ -282,17 +356,24 @@ class ApprovalLedger:
 
         :raises ApprovalAlreadyDecidedError: If the request already has one.
         """
-        try:
+        with self._deciding(decision):
             self.documents.create(f"decision.{decision.request_id}.json", _dump(decision))
-        except DocumentExistsError as error:
-            raise ApprovalAlreadyDecidedError(f"Request {decision.request_id!r} is already decided.") from error
 
     async def create_decision_async(self, decision: ApprovalDecision) -> None:
         """Async `create_decision`."""
-        try:
+        with self._deciding(decision):
             await self.documents.create_async(f"decision.{decision.request_id}.json", _dump(decision))
+
+    @contextlib.contextmanager
+    def _deciding(self, decision: ApprovalDecision) -> Iterator[None]:
+        """Count a decision once its create succeeded; decided now or before, its request waits no more."""
+        try:
+            yield
         except DocumentExistsError as error:
+            known_pending.settle(self.tenant, self.session, decision.request_id)
             raise ApprovalAlreadyDecidedError(f"Request {decision.request_id!r} is already decided.") from error
+        approval("decided", verdict=decision_verdict(decision.approved, decision.edited), tenant=self.tenant)
+        known_pending.settle(self.tenant, self.session, decision.request_id)
 
     # Resuming a step: claimed per attempt, renewed while the worker works, ended by its done record.
 
@@ -307,6 +388,8 @@ class ApprovalLedger:
             await self.documents.create_async(name, _dump(claim))
         except DocumentExistsError as error:
             raise ApprovalClaimedError(f"Held step {claim.step_id!r} is being resumed by another worker.") from error
+        # Resume claims a step only once each of its requests is decided or expired: nothing waits in the session now.
+        self.saw_waiting([])
 
     async def renew_step_async(self, claim: StepClaim) -> None:
         """Extend this worker's own claim (a plain write: nobody else writes this attempt's document)."""

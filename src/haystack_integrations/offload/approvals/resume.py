@@ -70,6 +70,7 @@ from haystack_integrations.offload.approvals.outcomes import (
 from haystack_integrations.offload.approvals.verdicts import ResumedDecisions, Verdict, verdict_of
 from haystack_integrations.offload.context import RESUMING_KEY, resume_context
 from haystack_integrations.offload.leases import renewing
+from haystack_integrations.offload.metrics import approval
 from haystack_integrations.offload.types import SessionDocumentSource
 
 logger = logging.getLogger(__name__)
@@ -345,6 +346,15 @@ class _Resumed:
         except Exception:  # the result is in the conversation this returns; a takeover would ask, never re-run
             logger.warning("Could not record the result of call %s; it stays in the conversation.", item.key)
         self.ran[str(call.id)] = ("executed", item.idempotency, item.attempt)
+        self._executed(item, result)
+        return result
+
+    def _executed(self, item: "_Call", result: ChatMessage) -> None:
+        """Audit a call this worker ran (it won the call's claim), and count it if a person's approval let it run."""
+        call = item.call
+        request = self.decisions.request_of(call)
+        if request is not None:  # calls that need no approval wait with the step and run here too: not counted
+            approval("executed", tenant=self.step.tenant)
         error = bool(result.tool_call_result is not None and result.tool_call_result.error)
         self.events.append(
             _event(
@@ -352,13 +362,12 @@ class _Resumed:
                 "approval.executed",
                 self.worker,
                 {"error": error, "attempt": item.attempt, "idempotency_key": item.idempotency},
-                request_id=self.decisions.request_of(call),
+                request_id=request,
                 tool_call_id=call.id,
                 tool_name=call.tool_name,
                 arguments_digest=arguments_digest(call.arguments),
             )
         )
-        return result
 
     async def _hold_may_have_run(
         self, message: ChatMessage, plan: "list[_Call]", preceding: list[dict[str, Any]]
@@ -381,6 +390,7 @@ class _Resumed:
             state=self.decisions.state,
             preceding=preceding,
         )
+        approval("may_have_run", len(held.requests()), tenant=self.step.tenant)
         keys = {item.call.id: item.idempotency for item in plan}
         for request in held.requests():
             self.events.append(
@@ -491,7 +501,14 @@ class _Resumed:
         return outcomes
 
     def answered(self, outcomes: list[CallOutcome]) -> list[AuditEvent]:
-        """One audit event per call that did not run here (ran calls have theirs): denied, expired, held, ..."""
+        """
+        One audit event per call that did not run here (ran calls have theirs): denied, expired, held, ...
+
+        The expired ones are counted here, where the step that answered them is finished: once per step.
+        """
+        expired = sum(outcome.outcome == "expired" for outcome in outcomes)
+        if expired:
+            approval("expired", expired, tenant=self.step.tenant)
         return [
             _event(
                 self.step,
