@@ -416,7 +416,7 @@ def _demo_table(report: "DemoReport", store: str) -> None:
 
 
 # The `ServerSettings` fields that serve's flags of the same names override (and --storage-options, parsed first).
-_SERVE_SETTINGS = ("store", "tokens_file", "model", "openai_base_url", "openai_model")
+_SERVE_SETTINGS = ("store", "tokens_file", "model", "openai_base_url", "openai_model", "metrics_port", "metrics_host")
 
 
 def _serve(arguments: argparse.Namespace) -> int:
@@ -425,6 +425,7 @@ def _serve(arguments: argparse.Namespace) -> int:
     try:
         import uvicorn
 
+        from haystack_integrations.offload.server.metrics_endpoint import WORKERS_VARIABLE
         from haystack_integrations.offload.server.settings import ServerSettings
     except ImportError as error:
         raise CommandError(f"{SERVER_EXTRA_HINT} ({error})") from error
@@ -439,6 +440,7 @@ def _serve(arguments: argparse.Namespace) -> int:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in error.errors())
         raise CommandError(f"Invalid server settings: {problems}") from error
     settings = _serve_s3(settings, arguments)
+    metrics_line = _metrics_ports(settings, arguments)
     _check_store(settings, arguments.workers)
     settings.check_model()  # --model openai: one request to the endpoint; a ModelEndpointError (ValueError) is one line
     settings.check_store()  # the store refuses a second exclusive create, or serve stops (ServerStartupError: one line)
@@ -450,6 +452,8 @@ def _serve(arguments: argparse.Namespace) -> int:
     print(f"offload-haystack serve: {base}  ({arguments.workers} worker process(es))")
     print(f"  model: {settings.model_label()}")
     print(f"  store: {_shown(settings.store)}")
+    if metrics_line:
+        print(metrics_line)
     if made:
         print("  demo tokens, made for this run (set OFFLOAD_SERVER_TOKENS or --tokens-file to use your own):")
         for token, tenant in made.items():
@@ -457,6 +461,7 @@ def _serve(arguments: argparse.Namespace) -> int:
     sys.stdout.flush()
     # Worker processes build their app from the environment, so every worker gets the same settings and tokens.
     os.environ.update(settings.environment())
+    os.environ[WORKERS_VARIABLE] = str(arguments.workers)  # the length of the workers' range of metrics ports
     uvicorn.run(
         "haystack_integrations.offload.server.app:app_from_environment",
         factory=True,
@@ -467,6 +472,28 @@ def _serve(arguments: argparse.Namespace) -> int:
         log_config=_log_config(arguments.log_level),
     )
     return 0
+
+
+def _metrics_ports(settings: Any, arguments: argparse.Namespace) -> str | None:
+    """
+    Check that every worker can have a metrics port of its own, apart from the API's; say where they are.
+
+    :returns: The line ``serve`` prints about them, or None when metrics are off.
+    """
+    first = settings.metrics_port
+    if first is None:
+        return None
+    last = first + arguments.workers - 1
+    if last > 65535:
+        raise CommandError(
+            f"--metrics-port {first} with --workers {arguments.workers} needs ports up to {last}: give a lower one."
+        )
+    if first <= arguments.port <= last:
+        raise CommandError(
+            f"--port {arguments.port} is one of the metrics ports {first}-{last} (one per worker): keep them apart."
+        )
+    ports = f"port {first}" if first == last else f"ports {first}-{last}, one per worker"
+    return f"  metrics: http://{settings.metrics_host}:{first}/metrics ({ports})"
 
 
 def _check_store(settings: Any, workers: int) -> None:
@@ -923,6 +950,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model", choices=["scripted", "openai"], help="scripted (default) or an OpenAI-compatible API")
     serve.add_argument("--openai-base-url", help="OpenAI-compatible endpoint (key: $OFFLOAD_SERVER_OPENAI_API_KEY)")
     serve.add_argument("--openai-model", help="model name at that endpoint")
+    serve.add_argument(
+        "--metrics-port",
+        type=_whole_number(1, 65535),
+        help="serve GET /metrics from this port on, one port per worker (default: $OFFLOAD_SERVER_METRICS_PORT; none)",
+    )
+    serve.add_argument("--metrics-host", help="interface of the metrics ports (default: 127.0.0.1)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     _s3_arguments(serve)
     serve.set_defaults(handler=_serve)

@@ -36,6 +36,7 @@ from haystack_integrations.offload.server.errors import (
     error_status,
 )
 from haystack_integrations.offload.server.events import RunningTurns
+from haystack_integrations.offload.server.metrics_endpoint import metrics_served
 from haystack_integrations.offload.server.routes import HttpError, router
 from haystack_integrations.offload.server.service import ChatService
 from haystack_integrations.offload.server.settings import ServerSettings
@@ -115,8 +116,10 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             len(tokens),
             len(tokens.tenants()),
         )
-        yield
-        await app.state.turns.drain()  # streamed turns whose clients left still run: let them end
+        # Once per worker process: its own MeterProvider and its own port (with metrics_port set).
+        with metrics_served(settings, worker=service.worker):
+            yield
+            await app.state.turns.drain()  # streamed turns whose clients left still run: let them end
 
     app = FastAPI(title="offload-haystack reference server", lifespan=lifespan, docs_url="/api/docs", redoc_url=None)
     app.state.root = root

@@ -16,6 +16,7 @@ from typing import Any
 from haystack.components.agents import Agent
 from haystack.dataclasses import ChatMessage
 
+from haystack_integrations.offload import metrics
 from haystack_integrations.offload.approvals import (
     APPROVAL_REQUIRED,
     ApprovalAlreadyDecidedError,
@@ -81,6 +82,8 @@ STREAM_CHUNK_BYTES = 1_048_576
 NOT_FOUND_RESULT = "No such result in this session."
 NOT_FOUND_APPROVAL = "No such approval request in this session."
 _TURN_DOCUMENT = re.compile(r"turn\.(?P<turn>\d{8})\.(?:start|end)\.json")
+# A turn's status as the turns metric tells it (`metrics.turn_ended`): one held for approval is "held".
+_TURN_METRIC_STATUSES: dict[TurnStatus, str] = {"completed": "completed", "approval_required": "held"}
 
 
 @dataclass
@@ -636,6 +639,7 @@ class ChatService:
         last = reply.get("last_message")
         text = None if held or last is None else last.text
         await history.finish(turn, status=status, messages=messages, reply=text)
+        metrics.turn_ended(_TURN_METRIC_STATUSES[status], _seconds_since(turn), tenant=store.tenant)
         logger.info(
             "Turn %s of %s/%s: %s (%s pending).",
             turn.start.turn,
@@ -664,6 +668,11 @@ class ChatService:
             )
         except Exception:  # the original failure is what the caller needs to hear about
             logger.exception("Could not record the failure of turn %s.", turn.start.turn)
+        metrics.turn_ended("failed", _seconds_since(turn), tenant=history.store.tenant)
+
+
+def _seconds_since(turn: Turn) -> float:
+    return max(0.0, (datetime.now(UTC) - turn.start.started_at).total_seconds())
 
 
 def _settled(state: HistoryState) -> bool:

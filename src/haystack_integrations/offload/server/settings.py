@@ -11,7 +11,7 @@ one, or any OpenAI-compatible endpoint). Invalid values fail at start-up with a 
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fsspec.core import split_protocol
 from haystack.utils import Secret
@@ -20,7 +20,7 @@ from pydantic import Field, SecretStr, TypeAdapter, ValidationError, field_valid
 from haystack_integrations.offload.server._extra import SERVER_EXTRA_HINT
 
 try:
-    from pydantic_settings import BaseSettings, SettingsConfigDict
+    from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 except ImportError as import_error:  # pragma: no cover - depends on what is installed
     raise ImportError(SERVER_EXTRA_HINT) from import_error
 
@@ -32,7 +32,7 @@ from haystack_integrations.offload.server.scripted_model import (
     scripted_generator,
 )
 from haystack_integrations.offload.server.startup import require_exclusive_creates
-from haystack_integrations.offload.stores import FsspecToolResultStore
+from haystack_integrations.offload.stores import FsspecToolResultStore, Quota
 from haystack_integrations.offload.stores.scope import validate_scope_id
 
 DEFAULT_SERVER_STORE = "./offload-server-results"
@@ -65,7 +65,9 @@ class ServerSettings(BaseSettings):
     holding the same JSON object), ``OFFLOAD_SERVER_MODEL=openai`` with ``OFFLOAD_SERVER_OPENAI_BASE_URL``,
     ``OFFLOAD_SERVER_OPENAI_MODEL`` and ``OFFLOAD_SERVER_OPENAI_API_KEY`` (or ``OPENAI_API_KEY``);
     ``OFFLOAD_SERVER_ENGINE=fsspec`` to keep S3 on s3fs (the default, ``auto``, takes obstore where it can);
-    ``OFFLOAD_SERVER_RESUME_LEASE=60`` for the lease, in seconds, of a worker's claim on a held step it resumes.
+    ``OFFLOAD_SERVER_RESUME_LEASE=60`` for the lease, in seconds, of a worker's claim on a held step it resumes;
+    ``OFFLOAD_SERVER_QUOTA='{"session_results": 500}'`` for the store's `Quota`; ``OFFLOAD_SERVER_METRICS_PORT=9464``
+    (with ``_METRICS_HOST``, ``_METRICS_TOKEN`` and ``_METRICS_TENANTS=acme,globex``) for each worker's ``/metrics``.
 
     Multi-user use: a token names exactly one tenant, taken from this table and never from a request; several tokens
     may name the same tenant (one per user or per client).
@@ -111,6 +113,23 @@ class ServerSettings(BaseSettings):
         le=60,
         description="Seconds each scripted demo tool takes (the scripted model only), to watch a turn's progress live.",
     )
+    quota: Quota | None = Field(
+        default=None, description="Limits on what each session and tenant may store, as JSON (see Quota); none: none."
+    )
+    metrics_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="The first of the workers' GET /metrics ports (one per worker, from this one); None: no metrics.",
+    )
+    metrics_host: str = Field(default="127.0.0.1", description="The interface the metrics ports listen on.")
+    metrics_token: SecretStr | None = Field(
+        default=None, description="When set, a scrape must send 'Authorization: Bearer <token>' (never a tenant's)."
+    )
+    metrics_tenants: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Tenants whose series carry their id (offload_tenant), comma separated; keep it a small set.",
+    )
 
     @field_validator("store")
     @classmethod
@@ -143,6 +162,28 @@ class ServerSettings(BaseSettings):
             validate_scope_id(tenant, field="tenant")
         return tokens
 
+    @field_validator("metrics_tenants", mode="before")
+    @classmethod
+    def _comma_separated_tenants(cls, value: Any) -> Any:
+        # The variable is a comma-separated list (OFFLOAD_SERVER_METRICS_TENANTS=acme,globex), as an operator writes it.
+        if isinstance(value, str):
+            return [tenant.strip() for tenant in value.split(",") if tenant.strip()]
+        return value
+
+    @field_validator("metrics_tenants")
+    @classmethod
+    def _valid_metrics_tenants(cls, tenants: list[str]) -> list[str]:
+        for tenant in tenants:
+            validate_scope_id(tenant, field="tenant")
+        return tenants
+
+    @field_validator("metrics_token")
+    @classmethod
+    def _valid_metrics_token(cls, token: SecretStr | None) -> SecretStr | None:
+        if token is not None:
+            _check_token(token.get_secret_value())
+        return token
+
     @model_validator(mode="after")
     def _merge_tokens_file_and_check_model(self) -> "ServerSettings":
         if self.tokens_file is not None:
@@ -163,6 +204,14 @@ class ServerSettings(BaseSettings):
                 "model 'openai' needs an API key: set OFFLOAD_SERVER_OPENAI_API_KEY or OPENAI_API_KEY "
                 "(any value for endpoints that do not check it)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _metrics_token_is_no_tenants(self) -> "ServerSettings":
+        # After the tokens file is merged: with a tenant's token as the scrape token, that tenant reads every tenant's
+        # figures.
+        if self.metrics_token is not None and self.metrics_token.get_secret_value() in self.tokens:
+            raise ValueError("metrics_token must not be a tenant's token: give the scrape a token of its own")
         return self
 
     # What the app builds from the settings
@@ -239,9 +288,11 @@ class ServerSettings(BaseSettings):
         """
         Build the server's root store (no network I/O: the client connects on first use).
 
-        :returns: The store at `store`, with `engine` and the resolved storage options.
+        :returns: The store at `store`, with `engine`, `quota` and the resolved storage options.
         """
-        return FsspecToolResultStore(self.store, storage_options=self.resolved_storage_options(), engine=self.engine)
+        return FsspecToolResultStore(
+            self.store, storage_options=self.resolved_storage_options(), engine=self.engine, quota=self.quota
+        )
 
     def check_store(self) -> None:
         """
@@ -288,6 +339,8 @@ class ServerSettings(BaseSettings):
                 value = value.get_secret_value()
             if isinstance(value, dict):
                 value = json.dumps(value)
+            elif isinstance(value, list):
+                value = ",".join(value)  # the comma-separated form the variable is read in
             variables[f"OFFLOAD_SERVER_{name.upper()}"] = str(value)
         return variables
 
