@@ -77,7 +77,7 @@ from haystack_integrations.offload import ApprovalHook, FsspecToolResultStore, R
 from haystack_integrations.offload.approvals.decisions import open_step_async
 from haystack_integrations.offload.approvals.ledger import ApprovalLedger, sequence_of
 from haystack_integrations.offload.approvals.resume import current_idempotency_key
-from haystack_integrations.offload.server.service import ChatService
+from haystack_integrations.offload.sessions.service import ChatService
 
 BUCKET = "offload-approvals-faults"
 TENANTS = 4

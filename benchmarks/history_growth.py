@@ -33,7 +33,7 @@ from haystack.dataclasses import ChatMessage
 
 from haystack_integrations.offload import FsspecToolResultStore
 from haystack_integrations.offload.operations import scan, usage
-from haystack_integrations.offload.server.history import HistoryLog, SessionHistory, Turn, TurnEnd, TurnStatus
+from haystack_integrations.offload.sessions.history import HistoryLog, SessionHistory, Turn, TurnEnd, TurnStatus
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 
 

@@ -27,8 +27,7 @@ LAYERS = [
     "tools",
     "approvals",
     "operations",
-    "server",
-    "demo",
+    "sessions",
     "cli",
     "__init__",
 ]
@@ -86,3 +85,32 @@ def test_the_module_map_draws_the_parts_in_this_order() -> None:
     rows = re.findall(r"^\| `([a-z_]+)(?:\.py|/)?`", section, flags=re.MULTILINE)
     drawn = [row for row in rows if row in LAYERS]
     assert drawn == list(reversed(LAYERS))
+
+
+# The reference app and the web stack it is built on: the library imports none of them, anywhere.
+APPLICATION_MODULES = ("offload_haystack_app", "fastapi", "starlette", "uvicorn", "pydantic_settings")
+
+
+def _imported_modules(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found
+
+
+@pytest.mark.parametrize("path", _files(), ids=lambda path: str(path.relative_to(PACKAGE)))
+def test_the_library_never_imports_the_app(path: Path) -> None:
+    imported = {name for name in _imported_modules(path) if name.split(".")[0] in APPLICATION_MODULES}
+    assert imported == set(), f"{path.relative_to(PACKAGE)} imports {sorted(imported)}"
+
+
+def test_the_installed_library_holds_no_page_or_app_code() -> None:
+    import haystack_integrations.offload as installed
+
+    root = Path(installed.__file__).parent
+    shipped = {path.suffix for path in root.rglob("*") if path.is_file() and "__pycache__" not in path.parts}
+    assert shipped <= {".py", ".typed"}, shipped
+    assert not (root / "server").exists() and not (root / "demo").exists()

@@ -26,9 +26,9 @@ from test_approval_composition import (
 from haystack_integrations.offload import FsspecToolResultStore, RetryPolicy
 from haystack_integrations.offload.approvals.ledger import ApprovalLedger
 from haystack_integrations.offload.errors import StorageUnavailableError
-from haystack_integrations.offload.server.errors import AlreadyDecidedError, ApprovalPendingConflict, RunFailedError
-from haystack_integrations.offload.server.history import SessionBusyError, SessionHistory
-from haystack_integrations.offload.server.service import ChatService
+from haystack_integrations.offload.sessions.errors import AlreadyDecidedError, ApprovalPendingConflict, RunFailedError
+from haystack_integrations.offload.sessions.history import SessionBusyError, SessionHistory
+from haystack_integrations.offload.sessions.service import ChatService
 from haystack_integrations.offload.testing.faults import Fault, FaultPlan, FaultProxy, ProxiedRequest
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 

@@ -84,7 +84,7 @@ def test_progress_forced_goes_to_standard_error_and_leaves_standard_output_alone
             json.loads(out)
         scope = "acme/" if command.startswith("purge") else ""
         listed = len(scan(filled.root, tenant="acme" if scope else None))
-        label = f"{cli._shown(filled.url).rstrip('/')}/{scope}"
+        label = f"{cli.shown_url(filled.url).rstrip('/')}/{scope}"
         # Not a terminal: plain lines, no carriage returns or escape sequences in a log file.
         assert err.splitlines()[0] == f"listing {label} ..."
         assert err.splitlines()[1].startswith(f"listed {listed:,} object(s) of {label} in ")

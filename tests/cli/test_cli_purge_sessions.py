@@ -14,8 +14,8 @@ from cli_stores import FilledStore
 from haystack.dataclasses import ChatMessage
 
 from haystack_integrations.offload.cli import main
-from haystack_integrations.offload.server import history as history_module
-from haystack_integrations.offload.server.history import SessionHistory
+from haystack_integrations.offload.sessions import history as history_module
+from haystack_integrations.offload.sessions.history import SessionHistory
 
 
 async def _old_conversation(history: SessionHistory, turns: int) -> None:

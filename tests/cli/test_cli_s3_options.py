@@ -213,7 +213,7 @@ def test_serve_passes_the_s3_flags_to_its_workers(
     monkeypatch = aws
     import uvicorn
 
-    from haystack_integrations.offload.server.settings import ServerSettings
+    from offload_haystack_app.server.settings import ServerSettings
 
     # `serve` hands its settings to the worker processes through OFFLOAD_SERVER_* variables: undo them afterwards.
     # Set first, then delete: monkeypatch undoes only what it recorded, and deleting an unset variable records

@@ -11,7 +11,7 @@ import pytest
 from haystack.dataclasses import ChatMessage
 from ops_helpers import Roots
 
-from haystack_integrations.offload.server.history import SessionBusyError, SessionHistory
+from haystack_integrations.offload.sessions.history import SessionBusyError, SessionHistory
 from haystack_integrations.offload.testing.faults import Fault, FaultProxy
 from haystack_integrations.offload.testing.local_s3 import RequestLog
 

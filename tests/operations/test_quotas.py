@@ -30,7 +30,7 @@ from haystack_integrations.offload import (
     offload_context,
 )
 from haystack_integrations.offload.operations import scan, usage
-from haystack_integrations.offload.server.history import SessionHistory
+from haystack_integrations.offload.sessions.history import SessionHistory
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 
 

@@ -20,8 +20,9 @@ from haystack_integrations.offload import (
     end_session_async,
     read_tool_result,
 )
-from haystack_integrations.offload.server import history as history_module
-from haystack_integrations.offload.server.history import SessionHistory
+from haystack_integrations.offload.sessions import history as history_module
+from haystack_integrations.offload.sessions.history import SessionHistory
+from haystack_integrations.offload.stores.retention import activity_document_name
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 
 pytestmark = pytest.mark.real_s3  # also on the real S3 server's lane, both engines (tests/conftest.py)
@@ -286,3 +287,31 @@ async def test_a_time_stamped_far_ahead_does_not_keep_an_old_session_for_ever(
     assert _documents(old) == {"history": [], "approvals": [], "audit": []}
     assert len(old.list()) == 1  # the result itself is not older than 30 days by its name: results go by their own age
     assert len(skewed.documents("history").list()) == 2 and len(skewed.documents("audit").list()) == 1
+
+
+def _activity(store: FsspecToolResultStore, namespace: str, name: str, age: timedelta) -> None:
+    ended = (datetime.now(UTC) - age).isoformat()
+    store.documents(namespace).put(name, f'{{"ended_at": "{ended}"}}'.encode())
+
+
+def test_any_series_of_activity_documents_dates_its_session(backend: tuple[str, dict[str, Any]]) -> None:
+    # Retention knows the convention (`activity_document_name`), not who keeps the series: an application's own
+    # numbered documents date a session as the history's turns do, and each series' newest document is read.
+    root = _root(backend, retention=None)
+    idle, busy = root.for_session("acme", "idle"), root.for_session("acme", "busy")
+    _activity(idle, "orders", "batch.00000002.end.json", age=timedelta(days=40))
+    _activity(idle, "orders", "batch.00000001.end.json", age=timedelta(days=41))
+    # The history went quiet 40 days ago, but the application's series ended an hour ago: the session is active.
+    _activity(busy, "history", "turn.00000009.end.json", age=timedelta(days=40))
+    _activity(busy, "orders", "batch.00000003.end.json", age=timedelta(hours=1))
+
+    assert root.for_tenant("acme").purge(older_than=timedelta(days=30)) == 2
+    assert idle.documents("orders").list() == []
+    assert busy.documents("history").list() == ["turn.00000009.end.json"]
+    assert busy.documents("orders").list() == ["batch.00000003.end.json"]
+
+
+@pytest.mark.parametrize(("series", "number", "part"), [("Turn", 1, "end"), ("turn", -1, "end"), ("turn", 1, "stop")])
+def test_an_activity_document_name_retention_would_not_read_is_refused(series: str, number: int, part: str) -> None:
+    with pytest.raises(ValueError, match="Not an activity document"):
+        activity_document_name(series, number, part)

@@ -1,4 +1,4 @@
-"""The operator's view of a store: `find_objects`, `delete_objects` and `turn_times`, relative to the store's scope."""
+"""The operator's view of a store: `find_objects`, `delete_objects`, `activity_times`, relative to the store's scope."""
 
 import json
 from datetime import UTC, datetime
@@ -47,12 +47,12 @@ def test_delete_objects_refuses_paths_that_could_leave_the_scope(store: FsspecTo
     assert chat.find_objects() == {kept: 1}  # refused as a whole: nothing was deleted
 
 
-def test_turn_times_reads_what_each_turn_says(store: FsspecToolResultStore) -> None:
+def test_activity_times_reads_what_each_turn_says(store: FsspecToolResultStore) -> None:
     history = store.for_session("acme", "chat-1").documents("history")
     ended = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
     history.put("turn.00000001.end.json", json.dumps({"ended_at": ended.isoformat()}).encode())
     history.put("turn.00000002.start.json", b"not json")
-    times = store.turn_times(
+    times = store.activity_times(
         [
             "acme/chat-1/.history/turn.00000001.end.json",
             "acme/chat-1/.history/turn.00000002.start.json",

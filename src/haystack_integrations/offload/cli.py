@@ -1,8 +1,10 @@
 """
-The ``offload-haystack`` command line.
+The ``offload-haystack`` command line: the operator commands ``ls``, ``cat``, ``du``, ``purge``, ``audit`` and
+``doctor`` over any store URL, and the commands other distributions add (the reference app's ``demo`` and ``serve``).
 
-``demo`` and ``serve``, and the operator commands ``ls``, ``cat``, ``du``, ``purge``, ``audit`` and ``doctor`` over
-any store URL. The logic lives in `demo`, `server` and `operations`; this module only parses arguments and prints.
+The logic lives in `operations`; this module parses arguments and prints. A distribution adds a command through the
+``offload_haystack.commands`` entry point group: each entry names a function that takes the subcommand parsers and
+adds one (with ``set_defaults(handler=...)``), using the helpers below for the store and S3 arguments.
 """
 
 import argparse
@@ -13,26 +15,18 @@ import itertools
 import json
 import os
 import re
-import secrets
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
+from importlib.metadata import entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 from haystack_integrations.offload.errors import OffloadError, StoragePermissionError
-from haystack_integrations.offload.server.scripted_model import SCRIPTED_MODEL_LABEL
 
-if TYPE_CHECKING:
-    from haystack_integrations.offload.demo.runner import DemoReport
-
-DEFAULT_DEMO_STORE = "./offload-demo-results"
-DEMO_TENANTS = ("acme", "globex")
-MAX_DEMO_SESSIONS = 1000
-"""Sessions per tenant the demo runs at most: they all run at once, in this process."""
 EXIT_FAILED_CHECKS = 1
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -45,6 +39,8 @@ S3_ENVIRONMENT = {
 """Where each S3 flag's default comes from, first set variable first (the service-specific endpoint before the global
 one, as the AWS CLI reads them)."""
 ENGINES = ("auto", "fsspec", "obstore")
+COMMANDS_GROUP = "offload_haystack.commands"
+"""The entry point group through which other distributions add commands (the reference app: ``demo``, ``serve``)."""
 PROGRESS_DELAY = 1.0
 """Seconds a listing runs before its progress line appears on a terminal (with ``--progress``: at once)."""
 PROGRESS_INTERVAL = 0.5
@@ -64,7 +60,10 @@ class _Parser(argparse.ArgumentParser):
     """argparse with its errors on one line (argparse prints the usage first), exiting 2 as argparse does."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_ERROR, f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)\n")
+        hint = f"see {self.prog} --help"
+        if message.startswith("argument command: invalid choice: ") and ("'demo'" in message or "'serve'" in message):
+            hint = "demo and serve come with the reference app: pip install ./app from a checkout"
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {_one_line(message)} ({hint})\n")
 
 
 def _one_line(text: str) -> str:
@@ -74,7 +73,7 @@ def _one_line(text: str) -> str:
 # Shared helpers
 
 
-def _options(text: str | None) -> dict[str, Any] | None:
+def parse_storage_options(text: str | None) -> dict[str, Any] | None:
     if not text:
         return None
     try:
@@ -90,7 +89,7 @@ def _is_s3(url: str) -> bool:
     return "://" in url and url.split("://", 1)[0].lower() in S3_PROTOCOLS
 
 
-def _s3_choices(arguments: argparse.Namespace, url: str) -> dict[str, tuple[str, str]]:
+def s3_choices(arguments: argparse.Namespace, url: str) -> dict[str, tuple[str, str]]:
     """
     The S3 flags given, else their defaults from the environment, each with where it came from.
 
@@ -125,7 +124,7 @@ def _s3_choices(arguments: argparse.Namespace, url: str) -> dict[str, tuple[str,
     return chosen
 
 
-def _applied(options: dict[str, Any], chosen: dict[str, tuple[str, str]]) -> dict[str, str]:
+def applied_s3_choices(options: dict[str, Any], chosen: dict[str, tuple[str, str]]) -> dict[str, str]:
     """The S3 choices that apply over s3fs storage options: a flag over what is there, a variable only into a gap."""
     present = {
         "endpoint_url": "endpoint_url" in options,
@@ -136,8 +135,8 @@ def _applied(options: dict[str, Any], chosen: dict[str, tuple[str, str]]) -> dic
 
 
 def _with_s3(options: dict[str, Any], chosen: dict[str, tuple[str, str]]) -> dict[str, Any]:
-    """Put the S3 choices into s3fs storage options (see `_applied`); the region goes into ``client_kwargs``."""
-    applied = _applied(options, chosen)
+    """Put the S3 choices into s3fs storage options (`applied_s3_choices`); the region goes into ``client_kwargs``."""
+    applied = applied_s3_choices(options, chosen)
     region = applied.pop("region", None)
     merged = {**options, **applied}
     if region is not None:
@@ -145,7 +144,7 @@ def _with_s3(options: dict[str, Any], chosen: dict[str, tuple[str, str]]) -> dic
     return merged
 
 
-def _storage_options(arguments: argparse.Namespace, url: str) -> dict[str, Any] | None:
+def storage_options_from(arguments: argparse.Namespace, url: str) -> dict[str, Any] | None:
     """
     ``--storage-options`` with the S3 flags over it and the AWS variables under it.
 
@@ -154,10 +153,10 @@ def _storage_options(arguments: argparse.Namespace, url: str) -> dict[str, Any] 
     :returns: The store's fsspec options, or None when there are none.
     :raises CommandError: If the JSON is not an object, or an S3 flag or variable is malformed or misplaced.
     """
-    return _with_s3(_options(arguments.storage_options) or {}, _s3_choices(arguments, url)) or None
+    return _with_s3(parse_storage_options(arguments.storage_options) or {}, s3_choices(arguments, url)) or None
 
 
-def _whole_number(low: int, high: int | None = None) -> Callable[[str], int]:
+def whole_number(low: int, high: int | None = None) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -180,7 +179,7 @@ def _version() -> str:
         return "(not installed)"
 
 
-def _shown(url: str) -> str:
+def shown_url(url: str) -> str:
     return str(Path(url).resolve()) if "://" not in url else url
 
 
@@ -189,7 +188,7 @@ def _root(arguments: argparse.Namespace) -> Any:
 
     url: str = arguments.url
     engine: str = arguments.engine
-    options = _storage_options(arguments, url)
+    options = storage_options_from(arguments, url)
     if engine == "obstore":
         _check_obstore(url)
     try:
@@ -200,7 +199,7 @@ def _root(arguments: argparse.Namespace) -> Any:
     if "://" not in url or url.startswith("file://"):
         directory = url.removeprefix("file://")
         if not Path(directory).is_dir():
-            raise CommandError(f"No store at {_shown(directory)}: the directory does not exist.")
+            raise CommandError(f"No store at {shown_url(directory)}: the directory does not exist.")
     return root
 
 
@@ -227,7 +226,7 @@ def _show_progress(arguments: argparse.Namespace) -> bool | None:
     return chosen
 
 
-def _progress(total: int, unit: str, show: bool | None, description: str) -> Any:
+def progress_bar(total: int, unit: str, show: bool | None, description: str) -> Any:
     """
     A progress bar on standard error.
 
@@ -327,216 +326,17 @@ def _size(count: int) -> str:
     return f"{size:.1f} GB"  # the largest unit: a terabyte shows as 1024.0 GB
 
 
-def _print_json(value: Any) -> None:
+def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, default=str))
 
 
-def _table(rows: list[list[str]], header: list[str]) -> None:
+def print_table(rows: list[list[str]], header: list[str]) -> None:
     widths = [max(len(str(row[column])) for row in [header, *rows]) for column in range(len(header))]
     line = "  ".join(f"{title:<{widths[0]}}" if i == 0 else f"{title:>{widths[i]}}" for i, title in enumerate(header))
     print(line)
     print("-" * len(line))
     for row in rows:
         print("  ".join(f"{cell:<{widths[0]}}" if i == 0 else f"{cell:>{widths[i]}}" for i, cell in enumerate(row)))
-
-
-# demo
-
-
-def _demo(arguments: argparse.Namespace) -> int:
-    from haystack_integrations.offload.demo.runner import STEPS, demo_sessions, run_demo
-
-    store = arguments.store
-    options = _storage_options(arguments, store)
-    tenants = tuple(tenant.strip() for tenant in arguments.tenants.split(",") if tenant.strip())
-    if "://" not in store or store.startswith("file://"):
-        directory = Path(store.removeprefix("file://"))
-        if directory.exists() and not directory.is_dir():
-            raise CommandError(f"The demo's store {_shown(store)} is a file: give a directory (made if missing).")
-    # Every argument is checked before the banner: a bad one prints its error line and nothing else.
-    run_id = arguments.run_id if arguments.run_id is not None else secrets.token_hex(4)
-    demo_sessions(tenants, arguments.sessions, run_id)
-    if not arguments.json:
-        print(f"offload-haystack demo: {len(tenants)} tenants x {arguments.sessions} sessions, one shared Agent")
-        print(f"  model: {SCRIPTED_MODEL_LABEL}")
-        print(f"  store: {_shown(store)}")
-        print("  hooks: OffloadHook, OffloadCompactionHook, ApprovalHook (send_invoice asks a person)")
-    steps = len(tenants) * arguments.sessions * len(STEPS)
-    with _progress(steps, "step", False if arguments.json else None, "sessions") as bar:
-        report = run_demo(
-            store,
-            storage_options=options,
-            tenants=tenants,
-            sessions_per_tenant=arguments.sessions,
-            on_progress=lambda tenant, session, step: bar.update(1),
-            run_id=run_id,
-        )
-    if arguments.json:
-        figures = report.tenant_figures()
-        _print_json({"store": _shown(store), "model": SCRIPTED_MODEL_LABEL, "ok": report.ok, "tenants": figures})
-    else:
-        _demo_table(report, store)
-    if report.failures:
-        print("\nFAILED checks:", file=sys.stderr)
-        for failure in report.failures:
-            print(f"  {failure}", file=sys.stderr)
-        return EXIT_FAILED_CHECKS
-    if not arguments.json:
-        print(
-            "\nAll checks passed: every result is stored byte for byte in its own session, approved calls ran exactly "
-            "once and denied ones never, and no session could see another's results, approvals or messages."
-        )
-    return 0
-
-
-def _demo_table(report: "DemoReport", store: str) -> None:
-    rows = [
-        [
-            tenant["tenant"],
-            str(tenant["sessions"]),
-            f"{tenant['results_offloaded']} ({tenant['results_compacted']} by compaction)",
-            f"{tenant['bytes_stored']:,}",
-            f"{tenant['context_chars_saved']:,}",
-            f"{tenant['approvals_asked']}/{tenant['approvals_granted']}",
-            str(tenant["isolation_checks_passed"]),
-            "FAILED" if tenant["failures"] else "ok",
-        ]
-        for tenant in report.tenant_figures()
-    ]
-    print()
-    header = ["tenant", "sessions", "results offloaded", "bytes stored", "context chars saved"]
-    _table(rows, [*header, "approvals asked/granted", "isolation checks passed", "checks"])
-    print()
-    print("Where each tenant's results went:")
-    for tenant, outcomes in report.by_tenant().items():
-        print(f"  {_shown(store).rstrip('/')}/{tenant}/  ({', '.join(o.session for o in outcomes)})")
-
-
-# serve
-
-
-# The `ServerSettings` fields that serve's flags of the same names override (and --storage-options, parsed first).
-_SERVE_SETTINGS = ("store", "tokens_file", "model", "openai_base_url", "openai_model", "metrics_port", "metrics_host")
-
-
-def _serve(arguments: argparse.Namespace) -> int:
-    from haystack_integrations.offload.server._extra import SERVER_EXTRA_HINT
-
-    try:
-        import uvicorn
-
-        from haystack_integrations.offload.server.metrics_endpoint import WORKERS_VARIABLE
-        from haystack_integrations.offload.server.settings import ServerSettings
-    except ImportError as error:
-        raise CommandError(f"{SERVER_EXTRA_HINT} ({error})") from error
-    given = {name: getattr(arguments, name) for name in _SERVE_SETTINGS}
-    given["storage_options"] = _options(arguments.storage_options)
-    overrides = {name: value for name, value in given.items() if value is not None}
-    from pydantic import ValidationError
-
-    try:
-        settings = ServerSettings(**overrides)
-    except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in error.errors())
-        raise CommandError(f"Invalid server settings: {problems}") from error
-    settings = _serve_s3(settings, arguments)
-    metrics_line = _metrics_ports(settings, arguments)
-    _check_store(settings, arguments.workers)
-    settings.check_model()  # --model openai: one request to the endpoint; a ModelEndpointError (ValueError) is one line
-    settings.check_store()  # the store refuses a second exclusive create, or serve stops (ServerStartupError: one line)
-    base = f"http://{arguments.host}:{arguments.port}/"
-    made: dict[str, str] = {}
-    if not settings.tokens:
-        made = {secrets.token_urlsafe(24): tenant for tenant in DEMO_TENANTS}
-        settings = settings.model_copy(update={"tokens": made})
-    print(f"offload-haystack serve: {base}  ({arguments.workers} worker process(es))")
-    print(f"  model: {settings.model_label()}")
-    print(f"  store: {_shown(settings.store)}")
-    if metrics_line:
-        print(metrics_line)
-    if made:
-        print("  demo tokens, made for this run (set OFFLOAD_SERVER_TOKENS or --tokens-file to use your own):")
-        for token, tenant in made.items():
-            print(f"    {tenant:<8} {base}#token={token}")
-    sys.stdout.flush()
-    # Worker processes build their app from the environment, so every worker gets the same settings and tokens.
-    os.environ.update(settings.environment())
-    os.environ[WORKERS_VARIABLE] = str(arguments.workers)  # the length of the workers' range of metrics ports
-    uvicorn.run(
-        "haystack_integrations.offload.server.app:app_from_environment",
-        factory=True,
-        host=arguments.host,
-        port=arguments.port,
-        workers=arguments.workers,
-        log_level=arguments.log_level,
-        log_config=_log_config(arguments.log_level),
-    )
-    return 0
-
-
-def _metrics_ports(settings: Any, arguments: argparse.Namespace) -> str | None:
-    """
-    Check that every worker can have a metrics port of its own, apart from the API's; say where they are.
-
-    :returns: The line ``serve`` prints about them, or None when metrics are off.
-    """
-    first = settings.metrics_port
-    if first is None:
-        return None
-    last = first + arguments.workers - 1
-    if last > 65535:
-        raise CommandError(
-            f"--metrics-port {first} with --workers {arguments.workers} needs ports up to {last}: give a lower one."
-        )
-    if first <= arguments.port <= last:
-        raise CommandError(
-            f"--port {arguments.port} is one of the metrics ports {first}-{last} (one per worker): keep them apart."
-        )
-    ports = f"port {first}" if first == last else f"ports {first}-{last}, one per worker"
-    return f"  metrics: http://{settings.metrics_host}:{first}/metrics ({ports})"
-
-
-def _check_store(settings: Any, workers: int) -> None:
-    """
-    Stop before serving a store the server cannot use, in one line: one cheap request (a listing of one empty scope).
-
-    Otherwise a missing bucket or a wrong endpoint gives a server that answers every request 503, and ``memory://``
-    with several workers gives each worker a store of its own, so sessions would lose their history between requests.
-    """
-    if workers > 1 and str(settings.store).startswith("memory://"):
-        raise CommandError(
-            f"memory:// lives in one process, and --workers {workers} starts {workers}: each would have its own store. "
-            "Use a directory or s3:// for several workers."
-        )
-    from haystack_integrations.offload.stores import FsspecToolResultStore
-
-    try:
-        root = FsspecToolResultStore(settings.store, storage_options=settings.resolved_storage_options())
-        root.for_session("offload-haystack", "serve-check").list()
-    except Exception as error:
-        raise CommandError(f"Cannot use the store {_shown(settings.store)}: {error}") from error
-
-
-def _serve_s3(settings: Any, arguments: argparse.Namespace) -> Any:
-    # The server's own S3 settings (OFFLOAD_SERVER_S3_*) rank with --storage-options: below a flag, above AWS_*.
-    applied = _applied(settings.resolved_storage_options(), _s3_choices(arguments, settings.store))
-    fields = {"endpoint_url": "s3_endpoint_url", "region": "s3_region"}
-    update: dict[str, Any] = {fields[name]: value for name, value in applied.items() if name in fields}
-    if "profile" in applied:
-        update["storage_options"] = {**settings.storage_options, "profile": applied["profile"]}
-    return settings.model_copy(update=update) if update else settings
-
-
-def _log_config(level: str) -> dict[str, Any]:
-    from uvicorn.config import LOGGING_CONFIG
-
-    config: dict[str, Any] = json.loads(json.dumps(LOGGING_CONFIG))
-    config["loggers"]["haystack_integrations.offload.server"] = {
-        "handlers": ["default"],
-        "level": level.upper(),
-        "propagate": False,
-    }
-    return config
 
 
 # Operator commands
@@ -555,7 +355,7 @@ def _scan(arguments: argparse.Namespace, root: Any, tenant: str | None, session:
 def _scoped_url(url: str, tenant: str | None, session: str | None) -> str:
     """The store URL down to the tenant and session a listing is limited to, as its progress line and `ls` show it."""
     scope = "/".join(part for part in (tenant, session) if part)
-    return f"{_shown(url).rstrip('/')}/{scope + '/' if scope else ''}"
+    return f"{shown_url(url).rstrip('/')}/{scope + '/' if scope else ''}"
 
 
 def _ls(arguments: argparse.Namespace) -> int:
@@ -573,13 +373,13 @@ def _ls(arguments: argparse.Namespace) -> int:
             payload["listed_as"] = {"root": reading.root_url, "tenant": reading.tenant, "session": reading.session}
         if listing:
             payload["objects"] = [_listed_object(item) for item in objects]
-        _print_json(payload)
+        print_json(payload)
         return 0
     if reading is not None:
         what = f"session {reading.session!r} of tenant" if reading.session else "tenant"
         print(
-            f"listing {what} {reading.tenant!r} of root {_shown(reading.root_url)} (as a root, the URL holds nothing "
-            "of this library's; paths below are relative to that root)"
+            f"listing {what} {reading.tenant!r} of root {shown_url(reading.root_url)} (as a root, the URL holds "
+            "nothing of this library's; paths below are relative to that root)"
         )
     print(
         f"{_scoped_url(arguments.url, arguments.tenant, arguments.session)}  "
@@ -633,7 +433,7 @@ def _du(arguments: argparse.Namespace) -> int:
 
     found = usage(_scan(arguments, _root(arguments), arguments.tenant))
     if arguments.json:
-        _print_json(found.to_dict())
+        print_json(found.to_dict())
         return 0
     rows = []
     for tenant_name, tenant in sorted(found.tenants.items()):
@@ -641,7 +441,7 @@ def _du(arguments: argparse.Namespace) -> int:
         for session_name, session in sorted(tenant.sessions.items()):
             rows.append(_usage_row(f"  {session_name}", session))
     rows.append(_usage_row("total", found.total))
-    _table(rows, ["tenant / session", "results", "result bytes", "documents", "document bytes", "total"])
+    print_table(rows, ["tenant / session", "results", "result bytes", "documents", "document bytes", "total"])
     return 0
 
 
@@ -678,7 +478,7 @@ def _cat(arguments: argparse.Namespace) -> int:
     output = open(arguments.output, "wb") if arguments.output else sys.stdout.buffer  # noqa: SIM115 - closed below
     try:
         # Not while the bytes go to standard output: on a terminal, the bar would mix with them.
-        with _progress(max(stop - start, 0), "B", False if arguments.output is None else None, "cat") as bar:
+        with progress_bar(max(stop - start, 0), "B", False if arguments.output is None else None, "cat") as bar:
             for piece in pieces:
                 output.write(piece)
                 bar.update(len(piece))
@@ -738,7 +538,7 @@ def _cat_json(output: str | None, path: str, kind: str, total: int, start: int, 
             entry.update(encoding="utf-8", content=data.decode("utf-8"))
         except UnicodeDecodeError:
             entry.update(encoding="base64", content=base64.b64encode(data).decode("ascii"))
-    _print_json(entry)
+    print_json(entry)
     return 0
 
 
@@ -785,10 +585,10 @@ def _purge(arguments: argparse.Namespace) -> int:
     if plan.objects and not arguments.dry_run:
         if not arguments.yes and not _confirmed(f"Delete {len(plan.objects)} object(s)?"):
             raise CommandError("Nothing deleted: confirm with --yes (or preview with --dry-run).")
-        with _progress(len(plan.objects), "obj", _show_progress(arguments), "deleting") as bar:
+        with progress_bar(len(plan.objects), "obj", _show_progress(arguments), "deleting") as bar:
             summary["deleted"] = delete(root, plan.objects, on_batch=bar.update)
     if arguments.json:
-        _print_json(summary)
+        print_json(summary)
     elif arguments.dry_run:
         print("dry run: nothing was deleted")
     elif plan.objects:
@@ -806,9 +606,9 @@ def _doctor(arguments: argparse.Namespace) -> int:
         raise CommandError("Say which store to check: offload-haystack doctor --store URL.")
     report = run_conformance(_root(arguments))
     if arguments.json:
-        _print_json(report.to_dict())
+        print_json(report.to_dict())
         return report.exit_status
-    print(f"offload-haystack doctor: {_shown(report.store)} (engine {report.engine}), below {report.prefix}/")
+    print(f"offload-haystack doctor: {shown_url(report.store)} (engine {report.engine}), below {report.prefix}/")
     print()
     _doctor_table([[check.name, check.verdict.upper(), check.detail] for check in report.checks])
     counts = {verdict: sum(check.verdict == verdict for check in report.checks) for verdict in _VERDICTS}
@@ -842,7 +642,7 @@ def _audit(arguments: argparse.Namespace) -> int:
 
     events = read_audit(_root(arguments).for_session(arguments.tenant, arguments.session))
     if arguments.json:
-        _print_json([event.model_dump(mode="json") for event in events])
+        print_json([event.model_dump(mode="json") for event in events])
         return 0
     if not events:
         print(f"No approval events in {arguments.tenant}/{arguments.session}.")
@@ -857,7 +657,7 @@ def _audit(arguments: argparse.Namespace) -> int:
         ]
         for event in events
     ]
-    _table(rows, ["time (UTC)", "event", "actor", "tool", "detail"])
+    print_table(rows, ["time (UTC)", "event", "actor", "tool", "detail"])
     return 0
 
 
@@ -869,7 +669,7 @@ def _detail(detail: dict[str, Any]) -> str:
 # Parser
 
 
-def _s3_arguments(parser: argparse.ArgumentParser) -> None:
+def add_s3_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("S3", "for s3:// stores; each defaults to the environment, as in the AWS CLI")
     group.add_argument(
         "--endpoint-url",
@@ -888,7 +688,7 @@ def _store_arguments(parser: argparse.ArgumentParser, *, url_flag: bool = False)
         parser.add_argument("url", help=where)
     parser.add_argument("--storage-options", help='fsspec options as JSON, e.g. {"endpoint_url": "http://..."}')
     parser.add_argument("--json", action="store_true", help="print JSON for scripts instead of text")
-    _s3_arguments(parser)
+    add_s3_arguments(parser)
     parser.add_argument(
         "--engine",
         choices=ENGINES,
@@ -921,44 +721,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     :returns: The parser (its errors are one line on standard error and exit 2).
     """
-    parser = _Parser(prog="offload-haystack", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="offload-haystack", description="Look after offload-haystack stores, on any store URL.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="command")
 
-    demo = commands.add_parser("demo", help="run a scripted multi-tenant demo against an embedded store")
-    demo.add_argument("--store", default=DEFAULT_DEMO_STORE, help="store URL or directory (default: %(default)s)")
-    demo.add_argument("--storage-options", help="fsspec storage options as JSON, e.g. an S3 endpoint_url")
-    demo.add_argument("--tenants", default="acme,globex,initech", help="comma-separated tenant ids")
-    demo.add_argument(
-        "--sessions",
-        type=_whole_number(1, MAX_DEMO_SESSIONS),
-        default=4,
-        help=f"concurrent sessions per tenant, 1 to {MAX_DEMO_SESSIONS} (default: %(default)s)",
-    )
-    demo.add_argument("--run-id", help="name the sessions chat-<run-id>-<n> (default: random, so runs never mix)")
-    demo.add_argument("--json", action="store_true", help="print the per-tenant figures as JSON")
-    _s3_arguments(demo)
-    demo.set_defaults(handler=_demo)
-
-    serve = commands.add_parser("serve", help="run the reference multi-tenant server and its web page")
-    serve.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: %(default)s)")
-    serve.add_argument("--port", type=_whole_number(1, 65535), default=8000, help="port (default: %(default)s)")
-    serve.add_argument("--workers", type=_whole_number(1), default=1, help="worker processes (default: %(default)s)")
-    serve.add_argument("--store", help="store URL (default: $OFFLOAD_SERVER_STORE or ./offload-server-results)")
-    serve.add_argument("--storage-options", help="fsspec storage options as JSON")
-    serve.add_argument("--tokens-file", help="JSON file of bearer token -> tenant (default: demo tokens)")
-    serve.add_argument("--model", choices=["scripted", "openai"], help="scripted (default) or an OpenAI-compatible API")
-    serve.add_argument("--openai-base-url", help="OpenAI-compatible endpoint (key: $OFFLOAD_SERVER_OPENAI_API_KEY)")
-    serve.add_argument("--openai-model", help="model name at that endpoint")
-    serve.add_argument(
-        "--metrics-port",
-        type=_whole_number(1, 65535),
-        help="serve GET /metrics from this port on, one port per worker (default: $OFFLOAD_SERVER_METRICS_PORT; none)",
-    )
-    serve.add_argument("--metrics-host", help="interface of the metrics ports (default: 127.0.0.1)")
-    serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
-    _s3_arguments(serve)
-    serve.set_defaults(handler=_serve)
+    for entry in sorted(entry_points(group=COMMANDS_GROUP), key=lambda entry: entry.name):
+        try:
+            add_command = entry.load()
+        except ImportError as error:  # a broken install of another distribution must not take the operator commands
+            print(f"offload-haystack: warning: command {entry.name!r} did not load: {error}", file=sys.stderr)
+            continue
+        add_command(commands)
     _add_operator_commands(commands)
     return parser
 
@@ -989,8 +762,8 @@ def _add_operator_commands(commands: Any) -> None:
     cat.add_argument("reference", help="tenant/session/name as `ls` prints it, or a name with --tenant and --session")
     cat.add_argument("--tenant")
     cat.add_argument("--session")
-    cat.add_argument("--offset", type=_whole_number(0, 2**63 - 1), default=0, help="first byte (default: 0)")
-    cat.add_argument("--length", type=_whole_number(0, 2**63 - 1), help="bytes to print (default: to the end)")
+    cat.add_argument("--offset", type=whole_number(0, 2**63 - 1), default=0, help="first byte (default: 0)")
+    cat.add_argument("--length", type=whole_number(0, 2**63 - 1), help="bytes to print (default: to the end)")
     cat.add_argument("-o", "--output", help="write the bytes to this file instead of standard output")
 
     purge = _operator(commands, "purge", _purge, help="delete a session, a tenant, or results older than an age")

@@ -107,10 +107,10 @@ def select_older_than(
     cutoff = now - age
     listed = list(objects)
     chosen = [item for item in listed if item.kind in ("result", "document")]
-    # Paths relative to the root, as the store names them (`find_objects`, `turn_times`).
+    # Paths relative to the root, as the store names them (`find_objects`, `activity_times`).
     idle = IdleSessions({item.path: item.size for item in chosen}, "", scope=(), cutoff=lambda tenant: cutoff, now=now)
     if root is not None:
-        idle.dated(root.turn_times(idle.to_read()))
+        idle.dated(root.activity_times(idle.to_read()))
     documents = set(idle.documents())
     return PurgePlan(
         [

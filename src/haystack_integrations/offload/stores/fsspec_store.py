@@ -48,7 +48,7 @@ from haystack_integrations.offload.stores.retention import (
     Retention,
     check_age,
     document_paths,
-    read_turn_times_async,
+    read_activity_times_async,
 )
 from haystack_integrations.offload.stores.retry import RetryPolicy, RetryStats, retried, s3_client_options
 from haystack_integrations.offload.stores.s3fs_io import s3_io_with_loop_clients
@@ -740,7 +740,7 @@ class FsspecToolResultStore(ToolResultStore):
         paths = self._purge_paths(found, older_than, expired)
         idle = self._idle_sessions(found, older_than, expired)
         if idle is not None:
-            idle.dated(await read_turn_times_async(self._handle.request, idle.to_read()))
+            idle.dated(await read_activity_times_async(self._handle.request, idle.to_read()))
             paths += idle.documents()
         doomed = paths + _stale_temporaries(found, temporary_grace)  # temporaries are removed, not counted
         try:
@@ -845,9 +845,9 @@ class FsspecToolResultStore(ToolResultStore):
         finally:
             self._handle.invalidate(self._scope)
 
-    def turn_times(self, paths: Iterable[str]) -> dict[str, datetime | None]:
+    def activity_times(self, paths: Iterable[str]) -> dict[str, datetime | None]:
         """
-        Read history turn documents (relative paths, as `find_objects` names them) and the time each says.
+        Read activity documents (relative paths, as `find_objects` names them) and the time each says.
 
         For purges that keep a session's documents while its conversation is active (`retention.IdleSessions`).
 
@@ -856,13 +856,13 @@ class FsspecToolResultStore(ToolResultStore):
         :raises ValueError: If a path is not relative (see `delete_objects`).
         :raises StorageError: If the backend fails.
         """
-        return self._run_sync(self.turn_times_async, paths)
+        return self._run_sync(self.activity_times_async, paths)
 
-    async def turn_times_async(self, paths: Iterable[str]) -> dict[str, datetime | None]:
-        """Async `turn_times`."""
+    async def activity_times_async(self, paths: Iterable[str]) -> dict[str, datetime | None]:
+        """Async `activity_times`."""
         relative = [_checked_relative(path) for path in paths]
         base = self._scope_path()
-        times = await read_turn_times_async(self._handle.request, [f"{base}/{path}" for path in relative])
+        times = await read_activity_times_async(self._handle.request, [f"{base}/{path}" for path in relative])
         return {path: times[f"{base}/{path}"] for path in relative}
 
     # Lifecycle and serialization

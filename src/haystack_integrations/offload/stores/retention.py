@@ -3,6 +3,11 @@ Retention: how long results stay readable (per store, overridable per tenant), a
 
 Expiry is read from the creation time in each result's name, so it costs no request; session documents go by whole
 sessions, judged by each session's newest activity. `end_session` deletes a session's results at once.
+
+Documents tell their time in their names (audit events) or, numbered, in their content: an *activity document*
+(`activity_document_name`, e.g. ``turn.00000007.end.json``) says when its step began or ended in ``started_at`` /
+``ended_at``, and the newest of each series is read to date its session. Any layer can keep such a series
+(`sessions.history` does); retention knows the convention, not who follows it.
 """
 
 from __future__ import annotations
@@ -28,11 +33,10 @@ from haystack_integrations.offload.stores.translate import storage_errors
 if TYPE_CHECKING:
     from haystack_integrations.offload.stores.io import Requests
 
-HISTORY_NAMESPACE = "history"
-"""The namespace of the reference server's conversation history (`server.history`), dated by reading its newest turn."""
-_TURN_NAME = re.compile(r"turn\.(?P<turn>\d{8})\.(?P<part>start|end)\.json")
+ACTIVITY_DOCUMENT = re.compile(r"(?P<series>[a-z][a-z0-9_-]*)\.(?P<number>\d{8})\.(?P<part>start|end)\.json")
+"""The name of an activity document: a series, the step's number, and whether it records the step's start or end."""
 _NAME_STAMP = re.compile(r"(?<![0-9])(?P<stamp>\d{8}T\d{12})Z")
-# Newest-turn documents read at once when dating sessions for a purge.
+# Newest activity documents read at once when dating sessions for a purge.
 _CONCURRENT_READS = 16
 DEFAULT_CLOCK_SKEW = timedelta(minutes=5)
 """How far writers' clocks may be off, by default: NTP keeps servers within a second; this covers a drifting one."""
@@ -211,7 +215,7 @@ def name_time(name: str) -> datetime | None:
     The time an object's name carries: a result's creation, an audit event's.
 
     :param name: An object name (a result's, or a document's within its namespace).
-    :returns: The time, or None if the name carries none (numbered documents: history turns, approval records).
+    :returns: The time, or None if the name carries none (numbered documents: activity documents, approval records).
     """
     parsed = parse_object_name(name)
     if parsed is not None:
@@ -225,11 +229,27 @@ def name_time(name: str) -> datetime | None:
         return None
 
 
-def turn_time(data: bytes) -> datetime | None:
+def activity_document_name(series: str, number: int, part: str) -> str:
     """
-    When a history turn document says its turn ended (or, for a start, began).
+    The name of an activity document, which retention reads to date its session (see the module docstring).
 
-    :param data: The document: a turn's end (``ended_at``) or start (``started_at``).
+    :param series: What the documents record, e.g. ``"turn"`` (lowercase letters, digits, ``_`` and ``-``).
+    :param number: The step's number in its series, from 0 to 99,999,999.
+    :param part: ``"start"`` (its JSON says ``started_at``) or ``"end"`` (``ended_at``).
+    :returns: ``<series>.<number, 8 digits>.<part>.json``.
+    :raises ValueError: If the name would not be one retention recognises.
+    """
+    name = f"{series}.{number:08d}.{part}.json"
+    if not 0 <= number <= 99_999_999 or ACTIVITY_DOCUMENT.fullmatch(name) is None:
+        raise ValueError(f"Not an activity document: series {series!r}, number {number}, part {part!r}.")
+    return name
+
+
+def activity_time(data: bytes) -> datetime | None:
+    """
+    When an activity document says its step ended (or, for a start, began).
+
+    :param data: The document: a step's end (``ended_at``) or start (``started_at``).
     :returns: The time, or None if the document says neither.
     """
     try:
@@ -246,8 +266,8 @@ class _Session:
     documents: builtins.list[str] = field(default_factory=builtins.list)
     moments: builtins.list[datetime] = field(default_factory=builtins.list)
     """The times its object names carry (writers' clocks)."""
-    turns: dict[str, tuple[int, str]] = field(default_factory=dict)
-    """History turn documents: path -> (turn, part)."""
+    activity: dict[str, tuple[str, int, str]] = field(default_factory=dict)
+    """Activity documents: path -> (namespace/series, number, part)."""
 
     def saw(self, moment: datetime | None) -> None:
         if moment is not None:
@@ -257,23 +277,26 @@ class _Session:
         # A time past `believable` is a clock far ahead (or a planted name): it must not keep the session for ever.
         return max((moment for moment in self.moments if moment <= believable), default=None)
 
-    def newest_turn(self) -> str | None:
-        # The newest turn's end if it has one (it ended after it started), else its start (a turn still running).
-        if not self.turns:
-            return None
-        return max(self.turns, key=lambda path: (self.turns[path][0], self.turns[path][1] == "end"))
+    def newest_activity(self) -> builtins.list[str]:
+        # Per series, the newest step's end if it has one (it ended after it started), else its start (still running).
+        newest: dict[str, tuple[int, bool, str]] = {}
+        for path, (series, number, part) in self.activity.items():
+            rank = (number, part == "end", path)
+            if series not in newest or rank > newest[series]:
+                newest[series] = rank
+        return sorted(path for _, _, path in newest.values())
 
 
 class IdleSessions:
     """
     Which sessions of one listing have been inactive since a cutoff, so that their documents go whole.
 
-    Build it from a listing, read the documents `to_read` names (`FsspecToolResultStore.turn_times`), then take
+    Build it from a listing, read the documents `to_read` names (`FsspecToolResultStore.activity_times`), then take
     `documents()`.
 
     ```python
     idle = IdleSessions(store.find_objects(), "", scope=("acme",), cutoff=lambda tenant: now - timedelta(days=30))
-    idle.dated(store.turn_times(idle.to_read()))
+    idle.dated(store.activity_times(idle.to_read()))
     paths = idle.documents()
     ```
     """
@@ -317,9 +340,10 @@ class IdleSessions:
                 continue
             session = self._sessions.setdefault(key, _Session())
             session.documents.append(path)
-            turn = _TURN_NAME.fullmatch(placed.name) if placed.namespace == HISTORY_NAMESPACE else None
-            if turn is not None:
-                session.turns[path] = (int(turn["turn"]), turn["part"])
+            activity = ACTIVITY_DOCUMENT.fullmatch(placed.name)
+            if activity is not None:
+                series = f"{placed.namespace}/{activity['series']}"
+                session.activity[path] = (series, int(activity["number"]), activity["part"])
             else:
                 session.saw(name_time(placed.name))
 
@@ -329,8 +353,8 @@ class IdleSessions:
 
     def to_read(self) -> builtins.list[str]:
         """
-        :returns: The history documents to read: the newest turn of each session with documents whose names do not
-            already show it active after its cutoff.
+        :returns: The activity documents to read: the newest of each series, in each session with documents whose
+            names do not already show it active after its cutoff.
         """
         paths = []
         for (tenant, _), session in self._sessions.items():
@@ -340,21 +364,19 @@ class IdleSessions:
             newest = session.newest(self._believable(cutoff))
             if newest is not None and newest >= cutoff:
                 continue
-            newest_turn = session.newest_turn()
-            if newest_turn is not None and newest_turn not in self._times:
-                paths.append(newest_turn)
+            paths.extend(path for path in session.newest_activity() if path not in self._times)
         return paths
 
     def dated(self, times: Mapping[str, datetime | None]) -> None:
         """
-        :param times: What `turn_times` found for (some of) the paths `to_read` named.
+        :param times: What `activity_times` found for (some of) the paths `to_read` named.
         """
         self._times.update(times)
 
     def documents(self) -> builtins.list[str]:
         """
         :returns: Every document of every session whose newest activity is older than its cutoff. A session whose
-            newest turn was not read, or whose age cannot be told, is kept.
+            newest activity documents were not all read, or whose age cannot be told, is kept.
         """
         paths = []
         for (tenant, _), session in self._sessions.items():
@@ -363,21 +385,21 @@ class IdleSessions:
                 continue
             believable = self._believable(cutoff)
             newest = session.newest(believable)
-            newest_turn = session.newest_turn()
-            if newest_turn is not None:
-                if newest_turn not in self._times:
-                    continue
-                turn = self._times[newest_turn]
-                if turn is not None and turn <= believable and (newest is None or turn > newest):
-                    newest = turn
+            activity = session.newest_activity()
+            if any(path not in self._times for path in activity):
+                continue
+            for path in activity:
+                moment = self._times[path]
+                if moment is not None and moment <= believable and (newest is None or moment > newest):
+                    newest = moment
             if newest is not None and newest < cutoff:
                 paths.extend(session.documents)
         return paths
 
 
-async def read_turn_times_async(request: Requests, paths: Iterable[str]) -> dict[str, datetime | None]:
+async def read_activity_times_async(request: Requests, paths: Iterable[str]) -> dict[str, datetime | None]:
     """
-    Read history turn documents and the time each says (a few at once).
+    Read activity documents and the time each says (a few at once).
 
     :param request: How the store sends an engine call.
     :param paths: The documents' full paths.
@@ -389,8 +411,8 @@ async def read_turn_times_async(request: Requests, paths: Iterable[str]) -> dict
     async def one(path: str) -> datetime | None:
         async with limit:
             try:
-                with storage_errors("read a history document", reference=path):
-                    return turn_time(await request("get", path, lambda io: io.get_async(path)))
+                with storage_errors("read an activity document", reference=path):
+                    return activity_time(await request("get", path, lambda io: io.get_async(path)))
             except ResultNotFoundError:
                 return None
 
