@@ -596,7 +596,7 @@ RETRYABLE = {
     "TurnAbandonedError",
     "ApprovalPendingConflict",
     "NothingToResumeError",
-    "AlreadyDecidedError",
+    "ApprovalAlreadyDecidedError",
     "RunFailedError",
     "ResumeInterruptedError",  # as the cause of a 502: the calls ran, continuing failed (retried by resume)
 }
@@ -707,7 +707,7 @@ class Client:
                                 reason=None if approve else "not approved",
                             )
                         except RemoteError as error:
-                            if error.type != "AlreadyDecidedError":
+                            if error.type != "ApprovalAlreadyDecidedError":
                                 raise
                             continue  # an earlier try whose answer was lost had recorded it
                         if (outcome["resumed"] is not None or outcome["elsewhere"]) and waiting_since is not None:

@@ -119,12 +119,9 @@ SUBPACKAGE_NAMES = {
         "usage",
     ],
     "sessions": [
-        "AlreadyDecidedError",
-        "ApprovalExpiredConflict",
         "ApprovalPendingConflict",
         "ChatService",
         "DecisionOutcome",
-        "InvalidDecisionError",
         "InvalidMessageError",
         "NotFoundError",
         "NothingToResumeError",

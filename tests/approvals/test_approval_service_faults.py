@@ -24,9 +24,10 @@ from test_approval_composition import (
 )
 
 from haystack_integrations.offload import FsspecToolResultStore, RetryPolicy
+from haystack_integrations.offload.approvals import ApprovalAlreadyDecidedError
 from haystack_integrations.offload.approvals.ledger import ApprovalLedger
 from haystack_integrations.offload.errors import StorageUnavailableError
-from haystack_integrations.offload.sessions.errors import AlreadyDecidedError, ApprovalPendingConflict, RunFailedError
+from haystack_integrations.offload.sessions.errors import ApprovalPendingConflict, RunFailedError
 from haystack_integrations.offload.sessions.history import SessionBusyError, SessionHistory
 from haystack_integrations.offload.sessions.service import ChatService
 from haystack_integrations.offload.testing.faults import Fault, FaultPlan, FaultProxy, ProxiedRequest
@@ -302,9 +303,9 @@ async def test_the_same_decision_again_continues_a_step_whose_resume_failed(
     finally:
         failing.armed = False
     # Another verdict, or other arguments, is a conflict: the decision stands, and nothing runs.
-    with pytest.raises(AlreadyDecidedError):
+    with pytest.raises(ApprovalAlreadyDecidedError):
         await service.decide(faulty_session, request.request_id, approved=False)
-    with pytest.raises(AlreadyDecidedError):
+    with pytest.raises(ApprovalAlreadyDecidedError):
         await service.decide(faulty_session, request.request_id, approved=True)  # the unedited arguments
     assert ran(ledger) == []
     # The same decision again continues the held step: the approved call runs, once, with the edited arguments.
@@ -314,7 +315,7 @@ async def test_the_same_decision_again_continues_a_step_whose_resume_failed(
     assert ran(ledger) == [("invoice", "a:4")]
     assert not (await service.transcript(faulty_session)).resumable
     # Once the step is finished, even the same decision is a conflict: nothing runs twice.
-    with pytest.raises(AlreadyDecidedError):
+    with pytest.raises(ApprovalAlreadyDecidedError):
         await service.decide(faulty_session, request.request_id, approved=True, arguments=edited)
     assert ran(ledger) == [("invoice", "a:4")]
 
@@ -336,7 +337,7 @@ async def test_the_same_denial_again_continues_the_step_without_running_the_call
     with pytest.raises(RunFailedError):
         await service.decide(session, request.request_id, approved=False, reason="No.")
     monkeypatch.setattr(ApprovalLedger, "claim_step_async", real_claim)
-    with pytest.raises(AlreadyDecidedError):
+    with pytest.raises(ApprovalAlreadyDecidedError):
         await service.decide(session, request.request_id, approved=True)
     again = await service.decide(session, request.request_id, approved=False, reason="Still no.")
     assert again.resumed is not None and [o.outcome for o in again.resumed.approval_outcomes] == ["denied"]

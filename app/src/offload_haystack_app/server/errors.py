@@ -1,10 +1,12 @@
 """How the HTTP API answers what `ChatService` refuses (`ERROR_STATUSES`, `error_status`), storage failures included."""
 
+from haystack_integrations.offload.approvals import (
+    ApprovalAlreadyDecidedError,
+    ApprovalExpiredError,
+    InvalidApprovalEditError,
+)
 from haystack_integrations.offload.errors import StorageError, StoragePermissionError
 from haystack_integrations.offload.sessions.errors import (
-    AlreadyDecidedError,
-    ApprovalExpiredConflict,
-    InvalidDecisionError,
     InvalidMessageError,
     NotFoundError,
     NothingToResumeError,
@@ -17,9 +19,9 @@ ERROR_STATUSES: dict[type[Exception], tuple[int, str]] = {
     SessionBusyError: (409, "session_busy"),
     TurnAbandonedError: (409, "session_busy"),
     NothingToResumeError: (409, "nothing_to_resume"),
-    AlreadyDecidedError: (409, "already_decided"),
-    ApprovalExpiredConflict: (409, "approval_expired"),
-    InvalidDecisionError: (422, "invalid_decision"),
+    ApprovalAlreadyDecidedError: (409, "already_decided"),
+    ApprovalExpiredError: (409, "approval_expired"),
+    InvalidApprovalEditError: (422, "invalid_decision"),
     InvalidMessageError: (422, "invalid_message"),
     RunFailedError: (502, "run_failed"),
 }

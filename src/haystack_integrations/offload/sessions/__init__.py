@@ -12,10 +12,7 @@ from lazy_imports import LazyImporter
 
 _import_structure = {
     "errors": [
-        "AlreadyDecidedError",
-        "ApprovalExpiredConflict",
         "ApprovalPendingConflict",
-        "InvalidDecisionError",
         "InvalidMessageError",
         "NotFoundError",
         "NothingToResumeError",
@@ -27,10 +24,7 @@ _import_structure = {
 }
 
 if TYPE_CHECKING:
-    from .errors import AlreadyDecidedError as AlreadyDecidedError
-    from .errors import ApprovalExpiredConflict as ApprovalExpiredConflict
     from .errors import ApprovalPendingConflict as ApprovalPendingConflict
-    from .errors import InvalidDecisionError as InvalidDecisionError
     from .errors import InvalidMessageError as InvalidMessageError
     from .errors import NotFoundError as NotFoundError
     from .errors import NothingToResumeError as NothingToResumeError

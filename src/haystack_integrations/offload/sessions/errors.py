@@ -6,10 +6,7 @@ from haystack_integrations.offload.errors import OffloadError
 from haystack_integrations.offload.sessions.history import SessionBusyError, TurnAbandonedError
 
 __all__ = [
-    "AlreadyDecidedError",
-    "ApprovalExpiredConflict",
     "ApprovalPendingConflict",
-    "InvalidDecisionError",
     "InvalidMessageError",
     "NotFoundError",
     "NothingToResumeError",
@@ -45,15 +42,3 @@ class RunFailedError(OffloadError, RuntimeError):
 
 class InvalidMessageError(OffloadError, ValueError):
     """The message is empty or too long."""
-
-
-class InvalidDecisionError(OffloadError, ValueError):
-    """The decision cannot be recorded: edited arguments fail the tool's schema, or it names another tool."""
-
-
-class ApprovalExpiredConflict(OffloadError, ValueError):
-    """The approval request expired before it was decided; resume the session to tell the model."""
-
-
-class AlreadyDecidedError(OffloadError, FileExistsError):
-    """The approval request already has a decision; decisions are made once."""

@@ -21,7 +21,6 @@ from haystack_integrations.offload.approvals import (
     ApprovalAlreadyDecidedError,
     ApprovalClaimedError,
     ApprovalDecision,
-    ApprovalExpiredError,
     ApprovalNotFoundError,
     ApprovalPendingError,
     ApprovalRequest,
@@ -49,10 +48,7 @@ from haystack_integrations.offload.errors import InvalidReferenceError, ResultNo
 from haystack_integrations.offload.hooks.pointers import OFFLOADED_META_KEY
 from haystack_integrations.offload.operations.inventory import classify
 from haystack_integrations.offload.sessions.errors import (
-    AlreadyDecidedError,
-    ApprovalExpiredConflict,
     ApprovalPendingConflict,
-    InvalidDecisionError,
     InvalidMessageError,
     NotFoundError,
     NothingToResumeError,
@@ -371,32 +367,28 @@ class ChatService:
             requests pending, or whose step another request resumes, publishes no run events to it.
         :returns: The decision and what followed.
         :raises NotFoundError: If this session has no such request (whether or not another session has).
-        :raises ApprovalExpiredConflict: If the request expired.
-        :raises AlreadyDecidedError: If it already has another decision (another verdict or other arguments), or its
-            step is finished. The same decision again, while its step is still open (a resume that failed), continues
-            the step instead, as the first answer would have.
-        :raises InvalidDecisionError: If the edit is invalid or the decision is malformed.
+        :raises ApprovalExpiredError: If the request expired.
+        :raises ApprovalAlreadyDecidedError: If it already has another decision (another verdict or other
+            arguments), or its step is finished. The same decision again, while its step is still open (a resume that
+            failed), continues the step instead, as the first answer would have.
+        :raises InvalidApprovalEditError: If the edit is invalid or the decision is malformed.
         """
         try:
             decision = (
                 Decision.approve(arguments, by=actor, reason=reason) if approved else Decision.deny(reason, by=actor)
             )
-        except ValueError as error:
-            raise InvalidDecisionError(str(error)) from error
+        except ValueError as error:  # pydantic's ValidationError: e.g. a denial that carries arguments
+            raise InvalidApprovalEditError(str(error)) from error
         try:
             record = await decide_async(store, request_id, decision, ttl=self.approval_ttl)
         except ApprovalNotFoundError as error:
             raise NotFoundError(NOT_FOUND_APPROVAL) from error
-        except ApprovalExpiredError as error:
-            raise ApprovalExpiredConflict(str(error)) from error
         except ApprovalAlreadyDecidedError as error:
             if not error.repeated or not await self._decided_step_open(store, error.recorded):
-                raise AlreadyDecidedError(str(error)) from error
+                raise
             # The same decision again, while its step is still open: its first answer failed while resuming (or never
             # arrived). Continue the step as that answer would have; the resume's claims keep every call to one run.
             record = error.recorded
-        except InvalidApprovalEditError as error:
-            raise InvalidDecisionError(str(error)) from error
         pending = await pending_approvals_async(store)
         if pending:
             return DecisionOutcome(decision=record, pending=pending, resumed=None)

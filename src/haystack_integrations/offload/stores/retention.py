@@ -356,7 +356,7 @@ class IdleSessions:
         :returns: The activity documents to read: the newest of each series, in each session with documents whose
             names do not already show it active after its cutoff.
         """
-        paths = []
+        paths: builtins.list[str] = []
         for (tenant, _), session in self._sessions.items():
             cutoff = self._cutoff(tenant)
             if not session.documents or cutoff is None:
