@@ -233,8 +233,10 @@ def session_plans(count: int, run: str) -> list[SessionPlan]:
 
 
 def _s3_process(connection: Connection, server_kind: str) -> None:
-    from haystack_integrations.offload.testing.ceph_rgw import CephRGWServer
+    # The Ceph launcher is a test rig of ours (tests/support/), not part of the library.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from haystack_integrations.offload.testing.local_s3 import LocalS3Server
+    from support.ceph_rgw import CephRGWServer
 
     server_class = CephRGWServer if server_kind == "rgw" else LocalS3Server
     with server_class(bucket=BUCKET) as server:

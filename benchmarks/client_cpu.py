@@ -40,9 +40,11 @@ import contextlib
 import os
 import random
 import statistics
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import obstore
@@ -199,7 +201,9 @@ async def one_round(contender: Contender, concurrency: int, data: bytes) -> dict
 def s3_server(kind: str) -> Iterator[tuple[str, dict[str, Any]]]:
     """The bucket and storage options of a fresh S3 server: moto's in a process of its own, or a Ceph RGW."""
     if kind == "rgw":
-        from haystack_integrations.offload.testing.ceph_rgw import CephRGWServer
+        # The Ceph launcher is a test rig of ours (tests/support/), not part of the library.
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from support.ceph_rgw import CephRGWServer
 
         # radosgw, the OSD and the mon are processes of their own: their CPU is not this process's.
         with CephRGWServer(bucket="client-cpu") as rgw:

@@ -47,6 +47,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any, TypeVar
 
 import obstore
@@ -59,7 +60,7 @@ from obstore.store import S3Store
 
 from haystack_integrations.offload import FsspecToolResultStore, OffloadHook, offload_context
 from haystack_integrations.offload.stores.obstore_io import obstore_settings
-from haystack_integrations.offload.testing.latency_proxy import LatencyProxy
+from haystack_integrations.offload.testing.relay import LatencyProxy
 
 BUCKET = "offload-bench"
 RATE_PUTS = 200  # PUTs timed to measure the server's rate for the lockstep bound
@@ -139,8 +140,10 @@ class ProxyControl(ChildProcess):
 
 def _server_process(connection: Connection, kind: str) -> None:
     """Run the S3 server in this process (moto's `LocalS3Server`, or `CephRGWServer`), until told to stop."""
-    from haystack_integrations.offload.testing.ceph_rgw import CephRGWServer
+    # The Ceph launcher is a test rig of ours (tests/support/), not part of the library.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from haystack_integrations.offload.testing.local_s3 import LocalS3Server
+    from support.ceph_rgw import CephRGWServer
 
     server_class = CephRGWServer if kind == "rgw" else LocalS3Server
     with server_class(bucket=BUCKET) as server:

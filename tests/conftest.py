@@ -7,7 +7,7 @@ The behaviour suite asks for ``store`` (or ``backend``) and runs once per backen
 their stores from ``url, storage_options = backend`` alone, which would quietly use s3fs under that id.
 
 Modules marked ``real_s3`` also run on a real S3 server, on both engines (``rgw``, ``rgw-obstore``), when the lane is
-on: ``OFFLOAD_TEST_REAL_S3=rgw`` starts a one-node Ceph RGW per worker (`testing.ceph_rgw`), ``OFFLOAD_TEST_REAL_S3=
+on: ``OFFLOAD_TEST_REAL_S3=rgw`` starts a one-node Ceph RGW per worker (`support.ceph_rgw`), ``OFFLOAD_TEST_REAL_S3=
 external`` uses your own bucket (see `real_s3_server`). Tests that need a server of their own ask for ``s3_endpoint``:
 moto, and the real server when the lane is on.
 """
@@ -140,7 +140,7 @@ def real_s3_server() -> Iterator[Any]:
         with ExternalS3.from_environment() as external:
             yield external
         return
-    from haystack_integrations.offload.testing.ceph_rgw import CephRGWServer, ceph_available
+    from support.ceph_rgw import CephRGWServer, ceph_available
 
     missing = ceph_available()
     if missing is not None:

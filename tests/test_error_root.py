@@ -56,7 +56,6 @@ BUILT_IN_BASES: dict[str, type[Exception]] = {
     "sessions.history.SessionBusyError": RuntimeError,
     "sessions.history.TurnAbandonedError": RuntimeError,
     "sessions.history.HistoryRecordError": ValueError,
-    "testing.ceph_rgw._PortTaken": RuntimeError,
 }
 
 

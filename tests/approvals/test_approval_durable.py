@@ -48,8 +48,8 @@ from haystack_integrations.offload.approvals import (
     ResumeConversationError,
     ResumeInterruptedError,
 )
-from haystack_integrations.offload.testing.latency_proxy import LatencyProxy
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server
+from haystack_integrations.offload.testing.relay import LatencyProxy
 
 pytestmark = pytest.mark.real_s3  # also on the real S3 server's lane, both engines (tests/conftest.py)
 

@@ -22,8 +22,8 @@ from hook_scripts import OFFLOADED, make_agent, page, references, tool_results
 
 from haystack_integrations.offload import FsspecToolResultStore, OffloadHook, offload_context
 from haystack_integrations.offload.stores.quotas import Quota
-from haystack_integrations.offload.testing.latency_proxy import LatencyProxy
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
+from haystack_integrations.offload.testing.relay import LatencyProxy
 from haystack_integrations.offload.tools import ReadToolResult
 
 PLAN = "acme: fetch+notes, fetch, notes"

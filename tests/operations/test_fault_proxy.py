@@ -31,8 +31,8 @@ from haystack_integrations.offload.testing.faults import (
     FaultPlan,
     FaultProxy,
 )
-from haystack_integrations.offload.testing.latency_proxy import ProxiedRequest
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
+from haystack_integrations.offload.testing.relay import ProxiedRequest
 
 # One attempt, cut off before the proxy's 5 s hold ends, so a withheld answer always fails the attempt.
 ONE_ATTEMPT = RetryPolicy(attempts=1, attempt_timeout=3.0)  # room for a loaded machine (CI runs tests in parallel)

@@ -14,8 +14,8 @@ import pytest
 from haystack_integrations.offload import FsspecToolResultStore, QuotaExceededError, ResultNotFoundError
 from haystack_integrations.offload.stores.pending import PendingWrite
 from haystack_integrations.offload.stores.quotas import Quota
-from haystack_integrations.offload.testing.latency_proxy import LatencyProxy
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
+from haystack_integrations.offload.testing.relay import LatencyProxy
 
 pytestmark = pytest.mark.engines  # also on the obstore engine (tests/conftest.py)
 

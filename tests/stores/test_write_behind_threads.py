@@ -21,8 +21,8 @@ import pytest
 from haystack_integrations.offload import FsspecToolResultStore, ResultNotFoundError, end_session, end_session_async
 from haystack_integrations.offload.stores.io import SyncBackedIO
 from haystack_integrations.offload.stores.pending import settle
-from haystack_integrations.offload.testing.latency_proxy import LatencyProxy, ProxiedRequest
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server
+from haystack_integrations.offload.testing.relay import LatencyProxy, ProxiedRequest
 
 pytestmark = pytest.mark.engines  # also on the obstore engine (tests/conftest.py)
 

@@ -10,8 +10,8 @@ import pytest
 import s3fs
 from botocore.exceptions import ClientError
 
-from haystack_integrations.offload.testing import ceph_rgw
-from haystack_integrations.offload.testing.ceph_rgw import CephRGWServer, ceph_available
+from support import ceph_rgw
+from support.ceph_rgw import CephRGWServer, ceph_available
 
 pytestmark = [pytest.mark.rgw]
 

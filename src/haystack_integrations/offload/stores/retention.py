@@ -3,11 +3,7 @@ Retention: how long results stay readable (per store, overridable per tenant), a
 
 Expiry is read from the creation time in each result's name, so it costs no request; session documents go by whole
 sessions, judged by each session's newest activity. `end_session` deletes a session's results at once.
-
-Documents tell their time in their names (audit events) or, numbered, in their content: an *activity document*
-(`activity_document_name`, e.g. ``turn.00000007.end.json``) says when its step began or ended in ``started_at`` /
-``ended_at``, and the newest of each series is read to date its session. Any layer can keep such a series
-(`sessions.history` does); retention knows the convention, not who follows it.
+Numbered documents date their session by *activity documents* (`activity_document_name`), whatever keeps them.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """
-Local stand-ins of real infrastructure for tests and benchmarks (not imported by the library).
+What your own tests import to run against S3 without an account (never imported by the library itself).
 
 - `local_s3.LocalS3Server`: moto's S3 server over real HTTP on loopback, every request recorded;
-- `ceph_rgw.CephRGWServer`: a real S3 server, a throwaway one-node Ceph RADOS Gateway on loopback;
-- `endpoint.S3Endpoint`: what both give tests (store options, environment, a boto3 client);
-- `latency_proxy.LatencyProxy`: S3-like response times in front of either;
-- `faults.FaultProxy`: S3-like failures (500, 503 SlowDown, resets, withheld answers, slow answers) on top of that.
+- `endpoint.S3Endpoint`: what a test needs of any S3 endpoint (store options, environment, a boto3 client);
+- `faults.FaultProxy`: S3-like failures (500, 503 SlowDown, 409, resets, withheld and slow answers) and latency
+  between a client and the server, each request decided on its own and every injected fault counted; it is built on
+  the HTTP/1.1 relay `relay.LatencyProxy`.
+The suite's one-node Ceph RGW is a rig of the repository's tests (``tests/support``), not shipped.
 """

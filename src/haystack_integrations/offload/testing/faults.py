@@ -18,23 +18,22 @@ import struct
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from haystack_integrations.offload.testing.latency_proxy import (
-    _CHUNK,
-    _CHUNKED,
-    _UNTIL_CLOSE,
+from haystack_integrations.offload.testing.relay import (
+    CHUNK,
+    CHUNKED,
+    UNTIL_CLOSE,
+    Connection,
+    Head,
     LatencyProxy,
     ProxiedRequest,
     ThreadSafeLog,
-    _body_length,
-    _cancel,
-    _Connection,
-    _Head,
-    _parse_head,
-    _serve_until_interrupted,
+    body_length,
+    cancel,
+    parse_head,
 )
 
 __all__ = [
@@ -341,12 +340,12 @@ class FaultProxy(LatencyProxy):
     # A peer that broke HTTP framing ends only its own connection too.
     _PEER_ERRORS = (*_BODY_ERRORS, asyncio.LimitOverrunError)
 
-    async def _relay(self, link: _Connection) -> None:
+    async def _relay(self, link: Connection) -> None:
         """Serve the requests of one client connection one at a time; the upstream connection opens at the first."""
         while await self._exchange(link):
             pass
 
-    async def _exchange(self, link: _Connection) -> bool:
+    async def _exchange(self, link: Connection) -> bool:
         """Serve the next request on `link`. Returns whether the connection stays open for another."""
         try:
             raw = await _read_head(link.client_reader)
@@ -355,7 +354,7 @@ class FaultProxy(LatencyProxy):
             return False
         if raw is None:
             return False
-        head = _parse_head(raw)
+        head = parse_head(raw)
         if head is None:
             await self._tunnel(link, raw)
             return False
@@ -371,8 +370,8 @@ class FaultProxy(LatencyProxy):
             return await self._answer_error(link, head, fault)
         return await self._forward(link, raw, head, request, fault)
 
-    async def _answer_error(self, link: _Connection, head: _Head, fault: Fault) -> bool:
-        length = _body_length(head)
+    async def _answer_error(self, link: Connection, head: Head, fault: Fault) -> bool:
+        length = body_length(head)
         # A client waiting on `Expect: 100-continue` gets the error instead of the 100, as a real server may answer;
         # whether it sends its body anyway is unknown (aiohttp does), so the connection closes after the answer.
         waiting = length != 0 and "100-continue" in head.tokens("expect")
@@ -401,13 +400,13 @@ class FaultProxy(LatencyProxy):
         return keep
 
     async def _forward(
-        self, link: _Connection, raw: bytes, head: _Head, request: ProxiedRequest, fault: Fault | None
+        self, link: Connection, raw: bytes, head: Head, request: ProxiedRequest, fault: Fault | None
     ) -> bool:
         if link.upstream_reader is None or link.upstream_writer is None:
             link.upstream_reader, link.upstream_writer = await asyncio.open_connection(*self._upstream)
         reader, writer = link.upstream_reader, link.upstream_writer
         writer.write(self._outgoing(raw, head, request))
-        length = _body_length(head)
+        length = body_length(head)
         # The body goes on beside the wait for the answer: a client that sent `Expect: 100-continue` sends it only
         # after the server's 100, and a server may answer before it read the whole body.
         body = asyncio.create_task(_copy_body(link.client_reader, writer, length)) if length else None
@@ -421,8 +420,8 @@ class FaultProxy(LatencyProxy):
                 link.client_writer.write(raw_answer)
                 await self._tunnel(link, b"")
                 return False
-            answer_length = _body_length(answer_head, head.method)
-            keep = head.keeps_alive and answer_head.keeps_alive and answer_length != _UNTIL_CLOSE
+            answer_length = body_length(answer_head, head.method)
+            keep = head.keeps_alive and answer_head.keeps_alive and answer_length != UNTIL_CLOSE
             if fault in AMBIGUOUS_FAULTS:
                 await _copy_body(reader, None, answer_length)  # the server is done: the request has taken effect
                 await _settle(body)
@@ -439,9 +438,9 @@ class FaultProxy(LatencyProxy):
             # An answer that came before the whole body leaves the connection's framing unknown: it closes.
             return await _settle(body) and keep
         finally:
-            await _cancel(body, _BODY_ERRORS)
+            await cancel(body, _BODY_ERRORS)
 
-    def _outgoing(self, raw: bytes, head: _Head, request: ProxiedRequest) -> bytes:
+    def _outgoing(self, raw: bytes, head: Head, request: ProxiedRequest) -> bytes:
         """The request head to forward: as sent, or without its conditions under `ignore_conditional_writes`."""
         if not self.ignore_conditional_writes or head.method in _READS:
             return raw
@@ -460,7 +459,7 @@ class FaultProxy(LatencyProxy):
         if delay > 0:
             await asyncio.sleep(delay)
 
-    async def _tunnel(self, link: _Connection, sent: bytes) -> None:
+    async def _tunnel(self, link: Connection, sent: bytes) -> None:
         """Pass the rest of the connection through both ways, unparsed, until the server is done."""
         if link.upstream_reader is None or link.upstream_writer is None:
             link.upstream_reader, link.upstream_writer = await asyncio.open_connection(*self._upstream)
@@ -486,13 +485,13 @@ async def _read_head(reader: asyncio.StreamReader) -> bytes | None:
             return raw
 
 
-async def _final_head(reader: asyncio.StreamReader, client: asyncio.StreamWriter) -> tuple[bytes, _Head] | None:
+async def _final_head(reader: asyncio.StreamReader, client: asyncio.StreamWriter) -> tuple[bytes, Head] | None:
     """Relay the server's interim (1xx) answers to the client at once; return its final answer's head, if any."""
     while True:
         raw = await _read_head(reader)
         if raw is None:
             return None
-        head = _parse_head(raw, response=True)
+        head = parse_head(raw, response=True)
         if head is None:
             raise ValueError("The server's answer is not HTTP/1.x.")
         if not 100 <= head.status < 200 or head.status == 101:
@@ -511,7 +510,7 @@ async def _settle(body: asyncio.Task[None] | None) -> bool:
     if body.done():
         body.result()
         return True
-    await _cancel(body, _BODY_ERRORS)
+    await cancel(body, _BODY_ERRORS)
     return False
 
 
@@ -520,10 +519,10 @@ async def _settle(body: asyncio.Task[None] | None) -> bool:
 
 
 async def _copy_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter | None, length: int) -> None:
-    """Copy one message body, framed by `length` (see `latency_proxy._body_length`); a `None` writer discards it."""
-    if length == _CHUNKED:
+    """Copy one message body, framed by `length` (see `relay.body_length`); a `None` writer discards it."""
+    if length == CHUNKED:
         await _copy_chunked(reader, writer)
-    elif length == _UNTIL_CLOSE:
+    elif length == UNTIL_CLOSE:
         await _copy_until_close(reader, writer)
     else:
         await _copy_exactly(reader, writer, length)
@@ -533,7 +532,7 @@ async def _copy_exactly(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
     while size > 0:
         if writer is not None:
             await writer.drain()
-        chunk = await reader.read(min(size, _CHUNK))
+        chunk = await reader.read(min(size, CHUNK))
         if not chunk:
             raise asyncio.IncompleteReadError(b"", size)
         size -= len(chunk)
@@ -566,7 +565,7 @@ async def _copy_until_close(reader: asyncio.StreamReader, writer: asyncio.Stream
     while True:
         if writer is not None:
             await writer.drain()
-        chunk = await reader.read(_CHUNK)
+        chunk = await reader.read(CHUNK)
         if not chunk:
             return
         if writer is not None:
@@ -593,6 +592,22 @@ def _reset(writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.transport.abort()
+
+
+def _serve_until_interrupted(proxy: LatencyProxy, banner: Callable[[str], str]) -> int:
+    """Run `proxy` on an event loop of its own until Ctrl-C, printing `banner(endpoint_url)` once it listens."""
+
+    async def serve() -> None:
+        await proxy.start()
+        print(banner(proxy.endpoint_url), flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await proxy.stop()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve())
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

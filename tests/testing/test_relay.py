@@ -6,16 +6,16 @@ import time
 import pytest
 
 from haystack_integrations.offload import FsspecToolResultStore
-from haystack_integrations.offload.testing.latency_proxy import (
-    _CHUNKED,
-    _UNTIL_CLOSE,
-    LatencyProxy,
-    _body_length,
-    _InterimResponses,
-    _parse_head,
-    _RequestHeads,
-)
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
+from haystack_integrations.offload.testing.relay import (
+    CHUNKED,
+    UNTIL_CLOSE,
+    LatencyProxy,
+    _InterimResponses,
+    _RequestHeads,
+    body_length,
+    parse_head,
+)
 
 
 def _heads(*chunks: bytes) -> list[tuple[str, str]]:
@@ -47,7 +47,7 @@ def test_counting_stops_at_a_chunked_body_or_garbage() -> None:
 
 
 def test_heads_are_parsed_and_say_how_their_bodies_are_framed() -> None:
-    request = _parse_head(
+    request = parse_head(
         b"put /b/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, Chunked\r\nX-A: 1\r\nx-a: 2\r\n\r\n"
     )
     assert request is not None
@@ -57,28 +57,28 @@ def test_heads_are_parsed_and_say_how_their_bodies_are_framed() -> None:
         "HTTP/1.1",
         "1, 2",
     )
-    assert _body_length(request) == _CHUNKED
+    assert body_length(request) == CHUNKED
     assert request.keeps_alive
-    plain = _parse_head(b"GET / HTTP/1.0\r\nContent-Length: 0")
-    assert plain is not None and _body_length(plain) == 0 and not plain.keeps_alive
-    assert _parse_head(b"GET /\r\n\r\n") is None
-    assert _parse_head(b"HTTP/1.1 200 OK\r\n\r\n") is None  # a response is not a request
+    plain = parse_head(b"GET / HTTP/1.0\r\nContent-Length: 0")
+    assert plain is not None and body_length(plain) == 0 and not plain.keeps_alive
+    assert parse_head(b"GET /\r\n\r\n") is None
+    assert parse_head(b"HTTP/1.1 200 OK\r\n\r\n") is None  # a response is not a request
 
     def answer(status_line: bytes, *headers: bytes, method: str = "GET") -> int:
-        head = _parse_head(b"\r\n".join((status_line, *headers)), response=True)
+        head = parse_head(b"\r\n".join((status_line, *headers)), response=True)
         assert head is not None
-        return _body_length(head, method)
+        return body_length(head, method)
 
     assert answer(b"HTTP/1.1 200 OK", b"Content-Length: 12") == 12
     assert answer(b"HTTP/1.1 200 OK", b"Content-Length: 12", method="HEAD") == 0
-    assert answer(b"HTTP/1.1 200 OK", b"Transfer-Encoding: chunked") == _CHUNKED
-    assert answer(b"HTTP/1.1 200 OK") == _UNTIL_CLOSE
+    assert answer(b"HTTP/1.1 200 OK", b"Transfer-Encoding: chunked") == CHUNKED
+    assert answer(b"HTTP/1.1 200 OK") == UNTIL_CLOSE
     assert answer(b"HTTP/1.1 204 No Content") == answer(b"HTTP/1.1 304 Not Modified") == answer(b"HTTP/1.1 100") == 0
-    closing = _parse_head(b"HTTP/1.1 200 OK\r\nConnection: Close", response=True)
+    closing = parse_head(b"HTTP/1.1 200 OK\r\nConnection: Close", response=True)
     assert closing is not None and not closing.keeps_alive
     with pytest.raises(ValueError, match="not a length"):
         answer(b"HTTP/1.1 200 OK", b"Content-Length: -1")
-    assert _parse_head(b"HTTP/1.1 2000 OK", response=True) is None
+    assert parse_head(b"HTTP/1.1 2000 OK", response=True) is None
 
 
 def test_interim_responses_pass_and_the_final_response_is_held() -> None:

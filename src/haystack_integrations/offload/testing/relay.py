@@ -1,30 +1,30 @@
 """
-A loopback TCP proxy that adds latency in front of an HTTP/1.1 server (moto's S3) and logs the requests it passes::
+The HTTP/1.1 relay `faults.FaultProxy` is built on: a loopback TCP proxy that adds latency in front of a server (moto's
+S3, a Ceph RGW) and logs the requests it passes, with the framing and head parsing the fault proxy decides on::
 
     client ──► LatencyProxy ──► moto ──► LatencyProxy ──(+latency)──► client
 
-Also the parts `faults.FaultProxy` builds on: the request log and HTTP/1.1 head parsing. From a shell:
-``python -m haystack_integrations.offload.testing.latency_proxy --upstream http://127.0.0.1:5000 --latency 0.2``.
+From a shell, the fault proxy with no faults is this proxy: ``python -m haystack_integrations.offload.testing.faults
+--upstream http://127.0.0.1:5000 --rate 0 --latency 0.2``.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, Self, TypeVar
 from urllib.parse import urlsplit
 
-__all__ = ["LatencyProxy", "ProxiedRequest", "ProxyLog", "main"]
+__all__ = ["LatencyProxy", "ProxiedRequest", "ProxyLog"]
 
-_CHUNK = 64 * 1024
+CHUNK = 64 * 1024
 # A request head longer than this is not HTTP we understand; counting stops on that connection.
 _MAX_HEAD = 64 * 1024
 _INTERIM_STATUS = re.compile(rb"HTTP/1\.[01] 1\d\d ")
@@ -110,9 +110,9 @@ class ProxyLog(ThreadSafeLog[ProxiedRequest]):
         return Counter(request.method for request in self.snapshot())
 
 
-# How a body is framed, besides its length in bytes (see `_body_length`).
-_CHUNKED = -1
-_UNTIL_CLOSE = -2
+# How a body is framed, besides its length in bytes (see `body_length`).
+CHUNKED = -1
+UNTIL_CLOSE = -2
 _HTTP_VERSION = re.compile(r"HTTP/1\.[01]")
 
 
@@ -123,7 +123,7 @@ def _header(headers: tuple[tuple[str, str], ...], name: str) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
-class _Head:
+class Head:
     """
     The head of an HTTP/1.x message: a request's (method, target, version) or a response's (version, status), and its
     header fields as sent.
@@ -154,7 +154,7 @@ class _Head:
         return "close" not in self.tokens("connection")
 
 
-def _parse_head(raw: bytes, *, response: bool = False) -> _Head | None:
+def parse_head(raw: bytes, *, response: bool = False) -> Head | None:
     """
     :param raw: A message head, through its blank line or without it.
     :param response: Parse a response head (status line) instead of a request head (request line).
@@ -170,28 +170,28 @@ def _parse_head(raw: bytes, *, response: bool = False) -> _Head | None:
     if response:
         if len(parts) < 2 or not _HTTP_VERSION.fullmatch(parts[0]) or not (len(parts[1]) == 3 and parts[1].isdigit()):
             return None
-        return _Head(parts[0], tuple(headers), status=int(parts[1]))
+        return Head(parts[0], tuple(headers), status=int(parts[1]))
     if len(parts) != 3 or not _HTTP_VERSION.fullmatch(parts[2]):
         return None
-    return _Head(parts[2], tuple(headers), method=parts[0].upper(), target=parts[1])
+    return Head(parts[2], tuple(headers), method=parts[0].upper(), target=parts[1])
 
 
-def _body_length(head: _Head, request_method: str | None = None) -> int:
+def body_length(head: Head, request_method: str | None = None) -> int:
     """
     How the body that follows `head` is framed (RFC 9112, section 6).
 
     :param head: A request head, or a response head.
     :param request_method: For a response, the method of the request it answers; `None` for a request.
-    :returns: The body's length in bytes, `_CHUNKED`, or `_UNTIL_CLOSE` (a response that ends when the server closes).
+    :returns: The body's length in bytes, `CHUNKED`, or `UNTIL_CLOSE` (a response that ends when the server closes).
     :raises ValueError: If the Content-Length is not a length.
     """
     if request_method is not None and (request_method == "HEAD" or head.status < 200 or head.status in (204, 304)):
         return 0
     if "chunked" in head.tokens("transfer-encoding"):
-        return _CHUNKED
+        return CHUNKED
     length = head.header("content-length")
     if length is None:
-        return 0 if request_method is None else _UNTIL_CLOSE
+        return 0 if request_method is None else UNTIL_CLOSE
     if not length.isdigit():
         raise ValueError(f"Content-Length {length!r} is not a length.")
     return int(length)
@@ -200,7 +200,7 @@ def _body_length(head: _Head, request_method: str | None = None) -> int:
 class _RequestHeads:
     """Finds request heads in a client's byte stream, skipping bodies by Content-Length."""
 
-    def __init__(self, on_request: Callable[[_Head], None]) -> None:
+    def __init__(self, on_request: Callable[[Head], None]) -> None:
         self._on_request = on_request
         self._buffer = bytearray()
         self._body_left = 0
@@ -228,24 +228,24 @@ class _RequestHeads:
             self._body_left -= skipped
 
     def _parse(self, raw: bytes) -> None:
-        head = _parse_head(raw)
+        head = parse_head(raw)
         if head is None:
             self._lost = True
             return
         self._on_request(head)
         try:
-            length = _body_length(head)
+            length = body_length(head)
         except ValueError:
             self._lost = True
             return
-        if length == _CHUNKED:
+        if length == CHUNKED:
             self._lost = True  # chunked bodies are forwarded but not parsed
             return
         self._body_left = length
 
 
 @dataclass(slots=True)
-class _Connection:
+class Connection:
     """One client connection, and the upstream connection the proxy opened for it (once it did)."""
 
     number: int
@@ -432,7 +432,7 @@ class LatencyProxy:
         if task is not None:  # asyncio.start_server runs every handler in a task of its own
             self._tasks.add(task)
         self._connections += 1
-        link = _Connection(self._connections, client_reader, client_writer)
+        link = Connection(self._connections, client_reader, client_writer)
         try:
             await self._relay(link)
         except self._PEER_ERRORS:
@@ -446,7 +446,7 @@ class LatencyProxy:
             if task is not None:
                 self._tasks.discard(task)
 
-    async def _relay(self, link: _Connection) -> None:
+    async def _relay(self, link: Connection) -> None:
         """Pass the bytes of one client connection both ways, until the server is done with it."""
         link.upstream_reader, link.upstream_writer = await asyncio.open_connection(*self._upstream)
         to_upstream = asyncio.create_task(self._forward_requests(link.client_reader, link.upstream_writer, link.number))
@@ -454,7 +454,7 @@ class LatencyProxy:
             # The exchange is over when the server is done answering (moto closes after every response).
             await self._forward_responses(link.upstream_reader, link.client_writer)
         finally:
-            await _cancel(to_upstream)
+            await cancel(to_upstream)
 
     async def _forward_requests(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connection: int
@@ -462,7 +462,7 @@ class LatencyProxy:
         """Copy the client's bytes to the server at once, handing each request head on the way to `_on_request`."""
         parsed: list[ProxiedRequest] = []
         heads = _RequestHeads(lambda head: parsed.append(head.request(connection)))
-        while chunk := await reader.read(_CHUNK):
+        while chunk := await reader.read(CHUNK):
             heads.feed(chunk)
             for request in parsed:
                 await self._on_request(request)
@@ -491,7 +491,7 @@ class LatencyProxy:
 
         delivery = asyncio.create_task(deliver())
         try:
-            while chunk := await reader.read(_CHUNK):
+            while chunk := await reader.read(CHUNK):
                 now, later = interim.split(chunk)
                 if now:
                     line.put_nowait((loop.time(), now))
@@ -503,10 +503,10 @@ class LatencyProxy:
             line.put_nowait((loop.time() + self._latency, None))
             await delivery
         finally:
-            await _cancel(delivery)
+            await cancel(delivery)
 
 
-async def _cancel(task: asyncio.Task[Any] | None, quiet: tuple[type[Exception], ...] = _PEER_GONE) -> None:
+async def cancel(task: asyncio.Task[Any] | None, quiet: tuple[type[Exception], ...] = _PEER_GONE) -> None:
     """Stop `task` if it still runs and wait for it to end, cancelled or failed with one of `quiet`."""
     if task is not None and not task.done():
         task.cancel()
@@ -547,44 +547,3 @@ class _InterimResponses:
         leftover = bytes(self._buffer)
         self._buffer.clear()
         return leftover
-
-
-def _serve_until_interrupted(proxy: LatencyProxy, banner: Callable[[str], str]) -> int:
-    """Run `proxy` on an event loop of its own until Ctrl-C, printing `banner(endpoint_url)` once it listens."""
-
-    async def serve() -> None:
-        await proxy.start()
-        print(banner(proxy.endpoint_url), flush=True)
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await proxy.stop()
-
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve())
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """
-    Run a latency proxy until Ctrl-C: ``python -m haystack_integrations.offload.testing.latency_proxy``.
-
-    :param argv: Command-line arguments; ``None`` reads ``sys.argv``.
-    :returns: The process exit code.
-    """
-    parser = argparse.ArgumentParser(
-        prog="python -m haystack_integrations.offload.testing.latency_proxy",
-        description="Add latency in front of a local HTTP server (e.g. moto's S3) for benchmarks.",
-    )
-    parser.add_argument("--upstream", required=True, help="server to forward to, e.g. http://127.0.0.1:5000")
-    parser.add_argument("--latency", type=float, default=0.2, help="seconds added per response (default: %(default)s)")
-    parser.add_argument("--port", type=int, default=0, help="port to listen on, 0 for any (default: %(default)s)")
-    args = parser.parse_args(argv)
-    proxy = LatencyProxy(args.upstream, latency=args.latency, port=args.port)
-    return _serve_until_interrupted(
-        proxy, lambda endpoint: f"Latency proxy ({args.latency * 1000:.0f} ms) at {endpoint} -> {args.upstream}"
-    )
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -29,7 +29,6 @@ from typing import IO, Any, Self
 
 from haystack.lazy_imports import LazyImport
 
-from haystack_integrations.offload.errors import OffloadError
 from haystack_integrations.offload.testing.endpoint import DEFAULT_BUCKET, _S3Server
 
 with LazyImport(message="Run 'pip install \"offload-haystack[local-s3]\"'") as _boto3_import:
@@ -86,7 +85,7 @@ def ceph_available() -> str | None:
     return None
 
 
-class _PortTaken(OffloadError, RuntimeError):
+class _PortTaken(RuntimeError):
     """A daemon could not bind the port we picked for it: someone took it between our probe and its bind."""
 
 
@@ -413,7 +412,7 @@ rgw frontends = beast endpoint=127.0.0.1:{self._rgw_port} tcp_nodelay=1
     def _start_watchdog(self, directory: Path) -> None:
         # Its own process group, which the daemons join: Ctrl-C in a terminal reaches only our process, which then
         # stops them in order, and the watchdog can tell its daemons from strangers that reuse a pid.
-        self._watchdog = subprocess.Popen(  # noqa: S603 - our own interpreter on a fixed script
+        self._watchdog = subprocess.Popen(
             [sys.executable, "-I", "-S", "-c", _WATCHDOG, str(directory)],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
@@ -541,4 +540,4 @@ def _ceph_process(command: Sequence[str], **options: Any) -> subprocess.Popen[by
     """Start a Ceph command, with no input and none of the environment's ``CEPH_*`` variables."""
     # CEPH_ARGS and CEPH_CONF would point our commands at someone else's cluster.
     environ = {name: value for name, value in os.environ.items() if not name.startswith("CEPH_")}
-    return subprocess.Popen(command, stdin=subprocess.DEVNULL, env=environ, **options)  # noqa: S603 - fixed Ceph command lines
+    return subprocess.Popen(command, stdin=subprocess.DEVNULL, env=environ, **options)
