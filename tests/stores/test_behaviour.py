@@ -10,8 +10,8 @@ import pytest
 from haystack_integrations.offload import FsspecToolResultStore, InvalidReferenceError, ResultNotFoundError
 from haystack_integrations.offload.stores import StoredResult
 
-# Also on the obstore engine (tests/conftest.py), and through the async API as well as the sync one (conftest.py).
-pytestmark = [pytest.mark.real_s3, pytest.mark.engines, pytest.mark.usefixtures("api")]
+# Also on the obstore engine (tests/conftest.py). The sync methods wait for the async ones (test_sync_twins.py).
+pytestmark = [pytest.mark.real_s3, pytest.mark.engines]
 
 TEXTS = [
     "plain ascii",

@@ -13,8 +13,8 @@ from haystack_integrations.offload import (
     ResultNotFoundError,
 )
 
-# Also on the obstore engine (tests/conftest.py), and through the async API as well as the sync one (conftest.py).
-pytestmark = [pytest.mark.real_s3, pytest.mark.engines, pytest.mark.usefixtures("api")]
+# Also on the obstore engine (tests/conftest.py). The sync methods wait for the async ones (test_sync_twins.py).
+pytestmark = [pytest.mark.real_s3, pytest.mark.engines]
 
 A_NAME = "20261129T213400123456Z-5f3a9c1e.t.search.1_search_call.txt"
 

@@ -7,7 +7,7 @@ import pytest
 
 from haystack_integrations.offload import FsspecToolResultStore
 
-pytestmark = [pytest.mark.engines, pytest.mark.usefixtures("api")]
+pytestmark = [pytest.mark.engines]
 
 
 def test_find_objects_names_every_object_relative_to_the_scope(store: FsspecToolResultStore) -> None:

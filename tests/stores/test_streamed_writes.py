@@ -9,7 +9,7 @@ from haystack_integrations.offload import FsspecToolResultStore
 from haystack_integrations.offload.stores.fsspec_store import STREAMED_WRITE_BYTES
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 
-pytestmark = [pytest.mark.engines, pytest.mark.usefixtures("api"), pytest.mark.slow]
+pytestmark = [pytest.mark.engines, pytest.mark.slow]
 
 # Just over the threshold, with multi-byte characters (and a lone surrogate) spread through it.
 UNIT = "ünïcödé 中文 🦜 "

@@ -21,6 +21,7 @@ from haystack_integrations.offload.errors import (
     ResultNotFoundError,
     StorageError,
 )
+from haystack_integrations.offload.stores.sync_api import synced
 from haystack_integrations.offload.stores.translate import storage_errors
 
 if TYPE_CHECKING:
@@ -105,9 +106,12 @@ class SessionDocuments:
     def _label(self, name: object) -> str:
         return f"{self.namespace}/{name}"
 
+    def _run_sync(self, operation: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs) -> T:
+        return self.host.run_sync(operation, *args, **kwargs)  # where the store's own sync calls run
+
     # Each operation is written once, async; its sync twin waits for it (`stores.sync_api`).
 
-    def put(self, name: str, data: bytes, *, enforce_quota: bool = False) -> None:
+    async def put_async(self, name: str, data: bytes, *, enforce_quota: bool = False) -> None:
         """
         Write a document, replacing any previous version (one PUT on S3).
 
@@ -118,10 +122,6 @@ class SessionDocuments:
         :raises StorageError: If the backend fails.
         :raises QuotaExceededError: If `enforce_quota` is set and the write would pass a quota; nothing was sent.
         """
-        self.host.run_sync(self.put_async, name, data, enforce_quota=enforce_quota)
-
-    async def put_async(self, name: str, data: bytes, *, enforce_quota: bool = False) -> None:
-        """Async `put`."""
         path, data = self._path(name), bytes(data)
         reservation = await self.host.charge(len(data), enforce_quota)
         try:
@@ -130,7 +130,9 @@ class SessionDocuments:
         finally:
             _settle(reservation)
 
-    def create(self, name: str, data: bytes, *, enforce_quota: bool = False) -> None:
+    put = synced(put_async)
+
+    async def create_async(self, name: str, data: bytes, *, enforce_quota: bool = False) -> None:
         """
         Write a document only if it does not exist yet; atomic across processes and machines.
 
@@ -148,10 +150,6 @@ class SessionDocuments:
         :raises StorageError: If the backend fails.
         :raises QuotaExceededError: If `enforce_quota` is set and the create would pass a quota; nothing was sent.
         """
-        self.host.run_sync(self.create_async, name, data, enforce_quota=enforce_quota)
-
-    async def create_async(self, name: str, data: bytes, *, enforce_quota: bool = False) -> None:
-        """Async `create`."""
         path, data = self._path(name), bytes(data)
         await self.host.require_exclusive_creates()
         reservation = await self.host.charge(len(data), enforce_quota)
@@ -168,7 +166,9 @@ class SessionDocuments:
         finally:
             _settle(reservation)
 
-    def get(self, name: str) -> bytes:
+    create = synced(create_async)
+
+    async def get_async(self, name: str) -> bytes:
         """
         Read a document (one GET on S3).
 
@@ -176,24 +176,18 @@ class SessionDocuments:
         :returns: Its content.
         :raises ResultNotFoundError: If there is no such document.
         """
-        return self.host.run_sync(self.get_async, name)
-
-    async def get_async(self, name: str) -> bytes:
-        """Async `get`."""
         path = self._path(name)
         with storage_errors(f"read document {self._label(name)!r}", reference=self._label(name)):
             return await self.host.request("get", path, lambda io: io.get_async(path))
 
-    def list(self) -> builtins.list[str]:
+    get = synced(get_async)
+
+    async def list_async(self) -> builtins.list[str]:
         """
         List the namespace's document names in sorted order (a LIST on S3).
 
         :returns: The names; empty if the namespace has none.
         """
-        return self.host.run_sync(self.list_async)
-
-    async def list_async(self) -> builtins.list[str]:
-        """Async `list`."""
         with storage_errors(f"list documents in {self.namespace!r}", reference=None):
             directory = self._directory()
             found = await self.host.request("find", directory, lambda io: io.find_async(directory))
@@ -201,19 +195,19 @@ class SessionDocuments:
         names = (path[len(prefix) :] for path in found if path.startswith(prefix))
         return sorted(name for name in names if _DOCUMENT_NAME.fullmatch(name))
 
-    def delete(self, name: str) -> None:
+    list = synced(list_async)
+
+    async def delete_async(self, name: str) -> None:
         """
         Delete a document; a missing one is not an error.
 
         :param name: The document's name within the namespace.
         """
-        self.host.run_sync(self.delete_async, name)
-
-    async def delete_async(self, name: str) -> None:
-        """Async `delete`."""
         path = self._path(name)
         with storage_errors(f"delete document {self._label(name)!r}", reference=None):
             await self.host.request("delete", path, lambda io: io.delete_async([path]))
+
+    delete = synced(delete_async)
 
 
 def _settle(reservation: Reservation | None) -> None:

@@ -53,7 +53,7 @@ from haystack_integrations.offload.stores.retention import (
 from haystack_integrations.offload.stores.retry import RetryPolicy, RetryStats, retried, s3_client_options
 from haystack_integrations.offload.stores.s3fs_io import s3_io_with_loop_clients
 from haystack_integrations.offload.stores.scope import check_local_path, validate_scope_id
-from haystack_integrations.offload.stores.sync_api import run_on_io_loop, run_on_own_loop
+from haystack_integrations.offload.stores.sync_api import run_on_io_loop, run_on_own_loop, synced
 from haystack_integrations.offload.stores.translate import storage_errors
 
 # botocore's default pool of 10 connections would cap a busy server at 10 S3 requests in flight.
@@ -437,7 +437,7 @@ class FsspecToolResultStore(ToolResultStore):
 
     # ToolResultStore protocol, and its async twins
 
-    def write(self, *, key: str, content: str | bytes, tool_name: str | None = None) -> str:
+    async def write_async(self, *, key: str, content: str | bytes, tool_name: str | None = None) -> str:
         """
         Store one tool result and return its reference. One PUT on S3; an atomic rename on local disk.
 
@@ -451,24 +451,16 @@ class FsspecToolResultStore(ToolResultStore):
         :raises StoragePermissionError: If the backend refuses the write.
         :raises QuotaExceededError: If the write would pass the store's quota; nothing was sent.
         """
-        return self._run_sync(self.write_async, key=key, content=content, tool_name=tool_name)
-
-    async def write_async(self, *, key: str, content: str | bytes, tool_name: str | None = None) -> str:
-        """
-        Async `write`: awaits the backend's own coroutines (s3fs) or a worker thread (local disk).
-
-        :param key: The writer's key for the result.
-        :param content: The result, as text or bytes.
-        :param tool_name: The tool that produced the result, recorded for `list`.
-        :returns: The reference to pass to `read`.
-        :raises StorageError: If the backend fails.
-        :raises StoragePermissionError: If the backend refuses the write.
-        :raises QuotaExceededError: If the write would pass the store's quota; nothing was sent.
-        """
         path, reference, data = self._prepare_write(key, content, tool_name)
         reservation = await self._admit_async(_size_of(data))
         await self._put_async(path, data, reservation)
         return reference
+
+    def write(self, *, key: str, content: str | bytes, tool_name: str | None = None) -> str:
+        """The sync form of `write_async`, waiting for it (see there)."""
+        # Written out, not `synced`: type checkers would give a derived `write` the narrower signature Haystack's
+        # ToolResultStore declares (no `tool_name`).
+        return self._run_sync(self.write_async, key=key, content=content, tool_name=tool_name)
 
     async def begin_write_async(self, *, key: str, content: str | bytes, tool_name: str | None = None) -> PendingWrite:
         """
@@ -506,7 +498,7 @@ class FsspecToolResultStore(ToolResultStore):
             if reservation is not None:
                 reservation.settle()
 
-    def read(self, reference: str) -> str | bytes:
+    async def read_async(self, reference: str) -> str | bytes:
         """
         Return a stored result: `str` if it was written as text, `bytes` if written as bytes. One GET on S3.
 
@@ -518,20 +510,9 @@ class FsspecToolResultStore(ToolResultStore):
         :raises ResultExpiredError: If the result outlived the store's retention (a `ResultNotFoundError`, refused
             before any request). The same holds for every read method.
         :raises StorageError: If the backend fails.
-        :raises RuntimeError: If a write-behind write of the result is still in flight on this thread's own event loop
-            (waiting would block the loop it needs); use `read_async`. The same holds for every sync method.
-        """
-        return self._run_sync(self.read_async, reference)
-
-    async def read_async(self, reference: str) -> str | bytes:
-        """
-        Async `read`.
-
-        :param reference: A reference returned by `write`.
-        :returns: The stored content, as text or bytes.
-        :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
-        :raises ResultNotFoundError: If no result exists under the reference.
-        :raises StorageError: If the backend fails.
+        :raises RuntimeError: Sync form only: if a write-behind write of the result is still in flight on this
+            thread's own event loop (waiting would block the loop it needs); await `read_async` there. The same holds
+            for every sync method.
         """
         path, segments = self._readable_path_of(reference)
         await self._handle.in_flight.wait_for(path)
@@ -539,7 +520,9 @@ class FsspecToolResultStore(ToolResultStore):
             data = await self._handle.request("get", path, lambda io: io.get_async(path))
         return self._decode(segments, data)
 
-    def read_range(self, reference: str, start: int, end: int) -> bytes:
+    read = synced(read_async)
+
+    async def read_range_async(self, reference: str, start: int, end: int) -> bytes:
         """
         Return bytes `start` (inclusive) to `end` (exclusive) of a stored result; one ranged GET on S3.
 
@@ -553,27 +536,15 @@ class FsspecToolResultStore(ToolResultStore):
         :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
         :raises ResultNotFoundError: If no result exists under the reference.
         """
-        return self._run_sync(self.read_range_async, reference, start, end)
-
-    async def read_range_async(self, reference: str, start: int, end: int) -> bytes:
-        """
-        Async `read_range`.
-
-        :param reference: A reference returned by `write`.
-        :param start: First byte, zero-based.
-        :param end: One past the last byte.
-        :returns: The bytes in the range.
-        :raises ValueError: If the range is negative or reversed.
-        :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
-        :raises ResultNotFoundError: If no result exists under the reference.
-        """
         _check_range(start, end)
         path, _ = self._readable_path_of(reference)
         await self._handle.in_flight.wait_for(path)
         with storage_errors("read the result", reference=reference):
             return await self._handle.request("get_range", path, lambda io: io.get_range_async(path, start, end))
 
-    def read_range_and_size(self, reference: str, start: int, end: int) -> tuple[bytes, int]:
+    read_range = synced(read_range_async)
+
+    async def read_range_and_size_async(self, reference: str, start: int, end: int) -> tuple[bytes, int]:
         """
         Return bytes `start` to `end` (exclusive) of a stored result and the result's total size in bytes.
 
@@ -589,20 +560,6 @@ class FsspecToolResultStore(ToolResultStore):
         :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
         :raises ResultNotFoundError: If no result exists under the reference.
         """
-        return self._run_sync(self.read_range_and_size_async, reference, start, end)
-
-    async def read_range_and_size_async(self, reference: str, start: int, end: int) -> tuple[bytes, int]:
-        """
-        Async `read_range_and_size`.
-
-        :param reference: A reference returned by `write`.
-        :param start: First byte, zero-based.
-        :param end: One past the last byte.
-        :returns: The bytes in the range and the result's size.
-        :raises ValueError: If the range is negative or reversed.
-        :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
-        :raises ResultNotFoundError: If no result exists under the reference.
-        """
         _check_range(start, end)
         path, _ = self._readable_path_of(reference)
         await self._handle.in_flight.wait_for(path)
@@ -611,22 +568,13 @@ class FsspecToolResultStore(ToolResultStore):
                 "get_range_and_size", path, lambda io: io.get_range_and_size_async(path, start, end)
             )
 
+    read_range_and_size = synced(read_range_and_size_async)
+
     # Inventory: tools, CLI, retention
-
-    def info(self, reference: str) -> StoredResult:
-        """
-        Describe one stored result without reading it (one HEAD on S3).
-
-        :param reference: A reference returned by `write` or `list`.
-        :returns: The result's metadata.
-        :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
-        :raises ResultNotFoundError: If no result exists under the reference.
-        """
-        return self._run_sync(self.info_async, reference)
 
     async def info_async(self, reference: str) -> StoredResult:
         """
-        Async `info`.
+        Describe one stored result without reading it (one HEAD on S3).
 
         :param reference: A reference returned by `write` or `list`.
         :returns: The result's metadata.
@@ -639,7 +587,9 @@ class FsspecToolResultStore(ToolResultStore):
             size = await self._handle.request("size", path, lambda io: io.size_async(path))
         return self._record(reference, segments, size)
 
-    def list(self, *, limit: int | None = None) -> builtins.list[StoredResult]:
+    info = synced(info_async)
+
+    async def list_async(self, *, limit: int | None = None) -> builtins.list[StoredResult]:
         """
         List the results in this store's scope, newest first (a LIST on S3, paginated by the backend).
 
@@ -648,35 +598,17 @@ class FsspecToolResultStore(ToolResultStore):
             are results past the store's retention (they cannot be read).
         :raises StorageError: If the backend fails (e.g. the bucket does not exist).
         """
-        return self._run_sync(self.list_async, limit=limit)
-
-    async def list_async(self, *, limit: int | None = None) -> builtins.list[StoredResult]:
-        """
-        Async `list`.
-
-        :param limit: Return at most this many (the newest).
-        :returns: The results' metadata, newest first.
-        :raises StorageError: If the backend fails.
-        """
         scope = self._scope_path()
         await self._handle.in_flight.wait_under(scope + "/")
         with storage_errors("list results", reference=None):
             found = await self._handle.request("find", scope, lambda io: io.find_async(scope))
         return self._records(found)[:limit]
 
-    def delete(self, reference: str) -> None:
-        """
-        Delete one stored result. Deleting a result that does not exist is not an error.
-
-        :param reference: A reference returned by `write` or `list`.
-        :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
-        :raises StorageError: If the backend fails.
-        """
-        self._run_sync(self.delete_async, reference)
+    list = synced(list_async)
 
     async def delete_async(self, reference: str) -> None:
         """
-        Async `delete`.
+        Delete one stored result. Deleting a result that does not exist is not an error.
 
         :param reference: A reference returned by `write` or `list`.
         :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
@@ -690,7 +622,9 @@ class FsspecToolResultStore(ToolResultStore):
         finally:
             self._handle.invalidate((*self._scope, *segments[:-1]))
 
-    def purge(self, *, older_than: timedelta | None = None, expired: bool = False) -> int:
+    delete = synced(delete_async)
+
+    async def purge_async(self, *, older_than: timedelta | None = None, expired: bool = False) -> int:
         """
         Delete results in this store's scope (a session's, a tenant's, or, on the root store, everyone's), and the
         documents of sessions inactive for the given age.
@@ -717,19 +651,9 @@ class FsspecToolResultStore(ToolResultStore):
             (`MAX_AGE`), or `expired` is asked of a store without retention.
         :raises StorageError: If the backend fails; results not yet deleted stay (and stay readable, unless expired).
         """
-        return self._run_sync(self.purge_async, older_than=older_than, expired=expired)
-
-    async def purge_async(self, *, older_than: timedelta | None = None, expired: bool = False) -> int:
-        """
-        Async `purge`.
-
-        :param older_than: Delete only results created before ``now - older_than``, and inactive sessions' documents.
-        :param expired: Delete only results past their retention, and the documents of sessions inactive that long.
-        :returns: How many objects (results and documents) were deleted.
-        :raises ValueError: If the filters are invalid (see `purge`).
-        :raises StorageError: If the backend fails.
-        """
         return await self._purge_async(older_than, expired, temporary_grace=TEMPORARY_GRACE)
+
+    purge = synced(purge_async)
 
     async def _purge_async(self, older_than: timedelta | None, expired: bool, *, temporary_grace: timedelta) -> int:
         self._check_purge(older_than, expired)
@@ -802,7 +726,7 @@ class FsspecToolResultStore(ToolResultStore):
 
     # Objects: the operator's view (every object below the scope, by path relative to it)
 
-    def find_objects(self) -> dict[str, int]:
+    async def find_objects_async(self) -> dict[str, int]:
         """
         Every object below this store's scope, by path relative to the scope, with its size in bytes.
 
@@ -813,10 +737,6 @@ class FsspecToolResultStore(ToolResultStore):
         :returns: ``{"<tenant>/<session>/<name>": size, ...}`` for a root store (shorter paths for scoped stores).
         :raises StorageError: If the backend fails (e.g. the bucket does not exist).
         """
-        return self._run_sync(self.find_objects_async)
-
-    async def find_objects_async(self) -> dict[str, int]:
-        """Async `find_objects`."""
         scope = self._scope_path()
         prefix = scope + "/"
         await self._handle.in_flight.wait_under(prefix)
@@ -825,7 +745,9 @@ class FsspecToolResultStore(ToolResultStore):
         # A sibling prefix ('t/ab' when 't/a' is listed) is not below the scope.
         return {path[len(prefix) :]: size for path, size in found.items() if path.startswith(prefix)}
 
-    def delete_objects(self, paths: Iterable[str]) -> None:
+    find_objects = synced(find_objects_async)
+
+    async def delete_objects_async(self, paths: Iterable[str]) -> None:
         """
         Delete objects by their paths relative to this store's scope (as `find_objects` names them), in batches.
 
@@ -833,10 +755,6 @@ class FsspecToolResultStore(ToolResultStore):
         :raises ValueError: If a path is absolute, empty, or has an empty, ``.`` or ``..`` segment: nothing is deleted.
         :raises StorageError: If the backend fails.
         """
-        self._run_sync(self.delete_objects_async, paths)
-
-    async def delete_objects_async(self, paths: Iterable[str]) -> None:
-        """Async `delete_objects`."""
         scope = self._scope_path()
         full = [f"{scope}/{_checked_relative(path)}" for path in paths]
         try:
@@ -845,7 +763,9 @@ class FsspecToolResultStore(ToolResultStore):
         finally:
             self._handle.invalidate(self._scope)
 
-    def activity_times(self, paths: Iterable[str]) -> dict[str, datetime | None]:
+    delete_objects = synced(delete_objects_async)
+
+    async def activity_times_async(self, paths: Iterable[str]) -> dict[str, datetime | None]:
         """
         Read activity documents (relative paths, as `find_objects` names them) and the time each says.
 
@@ -856,18 +776,16 @@ class FsspecToolResultStore(ToolResultStore):
         :raises ValueError: If a path is not relative (see `delete_objects`).
         :raises StorageError: If the backend fails.
         """
-        return self._run_sync(self.activity_times_async, paths)
-
-    async def activity_times_async(self, paths: Iterable[str]) -> dict[str, datetime | None]:
-        """Async `activity_times`."""
         relative = [_checked_relative(path) for path in paths]
         base = self._scope_path()
         times = await read_activity_times_async(self._handle.request, [f"{base}/{path}" for path in relative])
         return {path: times[f"{base}/{path}"] for path in relative}
 
+    activity_times = synced(activity_times_async)
+
     # Lifecycle and serialization
 
-    def check_exclusive_creates(self, *, refresh: bool = False) -> ExclusiveCreateCheck:
+    async def check_exclusive_creates_async(self, *, refresh: bool = False) -> ExclusiveCreateCheck:
         """
         Check that the backend refuses a second exclusive create of one key, as approvals, claims and turns need.
 
@@ -879,10 +797,6 @@ class FsspecToolResultStore(ToolResultStore):
         :returns: The verdict; `ExclusiveCreateCheck.require` raises unless it is ``"enforced"``.
         :raises StoragePermissionError: If the probe may not be written in this scope.
         """
-        return self._run_sync(self.check_exclusive_creates_async, refresh=refresh)
-
-    async def check_exclusive_creates_async(self, *, refresh: bool = False) -> ExclusiveCreateCheck:
-        """Async `check_exclusive_creates`."""
         backend = self._handle.backend_key()
         known = None if refresh else checked(backend)
         if known is not None:
@@ -897,17 +811,17 @@ class FsspecToolResultStore(ToolResultStore):
             return ExclusiveCreateCheck("enforced", described, "makes exclusive creates in this process")
         return await check_exclusive_creates(self._handle.request, self._scope_path(), backend=backend, store=described)
 
+    check_exclusive_creates = synced(check_exclusive_creates_async)
+
     async def _require_exclusive_creates_async(self) -> None:
         # Every coordinated create's first step: once a verdict is in, one dictionary look-up.
         (await self.check_exclusive_creates_async()).require()
 
-    def warm_up(self) -> None:
-        """Create the filesystem client now (and, on S3, its session) instead of on the first request."""
-        self._run_sync(self.warm_up_async)
-
     async def warm_up_async(self) -> None:
-        """Async `warm_up`."""
+        """Create the filesystem client now (and, on S3, its session) instead of on the first request."""
         await self._handle.io().warm_up_async()
+
+    warm_up = synced(warm_up_async)
 
     def to_dict(self) -> dict[str, Any]:
         """
@@ -953,7 +867,7 @@ class FsspecToolResultStore(ToolResultStore):
         return f"{type(self).__name__}({self.url!r}{scope})"
 
 
-def end_session(store: FsspecToolResultStore, *, documents: bool = False) -> int:
+async def end_session_async(store: FsspecToolResultStore, *, documents: bool = False) -> int:
     """
     Delete a session's results now, when the application ends the session.
 
@@ -971,25 +885,15 @@ def end_session(store: FsspecToolResultStore, *, documents: bool = False) -> int
     :raises ValueError: If `store` is not scoped to a session.
     :raises StorageError: If the backend fails; what was not deleted yet stays.
     """
-    return store._run_sync(end_session_async, store, documents=documents)
-
-
-async def end_session_async(store: FsspecToolResultStore, *, documents: bool = False) -> int:
-    """
-    Async `end_session`.
-
-    :param store: A session store.
-    :param documents: Also delete the session's documents.
-    :returns: How many objects were deleted.
-    :raises ValueError: If `store` is not scoped to a session.
-    :raises StorageError: If the backend fails.
-    """
     _require_session(store)
     # The session is over: a result write still unfinished (or whose writer died) goes with it, whatever its age.
     deleted = await store._purge_async(None, False, temporary_grace=timedelta(0))
     if documents:
         deleted += await store._delete_documents_async()
     return deleted
+
+
+end_session = synced(end_session_async)
 
 
 def _require_session(store: FsspecToolResultStore) -> None:

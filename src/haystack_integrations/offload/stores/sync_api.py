@@ -7,11 +7,12 @@ thread; `InFlightWrites` refuses a wait that would block the loop still uploadin
 """
 
 import asyncio
+import functools
 import threading
 from collections.abc import Callable, Coroutine
 from contextvars import ContextVar
 from threading import get_ident
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from fsspec.asyn import get_loop, sync
 
@@ -51,6 +52,41 @@ def run_on_own_loop(operation: Callable[P, Coroutine[Any, Any, T]], *args: P.arg
     except RuntimeError:
         return _thread_loop().run_until_complete(_with_waiting_thread(get_ident(), operation, *args, **kwargs))
     return run_on_io_loop(operation, *args, **kwargs)
+
+
+class RunsSync(Protocol):
+    """An object whose sync methods wait for its async ones: it decides where they run (`run_on_io_loop`, ...)."""
+
+    def _run_sync(self, operation: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs) -> T: ...
+
+
+Owner = TypeVar("Owner", bound=RunsSync)
+
+
+def synced(operation: Callable[Concatenate[Owner, P], Coroutine[Any, Any, T]]) -> Callable[Concatenate[Owner, P], T]:
+    """
+    Derive the sync twin of an async method, as fsspec's ``sync_wrapper`` does: ``read = synced(read_async)``.
+
+    The twin calls the instance's own ``<name>_async`` (so an override or a patched method is the one waited for)
+    through its `RunsSync._run_sync`, and carries the async method's signature and docstring. A module function whose
+    first parameter is such an object works the same: ``end_session = synced(end_session_async)``.
+
+    :param operation: The ``*_async`` method, as defined in the class body, or the async function.
+    :returns: The sync method, named without ``_async``.
+    """
+    name = operation.__name__
+    is_method = "." in operation.__qualname__
+
+    @functools.wraps(operation)
+    def twin(self: Owner, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        if is_method:
+            return self._run_sync(getattr(self, name), *args, **kwargs)  # type: ignore[no-any-return]
+        return self._run_sync(operation, self, *args, **kwargs)  # a function of the object: `end_session(store)`
+
+    twin.__name__ = name.removesuffix("_async")
+    twin.__qualname__ = operation.__qualname__.removesuffix("_async")
+    twin.__doc__ = f"The sync form of `{name}`, waiting for it.\n\n{operation.__doc__ or ''}".rstrip()
+    return twin
 
 
 def caller_is_waiting() -> bool:
