@@ -36,6 +36,7 @@ except ImportError as error:  # pragma: no cover - tests/stores/test_obstore_eng
 
 from haystack_integrations.offload.stores.aws_session import BotocoreCredentials, botocore_available
 from haystack_integrations.offload.stores.bucket_region import bucket_region
+from haystack_integrations.offload.stores.exit_wait import wait_at_exit
 from haystack_integrations.offload.stores.failures import StorageRequestError, answer_failure
 from haystack_integrations.offload.stores.io import (
     MULTIPART_PART_BYTES,
@@ -363,6 +364,8 @@ class ObstoreIO(StorageIO):
         self.fallback = fallback
         self._stores: dict[str, S3Store] = {}
         self._lock = threading.Lock()
+        # obstore's threads hand results to event loops; exit must not finalize while one is doing so.
+        wait_at_exit()
 
     async def _located_async(self, path: str) -> tuple[S3Store, str]:
         bucket, _, key = path.partition("/")
