@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from httpx import Response
 from server_tenants import ACME_TOKEN, GLOBEX_TOKEN, TOKENS, bearer
 
-from haystack_integrations.offload import FsspecToolResultStore
+from haystack_integrations.offload import FsspecToolResultStore, Quota
 from haystack_integrations.offload.sessions.history import SessionHistory
 from haystack_integrations.offload.stores.names import new_object_name
 from offload_haystack_app.server import ServerSettings, create_app
@@ -297,3 +297,22 @@ def test_expired_approvals_are_resumed_on_request_and_the_model_is_told(store_ur
         assert resumed.json()["approval_outcomes"][0]["outcome"] == "expired"
         assert "did not run" in resumed.json()["reply"]
         assert _send(client, "chat-1", "Chart revenue", ACME)["status"] == "completed"
+
+
+def test_a_tenant_over_its_quota_gets_a_clear_refusal_and_its_sessions_stay_readable(store_url: str) -> None:
+    # A turn's first document would pass the tenant's bytes, in either of its sessions: refused before it runs.
+    quota = Quota(tenant_bytes=1)
+    with TestClient(create_app(ServerSettings(store=store_url, tokens=TOKENS, quota=quota))) as client:
+        refused = client.post("/api/sessions/chat-1/messages", json={"text": "Hello"}, headers=ACME)
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["error"] == "quota_exceeded"
+        assert refused.json()["detail"].startswith("Quota exceeded for tenant 'acme'")
+        streamed = client.post(
+            "/api/sessions/chat-2/messages",
+            json={"text": "Hello"},
+            headers={**ACME, "Accept": "text/event-stream"},
+        )
+        assert streamed.status_code == 403 and streamed.json()["error"] == "quota_exceeded"
+        for session in ("chat-1", "chat-2"):
+            transcript = client.get(f"/api/sessions/{session}/messages", headers=ACME)
+            assert transcript.status_code == 200 and transcript.json()["turns"] == 0

@@ -5,7 +5,7 @@ from haystack_integrations.offload.approvals import (
     ApprovalExpiredError,
     InvalidApprovalEditError,
 )
-from haystack_integrations.offload.errors import StorageError, StoragePermissionError
+from haystack_integrations.offload.errors import QuotaExceededError, StorageError, StoragePermissionError
 from haystack_integrations.offload.sessions.errors import (
     InvalidMessageError,
     NotFoundError,
@@ -23,6 +23,8 @@ ERROR_STATUSES: dict[type[Exception], tuple[int, str]] = {
     ApprovalExpiredError: (409, "approval_expired"),
     InvalidApprovalEditError: (422, "invalid_decision"),
     InvalidMessageError: (422, "invalid_message"),
+    # Nothing was stored or run; the detail names the tenant's or session's own limit, never another's.
+    QuotaExceededError: (403, "quota_exceeded"),
     RunFailedError: (502, "run_failed"),
 }
 """The service's refusals with a plain ``{"error": code, "detail": str(error)}`` answer: status and code."""

@@ -513,6 +513,7 @@ async function send(event) {
     const code = error.body && error.body.error;
     if (code === "approval_pending") setStatus("Decide the pending approvals first.", true);
     else if (code === "session_busy") setStatus("This chat is busy with another message; try again.", true);
+    else if (code === "quota_exceeded") setStatus(`Not sent: ${error.message}`, true);
     else setStatus(`Error: ${error.message}`, true);
   } finally {
     $("send").disabled = false;
