@@ -153,3 +153,23 @@ def test_exit_status_rules(verdicts: list[Any], status: int) -> None:
     report = ConformanceReport("memory://x", "fsspec", "memory://x/.doctor-0", checks)
     assert report.exit_status == status
     assert report.to_dict()["exit_status"] == status
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_doctor_never_prints_credentials_given_in_the_store_url(
+    as_json: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"memory://AKIDEXAMPLE:S3CR3T@doctor-{uuid.uuid4().hex}/prod?secret=S3CR3T2&region=eu-west-1"
+    code = main(["doctor", "--store", url, *(["--json"] if as_json else [])])
+    captured = capsys.readouterr()
+    assert code == EXIT_PASSED, captured
+    printed = captured.out + captured.err
+    assert "S3CR3T" not in printed and "AKIDEXAMPLE" not in printed
+    assert "***:***@doctor-" in printed and "secret=***&region=eu-west-1" in printed
+
+
+def test_a_refused_store_url_is_named_without_its_credentials(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["doctor", "--store", "gs://AKIDEXAMPLE:S3CR3T@bucket/prod", "--engine", "obstore"])
+    captured = capsys.readouterr()
+    assert code != 0 and "gs://***:***@bucket/prod" in captured.err
+    assert "S3CR3T" not in captured.out + captured.err

@@ -8,6 +8,7 @@ from haystack.core.errors import SerializationError
 from haystack.utils import Secret
 
 from haystack_integrations.offload import FsspecToolResultStore
+from haystack_integrations.offload.stores.options import redacted_url
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 
 pytestmark = pytest.mark.engines  # also on the obstore engine (tests/conftest.py)
@@ -71,3 +72,23 @@ def test_a_store_built_on_a_filesystem_object_does_not_serialize() -> None:
 def test_repr_shows_url_and_scope_but_no_options() -> None:
     store = FsspecToolResultStore("s3://bucket/x", storage_options={"secret": "shh"}).for_session("acme", "c")
     assert repr(store) == "FsspecToolResultStore('s3://bucket/x', scope='acme/c')"
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("s3://AKID:SECRET@bucket/prod", "s3://***:***@bucket/prod"),
+        ("s3://TOKEN@bucket/prod", "s3://***@bucket/prod"),
+        ("s3://bucket/prod?secret=SECRET&region=eu", "s3://bucket/prod?secret=***&region=eu"),
+        (
+            "s3://b/p?X-Amz-Signature=SECRET&X-Amz-Credential=AKID%2F1",
+            "s3://b/p?X-Amz-Signature=***&X-Amz-Credential=***",
+        ),
+        ("s3://bucket/prod", "s3://bucket/prod"),
+        ("/srv/results", "/srv/results"),
+    ],
+)
+def test_a_store_url_is_shown_without_its_credentials(url: str, shown: str) -> None:
+    assert redacted_url(url) == shown
+    if url.startswith("s3://AKID"):
+        assert "SECRET" not in repr(FsspecToolResultStore(url.replace("s3://", "memory://")))

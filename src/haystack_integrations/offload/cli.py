@@ -103,7 +103,7 @@ def s3_choices(arguments: argparse.Namespace, url: str) -> dict[str, tuple[str, 
         given = [f"--{name.replace('_', '-')}" for name, value in flags.items() if value is not None]
         if given:
             verb = "applies" if len(given) == 1 else "apply"
-            raise CommandError(f"{' and '.join(given)} only {verb} to s3:// stores, and {url!r} is not one.")
+            raise CommandError(f"{' and '.join(given)} only {verb} to s3:// stores, and {shown_url(url)!r} is not one.")
         return {}  # the AWS variables are for S3: with them set, a local or memory store still just works
     chosen: dict[str, tuple[str, str]] = {}
     for name, variables in S3_ENVIRONMENT.items():
@@ -180,7 +180,10 @@ def _version() -> str:
 
 
 def shown_url(url: str) -> str:
-    return str(Path(url).resolve()) if "://" not in url else url
+    """A store URL as the commands print it: a local path made absolute, credentials in a URL hidden."""
+    from haystack_integrations.offload.stores.options import redacted_url
+
+    return str(Path(url).resolve()) if "://" not in url else redacted_url(url)
 
 
 def _root(arguments: argparse.Namespace) -> Any:
@@ -195,7 +198,7 @@ def _root(arguments: argparse.Namespace) -> Any:
         root = FsspecToolResultStore(url, storage_options=options, engine=engine)
     except ValueError as error:
         what = "Cannot use --engine obstore for" if engine == "obstore" else "Invalid store URL"
-        raise CommandError(f"{what} {url!r}: {error}") from error
+        raise CommandError(f"{what} {shown_url(url)!r}: {error}") from error
     if "://" not in url or url.startswith("file://"):
         directory = url.removeprefix("file://")
         if not Path(directory).is_dir():
@@ -210,7 +213,9 @@ def _check_obstore(url: str) -> None:
     :raises CommandError: If the store is not on S3 or obstore is not installed.
     """
     if not _is_s3(url):
-        raise CommandError(f"--engine obstore serves s3:// stores only, and {url!r} is not one: use --engine fsspec.")
+        raise CommandError(
+            f"--engine obstore serves s3:// stores only, and {shown_url(url)!r} is not one: use --engine fsspec."
+        )
     if importlib.util.find_spec("obstore") is None:
         raise CommandError(
             '--engine obstore needs obstore, which is not installed: install the "s3" extra (pip install ".[s3]" '
@@ -600,7 +605,9 @@ def _doctor(arguments: argparse.Namespace) -> int:
     from haystack_integrations.offload.operations.conformance import run_conformance
 
     if arguments.url and arguments.store and arguments.url != arguments.store:
-        raise CommandError(f"Give the store once: {arguments.url!r} and --store {arguments.store!r} differ.")
+        raise CommandError(
+            f"Give the store once: {shown_url(arguments.url)!r} and --store {shown_url(arguments.store)!r} differ."
+        )
     arguments.url = arguments.store or arguments.url
     if not arguments.url:
         raise CommandError("Say which store to check: offload-haystack doctor --store URL.")

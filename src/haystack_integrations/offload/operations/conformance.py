@@ -19,6 +19,7 @@ from haystack_integrations.offload.stores import FsspecToolResultStore
 from haystack_integrations.offload.stores.chunks import ContentChunks
 from haystack_integrations.offload.stores.failures import transient_cause
 from haystack_integrations.offload.stores.io import MULTIPART_THRESHOLD, Requests, StorageIO
+from haystack_integrations.offload.stores.options import redacted_url
 from haystack_integrations.offload.stores.s3fs_io import S3IO, s3_status
 from haystack_integrations.offload.stores.sync_api import run_on_io_loop, run_on_own_loop
 
@@ -148,7 +149,7 @@ async def _run_all(root: FsspecToolResultStore, probe: FsspecToolResultStore) ->
         checks.append(await _guarded("conditional-multipart", lambda: _conditional_multipart(request, client, base)))
     finally:
         checks.append(await _guarded("cleanup", lambda: _cleanup(request, io.fs, client, base)))
-    return ConformanceReport(root.url, root.resolved_engine, probe.url, tuple(checks))
+    return ConformanceReport(redacted_url(root.url), root.resolved_engine, redacted_url(probe.url), tuple(checks))
 
 
 async def _guarded(name: str, check: Callable[[], Awaitable[tuple[Verdict, str] | CheckResult]]) -> CheckResult:

@@ -38,7 +38,12 @@ from haystack_integrations.offload.stores.names import (
     new_object_name,
     parse_object_name,
 )
-from haystack_integrations.offload.stores.options import deserialize_options, resolve_secrets, serialize_options
+from haystack_integrations.offload.stores.options import (
+    deserialize_options,
+    redacted_url,
+    resolve_secrets,
+    serialize_options,
+)
 from haystack_integrations.offload.stores.pending import InFlightWrites, PendingWrite
 from haystack_integrations.offload.stores.quotas import Quota, QuotaLedger, Reservation, SessionUsage, usage_by_session
 from haystack_integrations.offload.stores.records import StoredResult
@@ -803,7 +808,7 @@ class FsspecToolResultStore(ToolResultStore):
             return known
         endpoint = backend[2]
         described = (
-            f"The object store {self.url!r} (engine {self.resolved_engine!r}"
+            f"The object store {redacted_url(self.url)!r} (engine {self.resolved_engine!r}"
             f"{f', endpoint {endpoint}' if endpoint else ''})"
         )
         if not self._handle.io().remote:
@@ -864,7 +869,7 @@ class FsspecToolResultStore(ToolResultStore):
 
     def __repr__(self) -> str:
         scope = f", scope={'/'.join(self._scope)!r}" if self._scope else ""
-        return f"{type(self).__name__}({self.url!r}{scope})"
+        return f"{type(self).__name__}({redacted_url(self.url)!r}{scope})"
 
 
 async def end_session_async(store: FsspecToolResultStore, *, documents: bool = False) -> int:

@@ -7,8 +7,10 @@ string under a credential-like name refuses to serialize, with an error that say
 credentials out entirely (environment, instance profile, ``AWS_PROFILE``) is the recommended setup.
 """
 
+import re
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
 
 from haystack.core.errors import SerializationError
 from haystack.utils import Secret
@@ -31,6 +33,40 @@ _CREDENTIAL_NAMES = frozenset(
         "credentials",
     }
 )
+# A query parameter whose name says it carries a credential (``secret``, ``X-Amz-Signature``, ``sas_token`` ...).
+_CREDENTIAL_PARAMETER = re.compile(r"key|secret|token|password|signature|credential|sig$", re.IGNORECASE)
+_HIDDEN = "***"
+
+
+def redacted_url(url: str) -> str:
+    """
+    A store URL fit to print or log: credentials in its user part or its query string replaced by ``***``.
+
+    ``s3://AKID:SECRET@bucket/prod?secret=x&region=eu`` becomes ``s3://***:***@bucket/prod?secret=***&region=eu``.
+
+    :param url: A store URL or a local path.
+    :returns: The URL with every credential hidden; a URL without any, unchanged.
+    """
+    if "://" not in url:
+        return url
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        user, _, host = netloc.rpartition("@")
+        netloc = f"{_HIDDEN}:{_HIDDEN}@{host}" if ":" in user else f"{_HIDDEN}@{host}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = "&".join(
+            f"{quote(name, safe='')}={_HIDDEN if _hides(name) else quote(value, safe='')}" for name, value in pairs
+        )
+    if (netloc, query) == (parts.netloc, parts.query):
+        return url
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _hides(name: str) -> bool:
+    return name.lower() in _CREDENTIAL_NAMES or _CREDENTIAL_PARAMETER.search(name) is not None
 
 
 def resolve_secrets(options: Mapping[str, Any]) -> dict[str, Any]:
