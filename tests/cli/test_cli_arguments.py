@@ -59,6 +59,14 @@ BAD_ARGUMENTS = [
     (["ls", STORE, "--storage-options", "[]"], "must be a JSON object"),
     (["ls", STORE, "--endpoint-url", "http://127.0.0.1:5000", "--profile", "p"], "only apply to s3:// stores"),
     (["ls", "s3://bucket/x", "--endpoint-url", "127.0.0.1:5000"], "--endpoint-url must be an http:// or https://"),
+    (
+        ["ls", "s3://bucket/x", "--storage-options", '{"endpoint_url": "127.0.0.1:39975"}'],
+        "storage_options['endpoint_url'] must be an http:// or https:// URL, got '127.0.0.1:39975'",
+    ),
+    (
+        ["doctor", "--store", "s3://bucket/x", "--storage-options", '{"endpoint_url": "127.0.0.1:39975"}'],
+        "storage_options['endpoint_url'] must be an http:// or https:// URL",
+    ),
     (["ls", "s3://bucket/x", "--region", "eu west 1"], "--region is not a region name"),
     (["ls", "s3://bucket/x", "--profile", " spaced "], "--profile is not a profile name"),
     (["ls", "s3://bucket/x", "--profile", "nosuch", "--endpoint-url", DEAD_ENDPOINT], "nosuch"),

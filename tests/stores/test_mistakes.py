@@ -172,3 +172,35 @@ def test_a_tenant_kept_for_ever_keeps_even_odd_clocks_results() -> None:
     session = store.for_session("acme", "c")
     reference = _written_by(session, clock_off_by=timedelta(days=3650))
     assert session.read(reference) == "written"
+
+
+@pytest.mark.parametrize(
+    ("storage_options", "environment", "named"),
+    [
+        ({"endpoint_url": "127.0.0.1:39975"}, {}, "storage_options['endpoint_url']"),
+        ({"client_kwargs": {"endpoint_url": "localhost:9000"}}, {}, "storage_options['client_kwargs']['endpoint_url']"),
+        ({"endpoint_url": "ftp://host"}, {}, "storage_options['endpoint_url']"),
+        ({}, {"AWS_ENDPOINT_URL": "127.0.0.1:39975"}, "AWS_ENDPOINT_URL"),
+        ({}, {"AWS_ENDPOINT_URL_S3": "minio:9000", "AWS_ENDPOINT_URL": "http://ok:1"}, "AWS_ENDPOINT_URL_S3"),
+    ],
+)
+@pytest.mark.parametrize("engine", ["fsspec", "obstore"])
+def test_an_s3_endpoint_without_a_scheme_is_refused_in_one_line_at_construction(
+    storage_options: dict[str, object],
+    environment: dict[str, str],
+    named: str,
+    engine: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=r"must be an http:// or https:// URL") as refused:
+        FsspecToolResultStore("s3://bucket/prod", storage_options=storage_options, engine=engine)
+    assert str(refused.value).startswith(named) and "\n" not in str(refused.value)
+
+
+def test_an_endpoint_given_in_the_options_is_the_one_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "not-a-url")  # not used: the options name the endpoint
+    FsspecToolResultStore("s3://bucket/prod", storage_options={"endpoint_url": "http://127.0.0.1:9000"})

@@ -23,7 +23,6 @@ from datetime import UTC, datetime
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, NoReturn
-from urllib.parse import urlsplit
 
 from haystack_integrations.offload.errors import OffloadError, StoragePermissionError
 
@@ -114,9 +113,12 @@ def s3_choices(arguments: argparse.Namespace, url: str) -> dict[str, tuple[str, 
             chosen[name] = (os.environ[variable], variable)
     for name, (value, source) in chosen.items():
         if name == "endpoint_url":
-            parts = urlsplit(value)
-            if parts.scheme not in ("http", "https") or not parts.netloc:
-                raise CommandError(f"{source} must be an http:// or https:// URL, got {value!r}.")
+            from haystack_integrations.offload.stores.options import check_endpoint_url
+
+            try:
+                check_endpoint_url(value, source)
+            except ValueError as error:
+                raise CommandError(str(error)) from error
         elif name == "region" and not _REGION.fullmatch(value):
             raise CommandError(f"{source} is not a region name (such as eu-west-1): {value!r}.")
         elif name == "profile" and (not value.strip() or value != value.strip()):
@@ -197,7 +199,7 @@ def _root(arguments: argparse.Namespace) -> Any:
     try:
         root = FsspecToolResultStore(url, storage_options=options, engine=engine)
     except ValueError as error:
-        what = "Cannot use --engine obstore for" if engine == "obstore" else "Invalid store URL"
+        what = "Cannot use --engine obstore for" if engine == "obstore" else "Cannot open the store"
         raise CommandError(f"{what} {shown_url(url)!r}: {error}") from error
     if "://" not in url or url.startswith("file://"):
         directory = url.removeprefix("file://")

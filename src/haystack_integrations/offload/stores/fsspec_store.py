@@ -39,6 +39,7 @@ from haystack_integrations.offload.stores.names import (
     parse_object_name,
 )
 from haystack_integrations.offload.stores.options import (
+    check_s3_endpoints,
     deserialize_options,
     redacted_url,
     resolve_secrets,
@@ -163,13 +164,16 @@ class FsspecToolResultStore(ToolResultStore):
         :raises ValueError: If the URL has no path (e.g. ``s3://``), is a local path that can only be a mistyped URL
             (``s3:/bucket``, ``s3//bucket``, ``s3:bucket``: the message names the URL meant), `session` is given
             without `tenant`, or `engine` cannot serve the store (unknown; ``"obstore"`` for another protocol, a
-            filesystem object, or storage options it cannot honour).
+            filesystem object, or storage options it cannot honour), or an S3 endpoint (in the storage options, else
+            ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``) is not an ``http://`` or ``https://`` URL.
         :raises InvalidScopeIdError: If `tenant` or `session` is not a safe single path segment.
         :raises ImportError: If the backend for the URL's protocol (or obstore, for ``engine="obstore"``) is not
             installed.
         """
-        choice = choose_engine(engine, url, storage_options, filesystem)
         protocol, _ = split_protocol(url)
+        if protocol in ("s3", "s3a") and filesystem is None:
+            check_s3_endpoints(storage_options or {}, os.environ)
+        choice = choose_engine(engine, url, storage_options, filesystem)
         if protocol is None and filesystem is None:
             check_local_path(url)  # "s3:/bucket" would otherwise be a local folder named "s3:"
         protocol = protocol or "file"
@@ -186,7 +190,9 @@ class FsspecToolResultStore(ToolResultStore):
             filesystem_class = None
         root_path = _strip_protocol(filesystem_class, url)
         if not root_path:
-            raise ValueError(f"The store URL {url!r} has no path: give a bucket or a directory, e.g. 's3://bucket'.")
+            raise ValueError(
+                f"The store URL {redacted_url(url)!r} has no path: give a bucket or a directory, e.g. 's3://bucket'."
+            )
 
         self.url = url
         self.storage_options: dict[str, Any] = dict(storage_options or {})

@@ -65,6 +65,45 @@ def redacted_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+def check_endpoint_url(value: object, source: str) -> None:
+    """
+    Refuse an S3 endpoint that is not an ``http://`` or ``https://`` URL, in one line naming where it was given.
+
+    :param value: The endpoint as given (a `Secret` is left to its backend).
+    :param source: Where it was given, for the message: a flag, a variable or ``storage_options['endpoint_url']``.
+    :raises ValueError: If it has no such scheme or no host (``127.0.0.1:9000``, ``ftp://host``).
+    """
+    if isinstance(value, Secret):
+        return
+    parts = urlsplit(value) if isinstance(value, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"{source} must be an http:// or https:// URL, got {value!r}.")
+
+
+def check_s3_endpoints(storage_options: Mapping[str, Any], environment: Mapping[str, str]) -> None:
+    """
+    Check every endpoint an S3 store would use: the storage options' (s3fs's two places), else the AWS variables'.
+
+    :param storage_options: The store's storage options.
+    :param environment: The process environment (`os.environ`).
+    :raises ValueError: For the first endpoint that is not an ``http://`` or ``https://`` URL.
+    """
+    client_kwargs = storage_options.get("client_kwargs")
+    given: dict[str, object] = {"storage_options['endpoint_url']": storage_options.get("endpoint_url")}
+    if isinstance(client_kwargs, Mapping):
+        given["storage_options['client_kwargs']['endpoint_url']"] = client_kwargs.get("endpoint_url")
+    given = {source: value for source, value in given.items() if value is not None}
+    if not given:
+        variable = next((name for name in _ENDPOINT_VARIABLES if environment.get(name)), None)
+        given = {variable: environment[variable]} if variable else {}
+    for source, value in given.items():
+        check_endpoint_url(value, source)
+
+
+# The AWS SDKs' endpoint variables, the service-specific one first (what obstore and botocore read).
+_ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+
+
 def _hides(name: str) -> bool:
     return name.lower() in _CREDENTIAL_NAMES or _CREDENTIAL_PARAMETER.search(name) is not None
 
