@@ -352,3 +352,12 @@ def test_the_page_has_no_inline_script_or_style_the_policy_would_block() -> None
     script = (STATIC_DIR / "app.js").read_text()
     assert not re.search(r"innerHTML|outerHTML|insertAdjacentHTML|document\.write|\beval\(|new Function", script)
     assert not re.search(r"setAttribute\(\s*[\"']style", script)
+
+
+def test_the_page_names_an_icon_that_is_served(client: TestClient) -> None:
+    # Without a <link rel="icon">, browsers ask for /favicon.ico, which answers 404 (and logs an error) on every load.
+    page = client.get("/").text
+    icon = re.search(r'<link rel="icon" href="([^"]+)"', page)
+    assert icon is not None
+    served = client.get(icon.group(1))
+    assert served.status_code == 200 and served.headers["content-type"].startswith("image/svg+xml")
