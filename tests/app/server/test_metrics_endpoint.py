@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -44,7 +45,7 @@ from haystack_integrations.offload.testing.local_s3 import LocalS3Server, Record
 from metric_readings import MetricReadings, process_reader
 from offload_haystack_app.server import ServerSettings, create_app
 from offload_haystack_app.server.agent import build_agent
-from offload_haystack_app.server.metrics_endpoint import WORKERS_VARIABLE
+from offload_haystack_app.server.metrics_endpoint import MAX_SCRAPE_CONNECTIONS, WORKERS_VARIABLE
 from offload_haystack_app.server.startup import ServerStartupError
 
 METRICS_TOKEN = "metrics-scrape-token-0123456789"  # noqa: S105 - a test token for loopback test servers
@@ -586,3 +587,38 @@ async def test_a_failed_turn_is_counted_as_failed(metric_readings: MetricReading
 def _history(store: FsspecToolResultStore) -> dict[str, bytes]:
     documents = store.documents(HISTORY_NAMESPACE)
     return {name: documents.get(name) for name in documents.list()}
+
+
+def test_idle_connections_to_the_metrics_port_get_no_thread_past_the_cap_and_the_api_keeps_answering(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    process_reader()
+    monkeypatch.setenv(WORKERS_VARIABLE, "1")
+    port = free_port()
+    with TestClient(_app(port)) as client:
+        threads_before = threading.active_count()
+        with ExitStack() as idle:
+            # Connect and send nothing, as the red team's 1,010 connections did.
+            # No socket timeout: peeking with MSG_DONTWAIT must not wait (Python waits up to a timeout set).
+            held = [idle.enter_context(socket.create_connection(("127.0.0.1", port))) for _ in range(200)]
+            deadline = time.monotonic() + 20
+            while len(_closed_by_server(held)) < len(held) - MAX_SCRAPE_CONNECTIONS and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(_closed_by_server(held)) == len(held) - MAX_SCRAPE_CONNECTIONS
+            assert threading.active_count() - threads_before <= MAX_SCRAPE_CONNECTIONS
+            assert client.get("/api/health").status_code == 200
+        # The idle ones gone, their slots come back: the port serves a scrape again.
+        assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).status_code == 200
+
+
+def _closed_by_server(connections: list[socket.socket]) -> list[socket.socket]:
+    closed = []
+    for connection in connections:
+        try:
+            if connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                closed.append(connection)
+        except (BlockingIOError, TimeoutError):
+            pass
+        except ConnectionResetError:
+            closed.append(connection)
+    return closed

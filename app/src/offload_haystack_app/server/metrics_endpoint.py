@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from opentelemetry import metrics as otel_metrics
@@ -39,6 +39,10 @@ WORKERS_VARIABLE = "WEB_CONCURRENCY"
 """How many worker processes share the server (uvicorn's and gunicorn's variable; ``serve`` sets it): the size of the
 range of metrics ports. Unset: one."""
 SERVICE_NAME = "offload-haystack"
+MAX_SCRAPE_CONNECTIONS = 16
+"""Connections a metrics port serves at once (a scraper needs one); more are closed as they come."""
+SCRAPE_TIMEOUT_SECONDS = 10.0
+"""How long a connection may be silent (sending its request, or taking the answer) before it is closed."""
 
 _provider_lock = threading.Lock()
 _provider_checked = False
@@ -152,22 +156,45 @@ def install_meter_provider(worker: str) -> None:
 
 
 class _ScrapeServer(ThreadingHTTPServer):
-    """The HTTP server of one worker's metrics port."""
+    """The HTTP server of one worker's metrics port: at most `MAX_SCRAPE_CONNECTIONS` at once, each bounded in time."""
 
     daemon_threads = True
     # SO_REUSEPORT would let two workers bind one port (and the kernel split scrapes between them): never.
     allow_reuse_port = False
+    request_queue_size = 64
 
     def __init__(self, address: tuple[str, int], token: str | None) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.scrapers = TokenTable({token: "metrics"}) if token is not None else None
+        self._slots = threading.BoundedSemaphore(MAX_SCRAPE_CONNECTIONS)
         super().__init__(address, _ScrapeHandler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Serve a connection in a thread of its own, or close it at once when every slot is taken."""
+        if not self._slots.acquire(blocking=False):
+            # Idle or slow connections past the cap get no thread: they cannot pile up in the worker's process.
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        """Serve the connection, then give its slot back."""
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 class _ScrapeHandler(BaseHTTPRequestHandler):
     """Answers ``GET /metrics`` only; with a token set, only to a scrape that sends it."""
 
     server: _ScrapeServer
+    # Seconds a connection may take to send its request (and to take the answer): an idle one is closed after that.
+    timeout = SCRAPE_TIMEOUT_SECONDS
 
     def do_GET(self) -> None:
         """Serve one scrape."""
