@@ -1,5 +1,5 @@
 """
-Serialization of fsspec `storage_options` without credentials in clear.
+Storage options and store URLs without credentials in clear: serialized, shown (`redacted_url`), and checked.
 
 Credentials may be given as Haystack `Secret`s anywhere in the options (``{"key": Secret.from_env_var(...)}``); they
 are resolved only when the filesystem is created and serialized as references to environment variables. A plain
@@ -36,6 +36,8 @@ _CREDENTIAL_NAMES = frozenset(
 # A query parameter whose name says it carries a credential (``secret``, ``X-Amz-Signature``, ``sas_token`` ...).
 _CREDENTIAL_PARAMETER = re.compile(r"key|secret|token|password|signature|credential|sig$", re.IGNORECASE)
 _HIDDEN = "***"
+# The AWS SDKs' endpoint variables, the service-specific one first (what obstore and botocore read).
+_ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 
 
 def redacted_url(url: str) -> str:
@@ -98,10 +100,6 @@ def check_s3_endpoints(storage_options: Mapping[str, Any], environment: Mapping[
         given = {variable: environment[variable]} if variable else {}
     for source, value in given.items():
         check_endpoint_url(value, source)
-
-
-# The AWS SDKs' endpoint variables, the service-specific one first (what obstore and botocore read).
-_ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 
 
 def _hides(name: str) -> bool:
