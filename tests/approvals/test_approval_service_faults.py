@@ -49,7 +49,8 @@ def faulty_session(
     options = {
         **s3_server.storage_options(),
         "endpoint_url": fault_proxy.endpoint_url,
-        "config_kwargs": {"read_timeout": 0.5, "connect_timeout": 1},
+        # No fault delays a connect: it may take an attempt's time on a loaded machine (see tests/operations).
+        "config_kwargs": {"read_timeout": 0.5, "connect_timeout": 2},
     }
     root = FsspecToolResultStore(
         f"{s3_server.bucket_url}/{uuid.uuid4().hex}", storage_options=options, retry=FAST_RETRY, engine=request.param

@@ -23,8 +23,10 @@ from haystack_integrations.offload.testing.faults import FaultProxy
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 
 OFFLOADED = "tool_result_offloaded"
-# Short timeouts so that a withheld answer costs a second, not s3fs's default 15.
-CLIENT_CONFIG = {"read_timeout": 0.5, "connect_timeout": 1}
+# A short read timeout so that a withheld answer costs a second, not s3fs's default 15. No fault delays a connect, so
+# connecting may take as long as an attempt: a 1 s limit was outlasted on a loaded CI machine (a "connect timeout"
+# where the test counted only the 503s it injected).
+CLIENT_CONFIG = {"read_timeout": 0.5, "connect_timeout": 3}
 # Quick backoff: the suites check what is retried and how often, not how long it waits.
 # Short waits, but timeouts with room for a loaded machine (CI runs the suite in parallel on 2 cores): a request that
 # merely took long there must not count as one more failure, or the exact retry counts the tests assert would drift.
