@@ -56,7 +56,7 @@ def test_the_keys_live_here_and_stay_importable_where_they_were() -> None:
     from haystack_integrations.offload import APPROVAL_CHANNEL_KEY as public_key
     from haystack_integrations.offload.approvals import APPROVAL_CHANNEL_KEY as approvals_key
     from haystack_integrations.offload.approvals.channels import APPROVAL_CHANNEL_KEY as channels_key
-    from haystack_integrations.offload.approvals.verdicts import RESUMING_KEY as resuming_key
+    from haystack_integrations.offload.approvals.resume import RESUMING_KEY as resuming_key
 
     assert context.RESULT_STORE_CONTEXT_KEY is RESULT_STORE_CONTEXT_KEY
     assert public_key == approvals_key == channels_key == context.APPROVAL_CHANNEL_KEY == "approval_channel"

@@ -23,9 +23,8 @@ from haystack_integrations.offload import (
     offload_context,
 )
 from haystack_integrations.offload.approvals import InvalidApprovalEditError
-from haystack_integrations.offload.approvals.binding import arguments_digest
+from haystack_integrations.offload.approvals.approval_records import arguments_digest, validated_arguments
 from haystack_integrations.offload.approvals.rules import rule_for
-from haystack_integrations.offload.approvals.validation import validated_arguments
 
 
 def test_rules_resolve_like_haystacks_confirmation_hook() -> None:

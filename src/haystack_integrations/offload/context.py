@@ -33,7 +33,7 @@ APPROVAL_CHANNEL_KEY = "approval_channel"
 """The `hook_context` key of the run's approval channel: ``offload_context(store, approval_channel=...)``."""
 
 RESUMING_KEY = "offload.resuming"
-"""The `hook_context` key under which `resume` puts the `ResumedDecisions` of the step it resumes."""
+"""The `hook_context` key under which `resume` puts the `Rulings` of the step it resumes."""
 
 
 # Building a run's context

@@ -1,15 +1,24 @@
 """
 Validated records of the approval flow: what a run asks, what a person decides, what a worker claims and runs.
 
-Every record is a frozen pydantic model that refuses unknown fields; times are timezone-aware UTC.
+Every record is a frozen pydantic model that refuses unknown fields; times are timezone-aware UTC. The checks that bind
+a decision to exactly one call, and the checks of edited arguments, live beside the records they read.
 """
 
+import hashlib
+import json
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Literal
 
 from haystack.dataclasses import ChatMessage, ToolCall
+
+# jsonschema ships no type information (Haystack depends on it to check tool schemas; so do we, for edits).
+from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
+from jsonschema.exceptions import SchemaError  # type: ignore[import-untyped]
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
+from haystack_integrations.offload.approvals.errors import InvalidApprovalEditError
 from haystack_integrations.offload.stores.documents import writer_token
 
 ErrorKind = Literal["approval-denied", "approval-expired", "approval-invalid"]
@@ -21,7 +30,7 @@ APPROVAL_INVALID: ErrorKind = "approval-invalid"
 
 CallAction = Literal["run", "ask", "deny"]
 
-DecisionVerdict = Literal["approved", "edited", "rejected"]
+Verdict = Literal["approved", "edited", "rejected"]
 """A decision's verdict as the approval metrics count it."""
 
 MAY_HAVE_RUN_GUARD = "may-have-run"
@@ -137,7 +146,7 @@ class Decision(_Record):
         return cls(approved=False, reason=reason, decided_by=by)
 
 
-def decision_verdict(approved: bool, edited: bool) -> DecisionVerdict:
+def verdict_for(approved: bool, edited: bool) -> Verdict:
     """A decision's verdict: rejected, approved as asked, or approved with edited arguments."""
     if not approved:
         return "rejected"
@@ -212,19 +221,6 @@ class HeldCall(_Record):
         if (self.action == "deny") != (self.denial is not None):
             raise ValueError("A held call has a denial exactly when its action is 'deny'.")
         return self
-
-
-class HeldStepFields(TypedDict):
-    """The fields of a `HeldStep` its holder gives; the ledger adds the number, the message and the calls."""
-
-    tenant: str
-    session: str
-    guard: str
-    created: datetime
-    requested_by: str | None
-    continues: NotRequired[str | None]
-    state: NotRequired[dict[str, Any] | None]
-    preceding: NotRequired[list[dict[str, Any]]]
 
 
 class HeldStep(_Record):
@@ -362,3 +358,119 @@ class AuditEvent(_Record):
     tool_name: str | None = None
     arguments_digest: str | None = None
     detail: dict[str, Any] = Field(default_factory=dict)
+
+
+# What ties a decision to exactly one call: the same tenant and session, request, tool call id, tool name and arguments
+# digest, and only until it expires. A decision copied from another session, replayed or naming another tool never
+# runs a call, whatever its document says.
+
+
+def arguments_digest(arguments: Mapping[str, Any]) -> str:
+    """
+    Return ``sha256:<hex>`` of the canonical JSON of `arguments` (sorted keys, no spaces, UTF-8).
+
+    :param arguments: Tool-call arguments, as the model sent them (JSON values).
+    :returns: The digest.
+    :raises TypeError: If the arguments are not JSON values.
+    """
+    canonical = json.dumps(dict(arguments), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def binding_problem(
+    decision: ApprovalDecision, request: ApprovalRequest, *, tenant: str, session: str, now: datetime
+) -> Denial | None:
+    """
+    Check that `decision` may let `request`'s call run in the session `tenant`/`session` at `now`.
+
+    :param decision: The stored decision.
+    :param request: The request it claims to answer, from the held step.
+    :param tenant: The tenant of the store resuming the step.
+    :param session: The session of the store resuming the step.
+    :param now: The current time.
+    :returns: None if the decision binds; otherwise the denial the model gets instead of a result.
+    """
+    if (decision.tenant, decision.session) != (tenant, session) or (request.tenant, request.session) != (
+        tenant,
+        session,
+    ):
+        return Denial(kind=APPROVAL_INVALID, reason="The decision was made for another tenant or session.")
+    expected = (request.request_id, request.step_id, request.tool_call_id, request.arguments_digest)
+    if (decision.request_id, decision.step_id, decision.tool_call_id, decision.arguments_digest) != expected:
+        return Denial(kind=APPROVAL_INVALID, reason="The decision does not match this tool call or its arguments.")
+    if decision.tool_name != request.tool_name:
+        return Denial(kind=APPROVAL_INVALID, reason="The decision names another tool; a tool name never changes.")
+    if decision.approved and (
+        decision.arguments is None or decision.final_arguments_digest != arguments_digest(decision.arguments)
+    ):
+        return Denial(kind=APPROVAL_INVALID, reason="The approved arguments do not match their digest.")
+    if decision.expired(now):
+        return Denial(kind=APPROVAL_EXPIRED, reason="The approval expired before the call was resumed.")
+    return None
+
+
+# Whether a decision's edited arguments are acceptable: same tool, valid against the tool's parameter schema.
+
+_MAX_LISTED_ERRORS = 5
+
+
+def check_tool_name(claimed: str | None, tool_name: str) -> None:
+    """
+    Refuse a decision that names another tool: an approval can change arguments, never the tool.
+
+    :param claimed: The tool name the decision carries, if any.
+    :param tool_name: The tool the request is about.
+    :raises InvalidApprovalEditError: If `claimed` is set and differs.
+    """
+    if claimed is not None and claimed != tool_name:
+        raise InvalidApprovalEditError(
+            f"This request is for tool {tool_name!r}; a decision cannot change it to {claimed!r}."
+        )
+
+
+def validated_arguments(tool_name: str, parameters: dict[str, Any], arguments: object) -> dict[str, Any]:
+    """
+    Validate edited arguments against the tool's JSON schema (`Tool.parameters`, draft 2020-12 as Haystack uses).
+
+    :param tool_name: The tool, for messages.
+    :param parameters: The tool's parameter schema.
+    :param arguments: The edited arguments.
+    :returns: The arguments, as a new dictionary.
+    :raises InvalidApprovalEditError: If they are not a JSON object with string keys, or fail the schema; the message
+        lists the first few problems with their paths.
+    """
+    if not isinstance(arguments, dict) or not all(isinstance(key, str) for key in arguments):
+        raise InvalidApprovalEditError(
+            f"Edited arguments for {tool_name!r} must be an object with string keys, got {type(arguments).__name__}."
+        )
+    try:
+        validator = Draft202012Validator(parameters)
+        errors = sorted(validator.iter_errors(arguments), key=lambda error: list(error.absolute_path))
+    except SchemaError as error:  # pragma: no cover - Haystack's Tool refuses invalid schemas at construction
+        raise InvalidApprovalEditError(
+            f"The parameter schema of {tool_name!r} is not valid: {error.message}"
+        ) from error
+    if errors:
+        problems = "; ".join(
+            f"{'/'.join(str(part) for part in error.absolute_path) or '(arguments)'}: {error.message}"
+            for error in errors[:_MAX_LISTED_ERRORS]
+        )
+        more = f" (and {len(errors) - _MAX_LISTED_ERRORS} more)" if len(errors) > _MAX_LISTED_ERRORS else ""
+        raise InvalidApprovalEditError(f"Edited arguments for {tool_name!r} are not valid: {problems}{more}.")
+    return dict(arguments)
+
+
+def approved_arguments(request: ApprovalRequest, decision: Decision) -> tuple[dict[str, Any], bool]:
+    """
+    The arguments an approval lets the call run with, checked against the request.
+
+    :param request: The request decided.
+    :param decision: The decision (an approval; a denial is only checked for its tool name).
+    :returns: ``(arguments, edited)``.
+    :raises InvalidApprovalEditError: If the decision names another tool or its edited arguments are not valid.
+    """
+    check_tool_name(decision.tool_name, request.tool_name)
+    if decision.arguments is None:
+        return dict(request.arguments), False
+    arguments = validated_arguments(request.tool_name, request.parameters, decision.arguments)
+    return arguments, arguments != request.arguments

@@ -15,9 +15,10 @@ from haystack_integrations.offload.approvals.approval_records import (
     Decision,
     HeldStep,
     StepDone,
+    approved_arguments,
+    arguments_digest,
 )
 from haystack_integrations.offload.approvals.audit import append_audit, append_audit_async, request_event
-from haystack_integrations.offload.approvals.binding import arguments_digest
 from haystack_integrations.offload.approvals.errors import (
     ApprovalAlreadyDecidedError,
     ApprovalExpiredError,
@@ -32,7 +33,6 @@ from haystack_integrations.offload.approvals.ledger import (
     sequence_of,
 )
 from haystack_integrations.offload.approvals.rules import remembered_approval
-from haystack_integrations.offload.approvals.validation import approved_arguments
 from haystack_integrations.offload.metrics import approval
 from haystack_integrations.offload.types import SessionDocumentSource
 

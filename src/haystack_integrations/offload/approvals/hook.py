@@ -24,7 +24,6 @@ from haystack.hooks.human_in_the_loop.types import ConfirmationStrategy
 from haystack.tools.tool import Tool
 from haystack.tracing.tracer import tracer
 
-from haystack_integrations.offload.approvals import learning
 from haystack_integrations.offload.approvals.approval_records import (
     APPROVAL_DENIED,
     APPROVAL_INVALID,
@@ -36,10 +35,12 @@ from haystack_integrations.offload.approvals.approval_records import (
     HeldStep,
     RememberApproval,
     RememberedApproval,
-    decision_verdict,
+    approved_arguments,
+    arguments_digest,
+    validated_arguments,
+    verdict_for,
 )
 from haystack_integrations.offload.approvals.audit import append_audit, append_audit_async, new_event, request_event
-from haystack_integrations.offload.approvals.binding import arguments_digest
 from haystack_integrations.offload.approvals.channels import (
     APPROVAL_REQUIRED,
     ApprovalChannel,
@@ -50,7 +51,6 @@ from haystack_integrations.offload.approvals.channels import (
     strategy_input,
 )
 from haystack_integrations.offload.approvals.errors import InvalidApprovalEditError
-from haystack_integrations.offload.approvals.learning import SessionPolicies
 from haystack_integrations.offload.approvals.ledger import ApprovalLedger, now, request_id
 from haystack_integrations.offload.approvals.outcomes import (
     RESULT_FORMATS,
@@ -60,21 +60,25 @@ from haystack_integrations.offload.approvals.outcomes import (
     expired,
     in_process_shape,
 )
+from haystack_integrations.offload.approvals.resume import Ruling, Rulings
 from haystack_integrations.offload.approvals.rules import (
     AskOncePerSession,
     Rule,
     RuleKey,
+    SessionPolicies,
     checked_rules,
     deserialize_rules,
     is_strategy,
+    load_policies,
+    load_policies_async,
     memory_key,
     remembered_approval,
     rule_for,
     rule_key_for,
+    save_policies,
+    save_policies_async,
     serialize_rules,
 )
-from haystack_integrations.offload.approvals.validation import approved_arguments, validated_arguments
-from haystack_integrations.offload.approvals.verdicts import ResumedDecisions, Verdict
 from haystack_integrations.offload.context import RESULT_STORE_CONTEXT_KEY, RESUMING_KEY, context_store, hook_context_of
 from haystack_integrations.offload.metrics import approval
 from haystack_integrations.offload.types import SessionDocumentSource
@@ -117,7 +121,7 @@ class _Screened:
 
 @dataclass
 class _Step:
-    """What one ``before_tool`` invocation works on: the pending message, the run's channel and ledger, verdicts."""
+    """What one ``before_tool`` invocation works on: the pending message, the run's channel and ledger, rulings."""
 
     message: ChatMessage
     screened: list[_Screened]
@@ -125,7 +129,7 @@ class _Step:
     ledger: ApprovalLedger | None
     created: datetime
     step_id: str
-    resuming: ResumedDecisions | None = None
+    resuming: Rulings | None = None
     result_format: ResultFormat = "haystack"
     policies: SessionPolicies = field(default_factory=SessionPolicies)
     requests: dict[int, ApprovalRequest] = field(default_factory=dict)
@@ -248,9 +252,9 @@ class ApprovalHook:
         :raises Exception: Whatever an in-process callback raised.
         """
         ledger = _context_ledger(state)
-        policies = learning.load(self.rules, self.guard, ledger)
+        policies = load_policies(self.rules, self.guard, ledger)
         self._run(state, policies)
-        learning.save(policies, self.guard, ledger)
+        save_policies(policies, self.guard, ledger)
 
     def _run(self, state: State, policies: SessionPolicies) -> None:
         step = self._decided_step(state, policies)
@@ -274,9 +278,9 @@ class ApprovalHook:
     async def run_async(self, state: State) -> None:
         """Async `run`: store I/O and callbacks never block the event loop."""
         ledger = _context_ledger(state)
-        policies = await learning.load_async(self.rules, self.guard, ledger)
+        policies = await load_policies_async(self.rules, self.guard, ledger)
         await self._run_async(state, policies)
-        await learning.save_async(policies, self.guard, ledger)
+        await save_policies_async(policies, self.guard, ledger)
 
     async def _run_async(self, state: State, policies: SessionPolicies) -> None:
         step = self._decided_step(state, policies)
@@ -342,7 +346,7 @@ class ApprovalHook:
                 return None
             step.events[:0] = answered
             if step.resuming is not None:
-                self._apply_verdicts(step)
+                self._apply_rulings(step)
             if not isinstance(step.channel, StrategyApprovals):
                 _deny_unbound(step)
             if not step.denials and not step.edits:
@@ -421,26 +425,26 @@ class ApprovalHook:
             screened.memory = memory_key(call.tool_name, digest if policy.per_arguments else None)
         return screened
 
-    def _apply_verdicts(self, step: _Step) -> None:
+    def _apply_rulings(self, step: _Step) -> None:
         """Answer the calls this guard already decided on, from the resumed step's decisions."""
         resuming = step.resuming
         assert resuming is not None  # noqa: S101 - only called when resuming
         for item in step.screened:
             if not item.ask:
                 continue
-            verdict = resuming.verdict(self.guard, item.call)
-            if verdict is None:
+            ruling = resuming.ruling(self.guard, item.call)
+            if ruling is None:
                 continue
             item.ask = False
-            self._apply_verdict(step, item, verdict)
+            self._apply_ruling(step, item, ruling)
 
-    def _apply_verdict(self, step: _Step, item: _Screened, verdict: Verdict) -> None:
-        request = verdict.request
-        self._learn(step, request, verdict.decision())
-        if verdict.denial is not None:
-            step.denials[item.position] = (verdict.denial, request.request_id)
+    def _apply_ruling(self, step: _Step, item: _Screened, ruling: Ruling) -> None:
+        request = ruling.request
+        self._learn(step, request, ruling.decision())
+        if ruling.denial is not None:
+            step.denials[item.position] = (ruling.denial, request.request_id)
             return
-        arguments = verdict.arguments or {}
+        arguments = ruling.arguments or {}
         if arguments == dict(item.call.arguments):
             return
         try:  # the live tool may have changed since the decision was validated
@@ -553,7 +557,7 @@ class ApprovalHook:
             self._refuse(step, request, str(error), actor=decision.decided_by)
             return
         edited = edited and decision.approved
-        approval("decided", verdict=decision_verdict(decision.approved, edited), tenant=step.tenant)
+        approval("decided", verdict=verdict_for(decision.approved, edited), tenant=step.tenant)
         step.events.append(
             request_event(
                 "approval.decided",

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TypeVar, Unpack
+from typing import Any, TypeVar
 
 from haystack.dataclasses import ChatMessage
 from pydantic import BaseModel, ValidationError
@@ -25,11 +25,10 @@ from haystack_integrations.offload.approvals.approval_records import (
     ExecutionClaim,
     HeldCall,
     HeldStep,
-    HeldStepFields,
     RememberedApproval,
     StepClaim,
     StepDone,
-    decision_verdict,
+    verdict_for,
 )
 from haystack_integrations.offload.approvals.errors import (
     ApprovalAlreadyDecidedError,
@@ -186,7 +185,7 @@ def _dump(record: BaseModel) -> bytes:
     return record.model_dump_json().encode()
 
 
-def _numbered(first: int, message: ChatMessage, calls: HeldCalls, fields: HeldStepFields) -> Iterator[HeldStep]:
+def _numbered(first: int, message: ChatMessage, calls: HeldCalls, fields: dict[str, Any]) -> Iterator[HeldStep]:
     """The step to record under each number tried in turn, from `first`: a lost race moves on to the next number."""
     for sequence in range(first, first + _SEQUENCE_RACES):
         step_id = step_id_for(sequence)
@@ -280,9 +279,7 @@ class ApprovalLedger:
 
     # Held steps: the step document's conditional create is the claim on its number.
 
-    def hold(
-        self, message: ChatMessage, calls: HeldCalls, *, after: int | None = None, **fields: Unpack[HeldStepFields]
-    ) -> HeldStep:
+    def hold(self, message: ChatMessage, calls: HeldCalls, *, after: int | None = None, **fields: Any) -> HeldStep:
         """
         Record `message` as a held step under the next free number: the one place a `HeldStep` is built.
 
@@ -291,7 +288,7 @@ class ApprovalLedger:
         :param message: The assistant message whose calls wait.
         :param calls: Makes the step's held calls for the step id they are held under (their requests carry it).
         :param after: The newest number known to be taken; listed when not given.
-        :param fields: The step's other fields (`HeldStepFields`).
+        :param fields: The step's other fields, as `HeldStep` takes them (it refuses unknown ones).
         :returns: The recorded step.
         """
         first = (after if after is not None else (self.listing().newest() or 0)) + 1
@@ -302,7 +299,7 @@ class ApprovalLedger:
         raise ApprovalClaimedError("Could not number a held step: every step number tried was taken meanwhile.")
 
     async def hold_async(
-        self, message: ChatMessage, calls: HeldCalls, *, after: int | None = None, **fields: Unpack[HeldStepFields]
+        self, message: ChatMessage, calls: HeldCalls, *, after: int | None = None, **fields: Any
     ) -> HeldStep:
         """Async `hold`."""
         first = (after if after is not None else ((await self.listing_async()).newest() or 0)) + 1
@@ -372,7 +369,7 @@ class ApprovalLedger:
         except DocumentExistsError as error:
             known_pending.settle(self.tenant, self.session, decision.request_id)
             raise ApprovalAlreadyDecidedError(f"Request {decision.request_id!r} is already decided.") from error
-        approval("decided", verdict=decision_verdict(decision.approved, decision.edited), tenant=self.tenant)
+        approval("decided", verdict=verdict_for(decision.approved, decision.edited), tenant=self.tenant)
         known_pending.settle(self.tenant, self.session, decision.request_id)
 
     # Resuming a step: claimed per attempt, renewed while the worker works, ended by its done record.

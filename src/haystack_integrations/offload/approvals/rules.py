@@ -1,17 +1,25 @@
 """
 Whether a tool call needs a person's approval: per-tool rules keyed like Haystack's confirmation strategies.
 
-Any Haystack `ConfirmationPolicy` is a rule; `AskOncePerSession` and `AskWhen` are added for servers.
+Any Haystack `ConfirmationPolicy` is a rule; `AskOncePerSession` and `AskWhen` are added for servers. Policies that
+learn from decisions keep their memory per session.
 """
 
 import hashlib
 import json
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from haystack.core.serialization import component_to_dict, default_from_dict, default_to_dict
+from haystack.core.serialization import (
+    component_to_dict,
+    default_from_dict,
+    default_to_dict,
+    generate_qualified_class_name,
+)
+from haystack.hooks.human_in_the_loop import AlwaysAskPolicy, ConfirmationUIResult, NeverAskPolicy
 from haystack.hooks.human_in_the_loop.policies import AskOncePolicy
 from haystack.hooks.human_in_the_loop.types import ConfirmationPolicy, ConfirmationStrategy
 from haystack.utils.callable_serialization import deserialize_callable, serialize_callable
@@ -19,9 +27,11 @@ from haystack.utils.deserialization import deserialize_component_inplace
 
 from haystack_integrations.offload.approvals.approval_records import (
     ApprovalRequest,
+    Decision,
     RememberApproval,
     RememberedApproval,
 )
+from haystack_integrations.offload.approvals.ledger import ApprovalLedger
 
 logger = logging.getLogger(__name__)
 
@@ -272,3 +282,131 @@ def deserialize_rules(data: dict[str, Any]) -> dict[RuleKey, Rule]:
     return {
         (tuple(json.loads(raw_key)) if raw_key.startswith("[") else raw_key): rule for raw_key, rule in rules.items()
     }
+
+
+# Policies known to learn nothing: no copy, no I/O.
+# Policies that learn from decisions (`ConfirmationPolicy.update_after_confirmation`) get a copy per session, kept in
+# the session's ``.approvals/`` documents: loaded before screening, written back after each decision.
+
+_STATELESS = (AlwaysAskPolicy, NeverAskPolicy, AskWhen, AskOncePerSession)
+
+
+def learns(rule: Rule) -> bool:
+    """
+    Whether a rule's policy learns from decisions (its class has an ``update_after_confirmation`` of its own).
+
+    :param rule: A policy or a strategy.
+    :returns: True for policies whose memory must be kept per session.
+    """
+    policy = policy_of(rule)
+    if policy is None or isinstance(policy, _STATELESS) or policy is not rule:
+        # A strategy's policy learns inside the strategy's own run (as in ConfirmationHook), not here.
+        return False
+    method = getattr(type(policy), "update_after_confirmation", None)
+    return callable(method) and method is not ConfirmationPolicy.update_after_confirmation
+
+
+@dataclass
+class SessionPolicies:
+    """One run's copies of the hook's learning policies, by rule key, and the decisions they learn from."""
+
+    copies: dict[RuleKey, Any] = field(default_factory=dict)
+    learned: set[RuleKey] = field(default_factory=set)
+
+    def policy(self, key: RuleKey, rule: Rule) -> Any:
+        """The policy to screen with: the session's copy of a learning policy, else the rule's own."""
+        return self.copies.get(key, policy_of(rule))
+
+    def learn(self, key: RuleKey, request: ApprovalRequest, decision: Decision | None) -> None:
+        """
+        Tell the session's copy of `key`'s policy how a person answered `request`.
+
+        :param key: The rule's key.
+        :param request: The call asked about.
+        :param decision: The answer; None (no answer in time) teaches nothing.
+        """
+        copy = self.copies.get(key)
+        if copy is None or decision is None:
+            return
+        copy.update_after_confirmation(
+            request.tool_name, request.tool_description, dict(request.arguments), _ui_result(request, decision)
+        )
+        self.learned.add(key)
+
+
+def _ui_result(request: ApprovalRequest, decision: Decision) -> ConfirmationUIResult:
+    if not decision.approved:
+        return ConfirmationUIResult(action="reject", feedback=decision.reason)
+    if decision.arguments is not None and decision.arguments != request.arguments:
+        return ConfirmationUIResult(action="modify", feedback=decision.reason, new_tool_params=decision.arguments)
+    return ConfirmationUIResult(action="confirm", feedback=decision.reason)
+
+
+def _document(guard: str, key: RuleKey) -> str:
+    identity = json.dumps([guard, list(key) if isinstance(key, tuple) else key])
+    return f"policy.{hashlib.sha256(identity.encode()).hexdigest()[:40]}.json"
+
+
+def _fresh(rule: Any) -> Any:
+    return _from_dict(type(rule), component_to_dict(rule, name="approval_rule"))
+
+
+def _revived(data: bytes | None, rule: Any) -> Any:
+    # Only the rule's own class is ever rebuilt: a document naming another type (the rule changed class, or the
+    # document was tampered with) starts over from the rule, so nothing from the store picks what gets imported.
+    if data is None:
+        return _fresh(rule)
+    serialized = json.loads(data)
+    if not isinstance(serialized, dict) or serialized.get("type") != generate_qualified_class_name(type(rule)):
+        return _fresh(rule)
+    return _from_dict(type(rule), serialized)
+
+
+def _from_dict(cls: type, data: dict[str, Any]) -> Any:
+    from_dict = getattr(cls, "from_dict", None)
+    return from_dict(data) if callable(from_dict) else default_from_dict(cls, data)
+
+
+async def load_policies_async(
+    rules: Mapping[RuleKey, Rule], guard: str, ledger: ApprovalLedger | None
+) -> SessionPolicies:
+    """
+    Load the session's copies of the learning policies among `rules` (fresh copies where the session has none).
+
+    :param rules: The hook's rules.
+    :param guard: The hook's guard name (two hooks keep apart what they learn).
+    :param ledger: The session's approval documents, or None for a run without a session store.
+    :returns: The copies.
+    """
+    found = SessionPolicies()
+    for key, rule in rules.items():
+        if learns(rule):
+            data = await ledger.read_async(_document(guard, key)) if ledger is not None else None
+            found.copies[key] = _revived(data, rule)
+    return found
+
+
+def load_policies(rules: Mapping[RuleKey, Rule], guard: str, ledger: ApprovalLedger | None) -> SessionPolicies:
+    """Sync `load_async`."""
+    found = SessionPolicies()
+    for key, rule in rules.items():
+        if learns(rule):
+            data = ledger.read(_document(guard, key)) if ledger is not None else None
+            found.copies[key] = _revived(data, rule)
+    return found
+
+
+async def save_policies_async(policies: SessionPolicies, guard: str, ledger: ApprovalLedger | None) -> None:
+    """Write back the copies that learned something in this run."""
+    if ledger is not None:
+        for key in policies.learned:
+            data = json.dumps(component_to_dict(policies.copies[key], name="approval_rule")).encode()
+            await ledger.documents.put_async(_document(guard, key), data)
+
+
+def save_policies(policies: SessionPolicies, guard: str, ledger: ApprovalLedger | None) -> None:
+    """Sync `save_async`."""
+    if ledger is not None:
+        for key in policies.learned:
+            data = json.dumps(component_to_dict(policies.copies[key], name="approval_rule")).encode()
+            ledger.documents.put(_document(guard, key), data)
