@@ -46,7 +46,7 @@ from haystack_integrations.offload.stores.options import (
     serialize_options,
 )
 from haystack_integrations.offload.stores.pending import InFlightWrites, PendingWrite
-from haystack_integrations.offload.stores.quotas import Quota, QuotaLedger, Reservation, SessionUsage, usage_by_session
+from haystack_integrations.offload.stores.quotas import Quota, QuotaTracker, Reservation, SessionUsage, usage_by_session
 from haystack_integrations.offload.stores.records import StoredResult
 from haystack_integrations.offload.stores.references import parse_reference
 from haystack_integrations.offload.stores.retention import (
@@ -349,7 +349,7 @@ class FsspecToolResultStore(ToolResultStore):
     async def _admit_async(self, size: int) -> Reservation | None:
         if self.quota is None or self.tenant is None or self.session is None:
             return None
-        return await self._handle.ledger().admit_async(
+        return await self._handle.quota_tracker().admit_async(
             self.quota, self.tenant, self.session, size, self._list_usage_async
         )
 
@@ -357,10 +357,10 @@ class FsspecToolResultStore(ToolResultStore):
         """Count a document's bytes against the quota: charged (never refused) by default, or admitted if `enforce`."""
         if self.quota is None or self.tenant is None or self.session is None:
             return None
-        ledger = self._handle.ledger()
+        tracker = self._handle.quota_tracker()
         if not enforce:
-            return ledger.charge(self.quota, self.tenant, self.session, size)
-        return await ledger.admit_async(self.quota, self.tenant, self.session, size, self._list_usage_async, results=0)
+            return tracker.charge(self.quota, self.tenant, self.session, size)
+        return await tracker.admit_async(self.quota, self.tenant, self.session, size, self._list_usage_async, results=0)
 
     def _prepare_write(
         self, key: str, content: object, tool_name: str | None
@@ -939,7 +939,7 @@ class _FilesystemHandle:
         self._lock = threading.Lock()
         self._retry = retry
         self.retry_stats = RetryStats()
-        self._ledger: QuotaLedger | None = None
+        self._quota_tracker: QuotaTracker | None = None
         self.in_flight = InFlightWrites()
 
     def _create(self) -> None:
@@ -1026,17 +1026,17 @@ class _FilesystemHandle:
                 return await call(io)
         return await retried(io, self._retry, self.retry_stats, operation, path, call)
 
-    def ledger(self) -> QuotaLedger:
-        """The quota ledger of every store sharing this handle, created on first use."""
+    def quota_tracker(self) -> QuotaTracker:
+        """The quota tracker of every store sharing this handle, created on first use."""
         with self._lock:
-            if self._ledger is None:
-                self._ledger = QuotaLedger()
-            return self._ledger
+            if self._quota_tracker is None:
+                self._quota_tracker = QuotaTracker()
+            return self._quota_tracker
 
     def invalidate(self, scope: tuple[str, ...]) -> None:
         """Make quota checks list `scope` again (after deletes and purges)."""
-        if self._ledger is not None:
-            self._ledger.invalidate(scope)
+        if self._quota_tracker is not None:
+            self._quota_tracker.invalidate(scope)
 
     def backend_key(self) -> tuple[str, ...]:
         """What identifies the backend for checks cached per process: engine, protocol, endpoint, bucket."""

@@ -51,7 +51,7 @@ class Quota(BaseModel):
     ```
 
     Multi-user use: set the quota on the root store at start-up; every `for_session` store derived from it shares one
-    usage ledger per worker process. Across worker processes the limit holds within a bounded overshoot (see the
+    usage tracker per worker process. Across worker processes the limit holds within a bounded overshoot (see the
     module documentation): ``limit + (workers - 1) x slack x limit``.
     """
 
@@ -101,7 +101,7 @@ class _Entry:
     results: int
     size: int
     settled_event: int = 0
-    """When the write finished, on the ledger's event clock (0 while in flight)."""
+    """When the write finished, on the tracker's event clock (0 while in flight)."""
 
 
 @dataclass
@@ -143,7 +143,7 @@ class _ScopeState:
 class _Refresh:
     scope: ScopeKey
     event: int
-    """When the listing began, on the ledger's event clock: every write settled before it is in the listing."""
+    """When the listing began, on the tracker's event clock: every write settled before it is in the listing."""
     started: float
     done: Future[None]
 
@@ -156,8 +156,8 @@ class _Wait:
 class Reservation:
     """A write admitted under a quota; `settle` it once the write has finished, whatever the outcome."""
 
-    def __init__(self, ledger: QuotaLedger, scopes: tuple[ScopeKey, ...], entry: _Entry) -> None:
-        self._ledger = ledger
+    def __init__(self, tracker: QuotaTracker, scopes: tuple[ScopeKey, ...], entry: _Entry) -> None:
+        self._tracker = tracker
         self._scopes = scopes
         self._entry = entry
         self._settled = False
@@ -165,11 +165,11 @@ class Reservation:
     def settle(self) -> None:
         """
         Record that the write finished. It keeps counting until the next listing, landed or not (a failed write may
-        have landed), so the ledger never counts less than what is stored.
+        have landed), so the tracker never counts less than what is stored.
         """
         if not self._settled:
             self._settled = True
-            self._ledger._settle(self._scopes, self._entry)
+            self._tracker._settle(self._scopes, self._entry)
 
 
 @dataclass(frozen=True)
@@ -181,10 +181,10 @@ class _Admission:
     results: int
     """Results the write adds: 1 for a result, 0 for a document."""
     began: int
-    """When the admission began, on the ledger's event clock: a listing begun later was made for this write."""
+    """When the admission began, on the tracker's event clock: a listing begun later was made for this write."""
 
 
-class QuotaLedger:
+class QuotaTracker:
     """
     One worker's view of the usage of the scopes it writes to; shared by a root store and every store derived from it.
 
