@@ -201,6 +201,36 @@ def test_an_s3_endpoint_without_a_scheme_is_refused_in_one_line_at_construction(
     assert str(refused.value).startswith(named) and "\n" not in str(refused.value)
 
 
+@pytest.mark.parametrize(
+    ("storage_options", "environment", "named"),
+    [
+        ({"client_kwargs": {"region_name": "eu west 1"}}, {}, "storage_options['client_kwargs']['region_name']"),
+        ({}, {"AWS_REGION": "bad region"}, "AWS_REGION"),
+        ({}, {"AWS_DEFAULT_REGION": "eu_west_1"}, "AWS_DEFAULT_REGION"),
+    ],
+)
+@pytest.mark.parametrize("engine", ["fsspec", "obstore"])
+def test_a_region_that_is_no_region_name_is_refused_in_one_line_at_construction(
+    storage_options: dict[str, object],
+    environment: dict[str, str],
+    named: str,
+    engine: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=r"is not a region name \(such as eu-west-1\)") as refused:
+        FsspecToolResultStore("s3://bucket/prod", storage_options=storage_options, engine=engine)
+    assert str(refused.value).startswith(named) and "\n" not in str(refused.value)
+
+
+def test_a_region_in_the_options_wins_over_the_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_REGION", "not a region")  # not used: the options name the region
+    FsspecToolResultStore("s3://bucket/prod", storage_options={"client_kwargs": {"region_name": "eu-west-1"}})
+
+
 def test_an_endpoint_given_in_the_options_is_the_one_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_ENDPOINT_URL", "not-a-url")  # not used: the options name the endpoint
     FsspecToolResultStore("s3://bucket/prod", storage_options={"endpoint_url": "http://127.0.0.1:9000"})

@@ -14,7 +14,6 @@ import importlib.util
 import itertools
 import json
 import os
-import re
 import sys
 import threading
 import time
@@ -44,8 +43,6 @@ PROGRESS_DELAY = 1.0
 """Seconds a listing runs before its progress line appears on a terminal (with ``--progress``: at once)."""
 PROGRESS_INTERVAL = 0.5
 """Seconds between updates of a listing's progress line on a terminal."""
-# botocore's own rule for region names, checked here so a bad one is named before any connection is tried.
-_REGION = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?")
 
 
 Handler = Callable[[argparse.Namespace], int]  # a subcommand: the parsed command line in, the exit code out
@@ -111,19 +108,20 @@ def s3_choices(arguments: argparse.Namespace, url: str) -> dict[str, tuple[str, 
             chosen[name] = (flag, f"--{name.replace('_', '-')}")
         elif variable := next((variable for variable in variables if os.environ.get(variable)), None):
             chosen[name] = (os.environ[variable], variable)
-    for name, (value, source) in chosen.items():
-        if name == "endpoint_url":
-            from haystack_integrations.offload.stores.options import check_endpoint_url
+    from haystack_integrations.offload.stores.options import check_endpoint_url, check_region
 
-            try:
-                check_endpoint_url(value, source)
-            except ValueError as error:
-                raise CommandError(str(error)) from error
-        elif name == "region" and not _REGION.fullmatch(value):
-            raise CommandError(f"{source} is not a region name (such as eu-west-1): {value!r}.")
-        elif name == "profile" and (not value.strip() or value != value.strip()):
-            raise CommandError(f"{source} is not a profile name: {value!r}.")
+    checks = {"endpoint_url": check_endpoint_url, "region": check_region, "profile": _check_profile}
+    for name, (value, source) in chosen.items():
+        try:
+            checks[name](value, source)
+        except ValueError as error:
+            raise CommandError(str(error)) from error
     return chosen
+
+
+def _check_profile(value: str, source: str) -> None:
+    if not value.strip() or value != value.strip():
+        raise ValueError(f"{source} is not a profile name: {value!r}.")
 
 
 def applied_s3_choices(options: dict[str, Any], chosen: dict[str, tuple[str, str]]) -> dict[str, str]:
@@ -136,16 +134,6 @@ def applied_s3_choices(options: dict[str, Any], chosen: dict[str, tuple[str, str
     return {name: value for name, (value, source) in chosen.items() if source.startswith("--") or not present[name]}
 
 
-def _with_s3(options: dict[str, Any], chosen: dict[str, tuple[str, str]]) -> dict[str, Any]:
-    """Put the S3 choices into s3fs storage options (`applied_s3_choices`); the region goes into ``client_kwargs``."""
-    applied = applied_s3_choices(options, chosen)
-    region = applied.pop("region", None)
-    merged = {**options, **applied}
-    if region is not None:
-        merged["client_kwargs"] = {**(options.get("client_kwargs") or {}), "region_name": region}
-    return merged
-
-
 def storage_options_from(arguments: argparse.Namespace, url: str) -> dict[str, Any] | None:
     """
     ``--storage-options`` with the S3 flags over it and the AWS variables under it.
@@ -155,7 +143,10 @@ def storage_options_from(arguments: argparse.Namespace, url: str) -> dict[str, A
     :returns: The store's fsspec options, or None when there are none.
     :raises CommandError: If the JSON is not an object, or an S3 flag or variable is malformed or misplaced.
     """
-    return _with_s3(parse_storage_options(arguments.storage_options) or {}, s3_choices(arguments, url)) or None
+    from haystack_integrations.offload.stores.options import with_s3_choices
+
+    options = parse_storage_options(arguments.storage_options) or {}
+    return with_s3_choices(options, **applied_s3_choices(options, s3_choices(arguments, url))) or None
 
 
 def whole_number(low: int, high: int | None = None) -> Callable[[str], int]:

@@ -48,6 +48,13 @@ def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp
     assert rebuilt.resolved_storage_options() == settings.resolved_storage_options()
 
 
+def test_a_region_setting_is_checked_as_the_store_and_the_cli_check_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OFFLOAD_SERVER_STORE", "s3://acme-results/prod")
+    monkeypatch.setenv("OFFLOAD_SERVER_S3_REGION", "bad region")
+    with pytest.raises(ValidationError, match=r"OFFLOAD_SERVER_S3_REGION is not a region name \(such as eu-west-1\)"):
+        ServerSettings()
+
+
 def test_tokens_file_adds_tokens_and_is_checked(tmp_path: Path) -> None:
     path = tmp_path / "tokens.json"
     path.write_text(json.dumps({"globex-token-0000000001": "globex", "globex-token-0000000002": "globex"}))

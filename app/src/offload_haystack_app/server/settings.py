@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from haystack_integrations.offload.approvals.resume import DEFAULT_RESUME_LEASE
 from haystack_integrations.offload.stores import FsspecToolResultStore, Quota
+from haystack_integrations.offload.stores.options import check_region, with_s3_choices
 from haystack_integrations.offload.stores.scope import validate_scope_id
 from offload_haystack_app.server.model_check import DEFAULT_CHECK_TIMEOUT, check_openai_endpoint
 from offload_haystack_app.server.scripted_model import (
@@ -139,6 +140,13 @@ class ServerSettings(BaseSettings):
                 fsspec.get_filesystem_class(protocol)
             except (ImportError, ValueError) as error:
                 raise ValueError(f"unknown or unavailable storage protocol {protocol!r}: {error}") from error
+        return value
+
+    @field_validator("s3_region")
+    @classmethod
+    def _is_a_region(cls, value: str | None) -> str | None:
+        if value:  # the same rule as the store's and the CLI's, named by its variable
+            check_region(value, "OFFLOAD_SERVER_S3_REGION")
         return value
 
     @model_validator(mode="after")
@@ -305,19 +313,17 @@ class ServerSettings(BaseSettings):
 
         :returns: A new dictionary.
         """
-        options = dict(self.storage_options)
-        protocol, _ = split_protocol(self.store)
-        if protocol in {"s3", "s3a"}:
-            if self.s3_endpoint_url:
-                options["endpoint_url"] = self.s3_endpoint_url
-            for option, secret in (("key", self.s3_access_key_id), ("secret", self.s3_secret_access_key)):
-                if secret is not None:
-                    options[option] = secret.get_secret_value()
-            if self.s3_region:
-                client_kwargs = dict(options.get("client_kwargs") or {})
-                client_kwargs["region_name"] = self.s3_region
-                options["client_kwargs"] = client_kwargs
-        return options
+        if split_protocol(self.store)[0] not in {"s3", "s3a"}:
+            return dict(self.storage_options)
+        credentials = (self.s3_access_key_id, self.s3_secret_access_key)
+        key, secret = (value.get_secret_value() if value else None for value in credentials)
+        return with_s3_choices(
+            self.storage_options,
+            endpoint_url=self.s3_endpoint_url or None,
+            region=self.s3_region or None,
+            key=key,
+            secret=secret,
+        )
 
     def environment(self) -> dict[str, str]:
         """

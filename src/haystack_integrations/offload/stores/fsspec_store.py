@@ -39,7 +39,7 @@ from haystack_integrations.offload.stores.names import (
     parse_object_name,
 )
 from haystack_integrations.offload.stores.options import (
-    check_s3_endpoints,
+    check_s3_options,
     deserialize_options,
     redacted_url,
     resolve_secrets,
@@ -172,7 +172,7 @@ class FsspecToolResultStore(ToolResultStore):
         """
         protocol, _ = split_protocol(url)
         if protocol in ("s3", "s3a") and filesystem is None:
-            check_s3_endpoints(storage_options or {}, os.environ)
+            check_s3_options(storage_options or {}, os.environ)
         choice = choose_engine(engine, url, storage_options, filesystem)
         if protocol is None and filesystem is None:
             check_local_path(url)  # "s3:/bucket" would otherwise be a local folder named "s3:"

@@ -38,6 +38,9 @@ _CREDENTIAL_PARAMETER = re.compile(r"key|secret|token|password|signature|credent
 _HIDDEN = "***"
 # The AWS SDKs' endpoint variables, the service-specific one first (what obstore and botocore read).
 _ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+_REGION_VARIABLES = ("AWS_REGION", "AWS_DEFAULT_REGION")
+# botocore's own rule for region names, checked so a bad one is named before any connection is tried.
+_REGION = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?")
 
 
 def redacted_url(url: str) -> str:
@@ -82,24 +85,76 @@ def check_endpoint_url(value: object, source: str) -> None:
         raise ValueError(f"{source} must be an http:// or https:// URL, got {value!r}.")
 
 
-def check_s3_endpoints(storage_options: Mapping[str, Any], environment: Mapping[str, str]) -> None:
+def check_region(value: object, source: str) -> None:
     """
-    Check every endpoint an S3 store would use: the storage options' (s3fs's two places), else the AWS variables'.
+    Refuse a region that is not a region name, in one line naming where it was given.
+
+    :param value: The region as given.
+    :param source: Where it was given, for the message: a flag, a variable or a setting.
+    :raises ValueError: If it is not letters, digits and inner hyphens (``eu-west-1``; not ``bad region``).
+    """
+    if not isinstance(value, str) or not _REGION.fullmatch(value):
+        raise ValueError(f"{source} is not a region name (such as eu-west-1): {value!r}.")
+
+
+def check_s3_options(storage_options: Mapping[str, Any], environment: Mapping[str, str]) -> None:
+    """
+    Check the endpoints and region an S3 store would use: the storage options' (s3fs's places), else AWS variables'.
 
     :param storage_options: The store's storage options.
     :param environment: The process environment (`os.environ`).
-    :raises ValueError: For the first endpoint that is not an ``http://`` or ``https://`` URL.
+    :raises ValueError: For the first endpoint that is not an ``http://`` or ``https://`` URL, or a region that is not
+        a region name.
     """
     client_kwargs = storage_options.get("client_kwargs")
-    given: dict[str, object] = {"storage_options['endpoint_url']": storage_options.get("endpoint_url")}
-    if isinstance(client_kwargs, Mapping):
-        given["storage_options['client_kwargs']['endpoint_url']"] = client_kwargs.get("endpoint_url")
-    given = {source: value for source, value in given.items() if value is not None}
-    if not given:
-        variable = next((name for name in _ENDPOINT_VARIABLES if environment.get(name)), None)
-        given = {variable: environment[variable]} if variable else {}
-    for source, value in given.items():
+    client_kwargs = client_kwargs if isinstance(client_kwargs, Mapping) else {}
+    given: dict[str, object] = {
+        "storage_options['endpoint_url']": storage_options.get("endpoint_url"),
+        "storage_options['client_kwargs']['endpoint_url']": client_kwargs.get("endpoint_url"),
+    }
+    for source, value in _given_or_variable(given, _ENDPOINT_VARIABLES, environment).items():
         check_endpoint_url(value, source)
+    region = {"storage_options['client_kwargs']['region_name']": client_kwargs.get("region_name")}
+    for source, value in _given_or_variable(region, _REGION_VARIABLES, environment).items():
+        check_region(value, source)
+
+
+def _given_or_variable(
+    given: dict[str, object], variables: tuple[str, ...], environment: Mapping[str, str]
+) -> dict[str, object]:
+    # What the options set wins; only where they set nothing does the first AWS variable set apply.
+    present = {source: value for source, value in given.items() if value is not None}
+    if present:
+        return present
+    variable = next((name for name in variables if environment.get(name)), None)
+    return {variable: environment[variable]} if variable else {}
+
+
+def with_s3_choices(
+    options: Mapping[str, Any],
+    *,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    profile: str | None = None,
+    key: str | None = None,
+    secret: str | None = None,
+) -> dict[str, Any]:
+    """
+    s3fs storage options with S3 choices put where s3fs takes them (the region into ``client_kwargs``), over `options`.
+
+    :param options: The storage options given.
+    :param endpoint_url: The endpoint, if chosen.
+    :param region: The bucket's region, if chosen.
+    :param profile: The AWS profile, if chosen.
+    :param key: The access key id, if given.
+    :param secret: The secret access key, if given.
+    :returns: A new dictionary; a choice left None leaves the option as it was.
+    """
+    chosen = {"endpoint_url": endpoint_url, "profile": profile, "key": key, "secret": secret}
+    merged = {**options, **{name: value for name, value in chosen.items() if value is not None}}
+    if region is not None:
+        merged["client_kwargs"] = {**(options.get("client_kwargs") or {}), "region_name": region}
+    return merged
 
 
 def _hides(name: str) -> bool:
