@@ -173,13 +173,20 @@ def test_missing_extra_names_the_fix() -> None:
     assert 'pip install "offload-haystack[local-s3]"' in result.stdout
 
 
+def _ignore_sigint() -> None:
+    # What a non-interactive shell does for a job started with `&`; the ignored disposition survives exec.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="sends SIGINT to stop the server")
-def test_module_runs_a_server_until_interrupted() -> None:
+@pytest.mark.parametrize("parent_ignores_sigint", [False, True])
+def test_module_runs_a_server_until_interrupted(parent_ignores_sigint: bool) -> None:
     process = subprocess.Popen(
         [sys.executable, "-m", "haystack_integrations.offload.testing.local_s3", "--port", "0", "--quiet"],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=_ignore_sigint if parent_ignores_sigint else None,
     )
     try:
         assert process.stdout is not None

@@ -8,7 +8,11 @@ connection after its answer; `KeepAliveServer` below does not, as real S3 server
 
 import http.client
 import io
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -629,3 +633,30 @@ def test_on_ceph_rgw_a_rate_fails_its_share_of_one_kept_alive_clients_requests(r
     assert len(proxy.requests) == total > len(connections)  # more requests than connections: they were kept alive
     stored = real_s3_server.client().list_objects_v2(Bucket=real_s3_server.bucket, Prefix="kept-alive/")
     assert stored.get("KeyCount", 0) == total - failed  # the injected errors never reached the server
+
+
+def _ignore_sigint() -> None:
+    # What a non-interactive shell does for a job started with `&`; the ignored disposition survives exec.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="sends SIGINT to stop the proxy")
+def test_the_proxy_command_stops_on_sigint_even_where_its_parent_ignores_it() -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "haystack_integrations.offload.testing.faults", "--upstream", "http://127.0.0.1:9"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=_ignore_sigint,
+    )
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().startswith("Fault proxy (10% of requests fail) at http://127.0.0.1:")
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        if process.stdout is not None:
+            process.stdout.close()

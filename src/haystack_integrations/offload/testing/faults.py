@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import random
+import signal
 import socket
 import struct
 import threading
@@ -605,6 +606,7 @@ def _serve_until_interrupted(proxy: LatencyProxy, banner: Callable[[str], str]) 
         finally:
             await proxy.stop()
 
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # stopped by SIGINT, even if the parent ignores it
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve())
     return 0

@@ -611,6 +611,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
+    # SIGINT is how this server is stopped, so it must raise KeyboardInterrupt even where the parent left it ignored
+    # (a non-interactive shell does so for every job it starts with `&`): Python installs its handler only otherwise.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     # Catch Ctrl-C around the whole run: it may arrive at any point, even mid-start or mid-print, and the
     # with-block stops the server whichever it is.
     try:
