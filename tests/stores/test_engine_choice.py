@@ -13,7 +13,7 @@ import pytest
 
 from haystack_integrations.offload import FsspecToolResultStore, StoragePermissionError
 from haystack_integrations.offload.stores import engines
-from haystack_integrations.offload.stores.bucket_region import bucket_region
+from haystack_integrations.offload.stores.aws import bucket_region
 from haystack_integrations.offload.stores.obstore_io import obstore_settings
 
 AWS_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_REGION")

@@ -7,8 +7,8 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from haystack_integrations.offload import FsspecToolResultStore
+from haystack_integrations.offload.stores.io import SyncFilesystemIO
 from haystack_integrations.offload.stores.local_io import LocalIO, PathCheckedLocalIO
-from haystack_integrations.offload.stores.memory_io import SyncFilesystemIO
 from haystack_integrations.offload.stores.s3fs_io import S3IO
 
 _ZERO = {"retries": 0, "recovered": 0, "gave_up": 0, "causes": {}}

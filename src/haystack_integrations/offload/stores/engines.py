@@ -13,9 +13,8 @@ from fsspec.asyn import AsyncFileSystem
 from fsspec.core import split_protocol
 
 from haystack_integrations.offload.stores.async_fsspec_io import AsyncFilesystemIO
-from haystack_integrations.offload.stores.io import StorageIO
+from haystack_integrations.offload.stores.io import StorageIO, SyncFilesystemIO, protocols_of
 from haystack_integrations.offload.stores.local_io import LocalIO, PathCheckedLocalIO, descriptor_calls_available
-from haystack_integrations.offload.stores.memory_io import SyncFilesystemIO, protocols_of
 from haystack_integrations.offload.stores.s3fs_io import S3IO
 
 __all__ = ["DEFAULT_ENGINE", "ENGINES", "EngineChoice", "choose_engine", "storage_io_for"]

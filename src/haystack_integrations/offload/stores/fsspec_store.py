@@ -30,7 +30,7 @@ from haystack_integrations.offload.stores.exclusive_creates import (
     checked,
 )
 from haystack_integrations.offload.stores.io import MULTIPART_THRESHOLD, StorageIO
-from haystack_integrations.offload.stores.layout import scope_path
+from haystack_integrations.offload.stores.layout import parse_reference, scope_path
 from haystack_integrations.offload.stores.names import (
     TEMPORARY_GRACE,
     ContentKind,
@@ -48,7 +48,6 @@ from haystack_integrations.offload.stores.options import (
 from haystack_integrations.offload.stores.pending import InFlightWrites, PendingWrite
 from haystack_integrations.offload.stores.quotas import Quota, QuotaTracker, Reservation, SessionUsage, usage_by_session
 from haystack_integrations.offload.stores.records import StoredResult
-from haystack_integrations.offload.stores.references import parse_reference
 from haystack_integrations.offload.stores.retention import (
     IdleSessions,
     Retention,

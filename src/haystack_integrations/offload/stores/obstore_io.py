@@ -34,8 +34,7 @@ except ImportError as error:  # pragma: no cover - tests/stores/test_obstore_eng
         'The obstore engine (engine="obstore") needs obstore. Install it with: pip install "offload-haystack[s3]"'
     ) from error
 
-from haystack_integrations.offload.stores.aws_session import BotocoreCredentials, botocore_available
-from haystack_integrations.offload.stores.bucket_region import bucket_region
+from haystack_integrations.offload.stores.aws import BotocoreCredentials, botocore_available, bucket_region
 from haystack_integrations.offload.stores.exit_wait import wait_at_exit
 from haystack_integrations.offload.stores.failures import StorageRequestError, answer_failure
 from haystack_integrations.offload.stores.io import (
