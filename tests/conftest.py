@@ -58,7 +58,20 @@ if REAL_S3:
     S3_ENDPOINTS.append(pytest.param("rgw", marks=pytest.mark.rgw))
 
 
+# The suites that start, kill and exit real processes: what changes most between interpreters, so tox's py312 and py313
+# run them whole, `slow` tests included (`-m "not slow or processes"`).
+PROCESS_SUITES = (
+    "tests/cli/",
+    "tests/approvals/test_approval_workers.py",
+    "tests/app/test_cli_demo.py",
+    "tests/app/server/test_server_startup.py",
+    "tests/app/server/test_server_workers.py",
+)
+_TESTS_ROOT = Path(__file__).parent.parent
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "processes: in a suite that starts, kills and exits processes (PROCESS_SUITES)")
     config.addinivalue_line("markers", "engines: the module's backend tests also run on every S3 engine (s3-obstore)")
     config.addinivalue_line("markers", "real_s3: the module's backend tests also run on the real S3 server's lane")
     config.addinivalue_line("markers", "rgw: runs on the real S3 server (OFFLOAD_TEST_REAL_S3)")
@@ -67,7 +80,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With the real-S3 lane off, its own tests (marked ``rgw``) are deselected, not skipped: they run in its env."""
+    """
+    Mark the `PROCESS_SUITES`' tests ``processes``. With the real-S3 lane off, its own tests (marked ``rgw``) are
+    deselected, not skipped: they run in its env.
+    """
+    for item in items:
+        if item.path.relative_to(_TESTS_ROOT).as_posix().startswith(PROCESS_SUITES):
+            item.add_marker(pytest.mark.processes)
     if REAL_S3:
         return
     lane = [item for item in items if item.get_closest_marker("rgw") is not None]
