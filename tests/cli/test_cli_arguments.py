@@ -5,6 +5,7 @@ a traceback (in this process, through `main`, and in a real process for a few). 
 No test here reaches a network: S3 URLs either fail before any request, or point at a closed loopback port.
 """
 
+import argparse
 import subprocess
 import sys
 from importlib.metadata import version
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from haystack_integrations.offload.cli import main
+from haystack_integrations.offload.cli import build_parser, main
 
 DEAD_ENDPOINT = "http://127.0.0.1:9"  # the discard port: nothing listens there
 
@@ -227,3 +228,12 @@ def _clean_environment() -> dict[str, str]:
     import os
 
     return {name: value for name, value in os.environ.items() if not name.startswith("AWS_")}
+
+
+def test_every_command_says_what_it_does_and_every_option_what_it_means() -> None:
+    subcommands = next(action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction))
+    assert {"demo", "serve", "ls", "du", "cat", "purge", "audit", "doctor"} <= set(subcommands.choices)
+    for name, parser in subcommands.choices.items():
+        assert parser.description, f"{name} --help has no description"
+        silent = [action.dest for action in parser._actions if not action.help]
+        assert not silent, f"{name}: options without help text: {silent}"

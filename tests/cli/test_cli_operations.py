@@ -90,6 +90,22 @@ def test_cat_prints_a_result_byte_for_byte(
         assert b"No result" in capsysbinary.readouterr().err
 
 
+def test_ls_above_several_roots_names_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from haystack_integrations.offload import FsspecToolResultStore
+
+    for root, results in (("prod", 3), ("staging", 1), ("teams/blue", 2)):
+        session = FsspecToolResultStore(str(tmp_path / root)).for_session("acme", "chat-1")
+        for number in range(results):
+            session.write(key=f"r{number}", content="x" * 10)
+    (tmp_path / "notes.txt").write_text("not ours, and no root")
+    code, out, _ = _run(capsys, "ls", str(tmp_path))
+    hint = out.splitlines()[-1]
+    assert code == 0 and "0 tenant(s)" in out and "not written by this library" in out
+    named = hint.partition("list one of them: ")[2].split(", ")
+    # The roots, the one holding the most first; a stray file names none.
+    assert named == [f"{tmp_path}/{root}/" for root in ("prod", "teams/blue", "staging")], hint
+
+
 def test_audit_prints_a_sessions_approval_record(filled: FilledStore, capsys: pytest.CaptureFixture[str]) -> None:
     events = _json(capsys, "audit", *filled.arguments(), "--tenant", "acme", "--session", "chat-1")
     assert [event["event"] for event in events] == [
@@ -101,6 +117,24 @@ def test_audit_prints_a_sessions_approval_record(filled: FilledStore, capsys: py
     assert events[1]["actor"] == "acme/alice"
     code, out, _ = _run(capsys, "audit", *filled.arguments(), "--tenant", "globex", "--session", "chat-1")
     assert code == 0 and "No approval events" in out
+
+
+def test_audit_text_lines_its_rows_up_under_its_header_and_marks_what_it_cut(
+    filled: FilledStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    events = _json(capsys, "audit", *filled.arguments(), "--tenant", "acme", "--session", "chat-1")
+    code, out, _ = _run(capsys, "audit", *filled.arguments(), "--tenant", "acme", "--session", "chat-1")
+    header, rule, *rows = out.splitlines()
+    assert code == 0 and set(rule) == {"-"} and len(rows) == len(events) == 4
+    starts = [header.index(title) for title in ("event", "actor", "tool", "detail")]
+    for row, event in zip(rows, events, strict=True):
+        # Each column's text starts where its title does: a space before it, and text from it on.
+        assert all(row[start - 1] == " " and row[start] != " " for start in starts), (header, row)
+        shown = row[starts[-1] :]
+        whole = ", ".join(f"{key}={value}" for key, value in event["detail"].items() if value not in (None, "", {}, []))
+        whole = whole or "-"
+        # Shown whole, or cut to 80 characters with an ellipsis that says so.
+        assert shown == whole or (len(shown) == 80 and shown.endswith("...") and whole.startswith(shown[:-3]))
 
 
 def test_purge_a_session_removes_its_results_and_documents_and_nothing_else(
@@ -201,6 +235,21 @@ def test_bad_credentials_fail_clearly(iam_endpoint: IamEndpoint, capsys: pytest.
     code, out, err = _run(capsys, "ls", f"{iam_endpoint.bucket_url}/x", "--storage-options", json.dumps(wrong))
     assert code == 2 and out == ""
     assert "permission denied" in err and "Check the credentials" in err
+
+
+@pytest.mark.s3
+def test_doctor_with_refused_credentials_exits_as_its_help_says(
+    iam_endpoint: IamEndpoint, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["doctor", "--help"]) == 0
+    statuses = " ".join(capsys.readouterr().out.split()).partition("Exit status: ")[2]
+    meaning = {status[:1]: status[2:] for status in statuses.split("; ")}
+    wrong = {**iam_endpoint.storage_options, "key": "AKIAWRONGWRONGWRONG0", "secret": "not-the-secret"}
+    code, out, _ = _run(
+        capsys, "doctor", "--store", f"{iam_endpoint.bucket_url}/x", "--storage-options", json.dumps(wrong)
+    )
+    assert "refused credentials" in meaning[str(code)], (code, meaning)
+    assert code == 1 and "FAIL" in out
 
 
 def test_ls_prints_paths_that_cat_takes_as_they_are(

@@ -105,6 +105,14 @@ def test_the_dashboard_is_a_grafana_dashboard_on_a_prometheus_datasource_variabl
         assert all('instance=~"$instance"' in target["expr"] for target in panel["targets"]), panel["title"]
 
 
+def test_a_panel_that_says_offloaded_counts_only_what_was_stored(dashboard: dict[str, Any]) -> None:
+    # under_threshold, kept_inline and refused_quota results were not offloaded: a panel summing every outcome says
+    # "handled".
+    for panel in _panels(dashboard):
+        if "offloaded" in panel["title"].lower():
+            assert all('offload_outcome="stored"' in target["expr"] for target in panel["targets"]), panel["title"]
+
+
 def test_every_metric_the_dashboard_queries_is_one_the_library_emits(
     dashboard: dict[str, Any], scraped: Scrape
 ) -> None:

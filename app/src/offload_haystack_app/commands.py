@@ -44,7 +44,13 @@ def demo(commands: Any) -> None:
 
     :param commands: The ``offload-haystack`` subcommand parsers.
     """
-    demo = commands.add_parser("demo", help="run a scripted multi-tenant demo against an embedded store")
+    demo = commands.add_parser(
+        "demo",
+        help="run a scripted multi-tenant demo against an embedded store",
+        description="Run concurrent sessions of several tenants through one shared Agent with a scripted model: "
+        "offload large results, ask and decide approvals, read results back, and check that every result is stored "
+        "byte for byte in its own session and that no session sees another's. Exit status 0 when every check passes.",
+    )
     demo.add_argument("--store", default=DEFAULT_DEMO_STORE, help="store URL or directory (default: %(default)s)")
     demo.add_argument("--storage-options", help="fsspec storage options as JSON, e.g. an S3 endpoint_url")
     demo.add_argument("--tenants", default="acme,globex,initech", help="comma-separated tenant ids")
@@ -66,7 +72,13 @@ def serve(commands: Any) -> None:
 
     :param commands: The ``offload-haystack`` subcommand parsers.
     """
-    serve = commands.add_parser("serve", help="run the reference multi-tenant server and its web page")
+    serve = commands.add_parser(
+        "serve",
+        help="run the reference multi-tenant server and its web page",
+        description="Run the reference server (FastAPI under uvicorn, one or more worker processes) and its page, "
+        "configured by OFFLOAD_SERVER_* variables and these flags over them; prints a login link per demo tenant "
+        "when no tokens are configured. Stops with Ctrl-C.",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: %(default)s)")
     serve.add_argument("--port", type=whole_number(1, 65535), default=8000, help="port (default: %(default)s)")
     serve.add_argument("--workers", type=whole_number(1), default=1, help="worker processes (default: %(default)s)")
@@ -82,7 +94,12 @@ def serve(commands: Any) -> None:
         help="serve GET /metrics from this port on, one port per worker (default: $OFFLOAD_SERVER_METRICS_PORT; none)",
     )
     serve.add_argument("--metrics-host", help="interface of the metrics ports (default: 127.0.0.1)")
-    serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    serve.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="uvicorn's and the server's log level (default: %(default)s)",
+    )
     add_s3_arguments(serve)
     serve.set_defaults(handler=_serve)
 

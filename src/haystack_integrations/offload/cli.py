@@ -328,13 +328,26 @@ def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, default=str))
 
 
-def print_table(rows: list[list[str]], header: list[str]) -> None:
+def print_table(rows: list[list[str]], header: list[str], *, text_columns: int = 1) -> None:
+    """
+    Print `rows` under `header`, each column as wide as its widest cell.
+
+    :param rows: The cells, as strings.
+    :param header: The column titles.
+    :param text_columns: How many leading columns hold text (left-aligned); the rest are figures (right-aligned).
+    """
     widths = [max(len(str(row[column])) for row in [header, *rows]) for column in range(len(header))]
-    line = "  ".join(f"{title:<{widths[0]}}" if i == 0 else f"{title:>{widths[i]}}" for i, title in enumerate(header))
-    print(line)
-    print("-" * len(line))
+
+    def line(cells: list[str]) -> str:
+        aligned = (
+            f"{cell:<{widths[i]}}" if i < text_columns else f"{cell:>{widths[i]}}" for i, cell in enumerate(cells)
+        )
+        return "  ".join(aligned).rstrip()
+
+    print(line(header))
+    print("-" * len(line(["-" * width for width in widths])))
     for row in rows:
-        print("  ".join(f"{cell:<{widths[0]}}" if i == 0 else f"{cell:>{widths[i]}}" for i, cell in enumerate(row)))
+        print(line(row))
 
 
 # Operator commands
@@ -358,6 +371,7 @@ def _scoped_url(url: str, tenant: str | None, session: str | None) -> str:
 
 def _ls(arguments: argparse.Namespace) -> int:
     from haystack_integrations.offload.operations import usage
+    from haystack_integrations.offload.operations.inventory import roots_below
 
     objects = _scan(arguments, _root(arguments), arguments.tenant, arguments.session)
     reading = _inside_layout(arguments, objects)
@@ -402,6 +416,10 @@ def _ls(arguments: argparse.Namespace) -> int:
                     print(f"      {item.path}  {_size(item.size)}{detail}")
     if found.other_objects:
         print(f"  (and {found.other_objects} object(s), {_size(found.other_bytes)}, not written by this library)")
+        roots = roots_below(objects)
+        if roots:  # a bucket or prefix above the roots: their objects are the library's, one level too high up
+            listed = ", ".join(_scoped_url(arguments.url, None, None) + root for root in roots)
+            print(f"  Some of these lie in what look like roots below this URL; list one of them: {listed}")
     return 0
 
 
@@ -657,13 +675,17 @@ def _audit(arguments: argparse.Namespace) -> int:
         ]
         for event in events
     ]
-    print_table(rows, ["time (UTC)", "event", "actor", "tool", "detail"])
+    print_table(rows, ["time (UTC)", "event", "actor", "tool", "detail"], text_columns=5)
     return 0
+
+
+_DETAIL_WIDTH = 80
 
 
 def _detail(detail: dict[str, Any]) -> str:
     shown = {key: value for key, value in detail.items() if value not in (None, "", {}, [])}
-    return ", ".join(f"{key}={value}" for key, value in shown.items())[:80] or "-"
+    text = ", ".join(f"{key}={value}" for key, value in shown.items()) or "-"
+    return text if len(text) <= _DETAIL_WIDTH else text[: _DETAIL_WIDTH - 3] + "..."  # cut, and says so
 
 
 # Parser
@@ -699,6 +721,7 @@ def _store_arguments(parser: argparse.ArgumentParser, *, url_flag: bool = False)
 
 def _operator(commands: Any, name: str, handler: Handler, **texts: str) -> argparse.ArgumentParser:
     """An operator command over a store URL: its store arguments come first, then the ones the caller adds."""
+    texts.setdefault("description", texts["help"][:1].upper() + texts["help"][1:] + ".")  # its own --help says it too
     parser: argparse.ArgumentParser = commands.add_parser(name, **texts)
     _store_arguments(parser)
     parser.set_defaults(handler=handler)
@@ -760,8 +783,8 @@ def _add_operator_commands(commands: Any) -> None:
 
     cat = _operator(commands, "cat", _cat, help="print one stored result or document (bytes as stored)")
     cat.add_argument("reference", help="tenant/session/name as `ls` prints it, or a name with --tenant and --session")
-    cat.add_argument("--tenant")
-    cat.add_argument("--session")
+    cat.add_argument("--tenant", help="the tenant, when the reference is a name alone (with --session)")
+    cat.add_argument("--session", help="the session, when the reference is a name alone (with --tenant)")
     cat.add_argument("--offset", type=whole_number(0, 2**63 - 1), default=0, help="first byte (default: 0)")
     cat.add_argument("--length", type=whole_number(0, 2**63 - 1), help="bytes to print (default: to the end)")
     cat.add_argument("-o", "--output", help="write the bytes to this file instead of standard output")
@@ -778,8 +801,8 @@ def _add_operator_commands(commands: Any) -> None:
     _progress_argument(purge)
 
     audit = _operator(commands, "audit", _audit, help="a session's approval audit record")
-    audit.add_argument("--tenant", required=True)
-    audit.add_argument("--session", required=True)
+    audit.add_argument("--tenant", required=True, help="the session's tenant")
+    audit.add_argument("--session", required=True, help="the session whose audit record to print")
 
     doctor = commands.add_parser(
         "doctor",
@@ -787,9 +810,10 @@ def _add_operator_commands(commands: Any) -> None:
         description="Check, below one fresh prefix of the store (removed after), that a second exclusive create is "
         "refused, ranged reads carry the size, delimited listings page completely, batch deletes take missing keys, "
         "multipart writes read back, and a conditional multipart completion is refused. Exit status: 0 every check "
-        "passed, warned or was skipped; 1 a check failed (a store that does not refuse a second exclusive create "
-        "among them: approvals and serve refuse it); 2 the doctor could not run (a bad argument, no store, refused "
-        "credentials); 3 no check failed but one could not tell (a transient error): run it again.",
+        "passed, warned or was skipped; 1 a check failed (a store that does not refuse a second exclusive create, "
+        "which approvals and serve refuse, a missing bucket or refused credentials: each check names why); 2 the "
+        "doctor could not run (a bad argument, no store URL, a local directory that does not exist); 3 no check "
+        "failed but one could not tell (a transient error): run it again.",
     )
     _store_arguments(doctor, url_flag=True)
     doctor.set_defaults(handler=_doctor)

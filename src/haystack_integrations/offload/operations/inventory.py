@@ -134,6 +134,29 @@ def read_inside_layout(url: str, objects: list[StoredObject]) -> LayoutReading |
     return best[1] if best is not None else None
 
 
+def roots_below(objects: list[StoredObject], *, deepest: int = 3, shown: int = 5) -> list[str]:
+    """
+    The prefixes below a URL that look like roots of this library: its ``other`` objects that are results or
+    documents once their first segments are taken as the root (``prod/acme/chat-1/<result>`` below a bucket).
+
+    :param objects: What `scan` found, relative to the URL.
+    :param deepest: How many leading segments a root may have.
+    :param shown: How many prefixes to return at most (the ones holding the most objects first).
+    :returns: The prefixes, each ending in ``/``.
+    """
+    held: dict[str, int] = {}
+    for item in objects:
+        if item.kind != "other":
+            continue
+        parts = item.path.split("/")
+        for depth in range(1, min(deepest, len(parts) - 3) + 1):
+            prefix, rest = "/".join(parts[:depth]) + "/", "/".join(parts[depth:])
+            if classify(rest, item.size).kind != "other":
+                held[prefix] = held.get(prefix, 0) + 1
+                break
+    return sorted(held, key=lambda prefix: (-held[prefix], prefix))[:shown]
+
+
 def delete(
     root: FsspecToolResultStore,
     objects: Iterable[StoredObject],
