@@ -52,6 +52,7 @@ BUILT_IN_BASES: dict[str, type[Exception]] = {
     "sessions.errors.RunFailedError": RuntimeError,
     "sessions.errors.InvalidMessageError": ValueError,
     "stores.failures.StorageRequestError": OSError,
+    "stores.failures.MissingCredentialsError": PermissionError,
     "cli.CommandError": Exception,
     "sessions.history.SessionBusyError": RuntimeError,
     "sessions.history.TurnAbandonedError": RuntimeError,

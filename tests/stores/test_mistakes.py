@@ -5,14 +5,21 @@ rule (`Retention.expired`, docs/operations.md): up to `clock_skew` either way co
 keeps a result for ever.
 """
 
+import http.server
+import os
+import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from haystack_integrations.offload import FsspecToolResultStore, ResultExpiredError, Retention
+from haystack_integrations.offload import FsspecToolResultStore, ResultExpiredError, Retention, StoragePermissionError
 from haystack_integrations.offload.stores.names import new_object_name
+
+if TYPE_CHECKING:
+    from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 
 # Typed local paths and the URL each one meant.
 TYPOS = [
@@ -234,3 +241,50 @@ def test_a_region_in_the_options_wins_over_the_variables(monkeypatch: pytest.Mon
 def test_an_endpoint_given_in_the_options_is_the_one_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_ENDPOINT_URL", "not-a-url")  # not used: the options name the endpoint
     FsspecToolResultStore("s3://bucket/prod", storage_options={"endpoint_url": "http://127.0.0.1:9000"})
+
+
+class _NoRole(http.server.BaseHTTPRequestHandler):
+    """A metadata service with no role for this machine: every question is answered 404."""
+
+    def _answer(self) -> None:
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_PUT = _answer
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def no_credentials_anywhere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """No keys in the environment, no profile or config file, and a metadata service that has no role."""
+    for name in list(os.environ):
+        if name.startswith(("AWS_ACCESS", "AWS_SECRET", "AWS_SESSION", "AWS_PROFILE", "AWS_CONTAINER", "AWS_WEB")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # botocore (s3fs) asks no metadata service
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NoRole)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv("AWS_METADATA_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")  # object_store's
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("engine", ["fsspec", "obstore"])
+def test_no_credentials_at_all_is_told_apart_from_refused_ones(
+    engine: str, s3_server: "LocalS3Server", no_credentials_anywhere: None
+) -> None:
+    options = {"endpoint_url": s3_server.endpoint_url, "client_kwargs": {"region_name": "us-east-1"}}
+    store = FsspecToolResultStore(f"{s3_server.bucket_url}/prod", storage_options=options, engine=engine)
+    with pytest.raises(StoragePermissionError, match=r"no credentials found \(none in the storage options") as found:
+        store.for_session("acme", "chat-1").list()
+    assert "permission denied" not in str(found.value)

@@ -52,6 +52,13 @@ class StorageRequestError(OffloadError, OSError):
         self.status = status
 
 
+class MissingCredentialsError(OffloadError, PermissionError):
+    """
+    No credentials could be found for the storage backend: none given, none in the environment or a profile, and no
+    instance or container role answered. A `PermissionError`, as a refusal is, but told apart from one.
+    """
+
+
 def answer_failure(status: int | None, code: str) -> StorageRequestError:
     """
     Classify an S3 answer that is an error: its status decides whether to retry, S3's error code refines it.

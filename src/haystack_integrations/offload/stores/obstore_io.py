@@ -36,7 +36,7 @@ except ImportError as error:  # pragma: no cover - tests/stores/test_obstore_eng
 
 from haystack_integrations.offload.stores.aws import BotocoreCredentials, botocore_available, bucket_region
 from haystack_integrations.offload.stores.exit_wait import wait_at_exit
-from haystack_integrations.offload.stores.failures import StorageRequestError, answer_failure
+from haystack_integrations.offload.stores.failures import MissingCredentialsError, StorageRequestError, answer_failure
 from haystack_integrations.offload.stores.io import (
     MULTIPART_PART_BYTES,
     MULTIPART_PARTS_IN_FLIGHT,
@@ -96,6 +96,9 @@ _CLIENT_KWARGS_NAMES = {
 _ADDITIONAL_NAMES = {"ServerSideEncryption": "server_side_encryption", "SSEKMSKeyId": "sse_kms_key_id"}
 # config_kwargs (botocore Config) entries understood: timeouts, retries, region, addressing style, pool size (reqwest's
 # pool is not capped: the size bounds the idle connections kept per host, never the requests in flight).
+# Where object_store asks for credentials when none are configured: the EC2 metadata service (its token, then the
+# role's) and the ECS/EKS container endpoints. A failure naming one of them means no credentials were found.
+_CREDENTIAL_SOURCES = re.compile(r"/latest/api/token|/latest/meta-data/iam/|169\.254\.170\.2|AWS_CONTAINER_CREDENTIALS")
 _CONFIG_KWARGS = frozenset({"connect_timeout", "read_timeout", "retries", "region_name", "s3", "max_pool_connections"})
 _TOP_LEVEL = frozenset({*_CONFIG_NAMES, "anon", "use_ssl", "client_kwargs", "config_kwargs", "s3_additional_kwargs"})
 _EXPLICIT_CREDENTIALS = ("access_key_id", "secret_access_key", "session_token", "skip_signature")
@@ -303,6 +306,10 @@ def _mapped_errors() -> Iterator[None]:
     except (PermissionDeniedError, UnauthenticatedError) as error:
         raise PermissionError(errno.EACCES, "Access denied.") from error
     except obstore.exceptions.BaseError as error:
+        if _CREDENTIAL_SOURCES.search(str(error)):
+            # object_store found no credentials and asked the instance's or container's role last; that answer (a
+            # 403 or 404 from the metadata service) is not S3's.
+            raise MissingCredentialsError(errno.EACCES, "No credentials found.") from error
         # Listings and bulk deletes report their failures as generic errors.
         status, code, network = describe_failure(error) or (None, "", None)
         if status == 404 or code in {"NoSuchBucket", "NoSuchKey"}:

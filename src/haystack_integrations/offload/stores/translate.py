@@ -1,5 +1,6 @@
 """Translation of backend exceptions into this library's errors, in one place for every store operation."""
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -11,7 +12,7 @@ from haystack_integrations.offload.errors import (
     StorageError,
     StoragePermissionError,
 )
-from haystack_integrations.offload.stores.failures import StorageRequestError
+from haystack_integrations.offload.stores.failures import MissingCredentialsError, StorageRequestError
 
 _OURS = (
     DocumentExistsError,
@@ -21,6 +22,27 @@ _OURS = (
     StorageError,
     StoragePermissionError,
 )
+
+
+NO_CREDENTIALS = (
+    "no credentials found (none in the storage options, the AWS_* environment variables or a profile, and no "
+    "instance or container role answered)."
+)
+
+
+def _no_credentials(error: BaseException) -> bool:
+    # An engine's own finding, or botocore's (s3fs) anywhere on the chain; botocore is looked up, never imported.
+    botocore_errors = sys.modules.get("botocore.exceptions")
+    link: BaseException | None = error
+    seen: set[int] = set()
+    while link is not None and id(link) not in seen:
+        if isinstance(link, MissingCredentialsError) or (
+            botocore_errors is not None and isinstance(link, botocore_errors.NoCredentialsError)
+        ):
+            return True
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
+    return False
 
 
 @contextmanager
@@ -47,10 +69,14 @@ def storage_errors(action: str, *, reference: str | None) -> Iterator[None]:
             raise ResultNotFoundError(f"No stored result {reference!r} in this scope.") from error
         raise StorageError(f"Could not {action}: the bucket or directory does not exist.") from error
     except PermissionError as error:
+        if _no_credentials(error):
+            raise StoragePermissionError(f"Could not {action}: {NO_CREDENTIALS}") from error
         raise StoragePermissionError(f"Storage refused to {action}: permission denied.") from error
     except StorageRequestError as error:
         # The engine's description of the failure ("HTTP 503 SlowDown") names no bucket or path.
         raise StorageError(f"Could not {action}: {error.cause} from the storage backend.") from error
     except Exception as error:
+        if _no_credentials(error):
+            raise StoragePermissionError(f"Could not {action}: {NO_CREDENTIALS}") from error
         # The backend's message may name the bucket and other tenants' paths; it stays on the chained cause.
         raise StorageError(f"Could not {action}: {type(error).__name__} from the storage backend.") from error
