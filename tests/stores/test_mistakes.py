@@ -288,3 +288,18 @@ def test_no_credentials_at_all_is_told_apart_from_refused_ones(
     with pytest.raises(StoragePermissionError, match=r"no credentials found \(none in the storage options") as found:
         store.for_session("acme", "chat-1").list()
     assert "permission denied" not in str(found.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "meant"),
+    [("s3://bucket//prod", "bucket/prod"), ("s3://bucket/prod//acme", "bucket/prod/acme"), ("s3a://b//p", "b/p")],
+)
+def test_an_object_store_url_with_an_empty_path_segment_is_refused(url: str, meant: str) -> None:
+    options = {"endpoint_url": "http://127.0.0.1:9"}  # never asked: the URL is refused before any client is made
+    with pytest.raises(ValueError, match=r"has an empty path segment \('//'\); did you mean") as refused:
+        FsspecToolResultStore(url, storage_options=options)
+    assert repr(meant) in str(refused.value)
+
+
+def test_a_trailing_slash_is_no_empty_segment() -> None:
+    FsspecToolResultStore("s3://bucket/prod/", storage_options={"endpoint_url": "http://127.0.0.1:9"})

@@ -57,7 +57,7 @@ from haystack_integrations.offload.stores.retention import (
 )
 from haystack_integrations.offload.stores.retry import RetryPolicy, RetryStats, retried, s3_client_options
 from haystack_integrations.offload.stores.s3fs_io import s3_io_with_loop_clients
-from haystack_integrations.offload.stores.scope import check_local_path, validate_scope_id
+from haystack_integrations.offload.stores.scope import check_local_path, check_object_store_path, validate_scope_id
 from haystack_integrations.offload.stores.sync_api import run_on_io_loop, run_on_own_loop, synced
 from haystack_integrations.offload.stores.translate import storage_errors
 
@@ -169,9 +169,11 @@ class FsspecToolResultStore(ToolResultStore):
         :raises ImportError: If the backend for the URL's protocol (or obstore, for ``engine="obstore"``) is not
             installed.
         """
-        protocol, _ = split_protocol(url)
+        protocol, path = split_protocol(url)
         if protocol in ("s3", "s3a") and filesystem is None:
             check_s3_options(storage_options or {}, os.environ)
+        if protocol not in (None, "file", "local", "memory"):
+            check_object_store_path(url, path)
         choice = choose_engine(engine, url, storage_options, filesystem)
         if protocol is None and filesystem is None:
             check_local_path(url)  # "s3:/bucket" would otherwise be a local folder named "s3:"

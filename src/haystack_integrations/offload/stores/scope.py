@@ -88,3 +88,20 @@ def check_local_path(path: str) -> str:
 def _known_protocols() -> set[str]:
     # Both the protocols fsspec ships implementations for and those registered by installed packages.
     return {protocol.lower() for protocol in (*fsspec.available_protocols(), *fsspec.registry)}
+
+
+def check_object_store_path(url: str, path: str) -> None:
+    """
+    Refuse an object store URL with an empty segment in its path (``s3://bucket//prod``, ``s3://bucket/prod//acme``).
+
+    On a local disk ``a//b`` is ``a/b``; in an object store it is another key, which the two engines and S3-compatible
+    servers list and delete differently (the doctor's listing and batch-delete checks fail there), so it is never
+    what was meant.
+
+    :param url: The store's URL, for the message.
+    :param path: Its path, without the protocol.
+    :raises ValueError: If a segment between two slashes is empty.
+    """
+    if "" in path.strip("/").split("/"):
+        meant = "/".join(segment for segment in path.split("/") if segment)
+        raise ValueError(f"The store URL {url!r} has an empty path segment ('//'); did you mean {meant!r}?")
