@@ -3,13 +3,17 @@
 statuses, a store that ignores conditional writes, and that nothing is left behind.
 """
 
+import contextlib
 import json
+import socket
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from haystack_integrations.offload import FsspecToolResultStore, RetryPolicy
 from haystack_integrations.offload.cli import main
 from haystack_integrations.offload.operations.conformance import (
     EXIT_FAILED,
@@ -17,6 +21,7 @@ from haystack_integrations.offload.operations.conformance import (
     EXIT_UNKNOWN,
     CheckResult,
     ConformanceReport,
+    run_conformance,
 )
 from haystack_integrations.offload.testing.faults import FaultProxy
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server
@@ -173,3 +178,49 @@ def test_a_refused_store_url_is_named_without_its_credentials(capsys: pytest.Cap
     captured = capsys.readouterr()
     assert code != 0 and "gs://***:***@bucket/prod" in captured.err
     assert "S3CR3T" not in captured.out + captured.err
+
+
+class _SilentEndpoint:
+    """A TCP port that accepts connections and never answers: an endpoint the doctor cannot reach."""
+
+    def __init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.accepted: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):  # the listener closed
+            while True:
+                self.accepted.append(self._listener.accept()[0])
+
+    def close(self) -> None:
+        self._listener.close()
+        self._thread.join(timeout=5)
+        for connection in self.accepted:
+            connection.close()
+
+
+@pytest.mark.parametrize("engine", ["fsspec", "obstore"])
+def test_doctor_stops_at_the_first_check_that_cannot_reach_the_store_and_reports_each_as_it_ends(engine: str) -> None:
+    silent = _SilentEndpoint()
+    try:
+        options = {"endpoint_url": f"http://127.0.0.1:{silent.port}", "key": "k", "secret": "s"}
+        root = FsspecToolResultStore(
+            "s3://bucket/prod",
+            storage_options={**options, "client_kwargs": {"region_name": "us-east-1"}},
+            engine=engine,
+            retry=RetryPolicy(attempts=2, attempt_timeout=0.5, deadline=2),
+        )
+        seen: list[str] = []
+        report = run_conformance(root, on_check=lambda check: seen.append(check.name))
+    finally:
+        silent.close()
+    assert silent.accepted, "the endpoint was asked"
+    assert seen == [check.name for check in report.checks] == CHECKS
+    verdicts = _verdicts(report.to_dict())
+    assert verdicts["exclusive-create"] == "unknown"
+    later = [check for check in report.checks if check.name != "exclusive-create"]
+    assert all(check.verdict == "skipped" for check in later), verdicts
+    assert all("exclusive-create could not reach the store" in check.detail for check in later)

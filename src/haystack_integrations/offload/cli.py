@@ -613,7 +613,7 @@ def _purge(arguments: argparse.Namespace) -> int:
 
 
 def _doctor(arguments: argparse.Namespace) -> int:
-    from haystack_integrations.offload.operations.conformance import run_conformance
+    from haystack_integrations.offload.operations.conformance import CHECK_NAMES, CheckResult, run_conformance
 
     if arguments.url and arguments.store and arguments.url != arguments.store:
         raise CommandError(
@@ -622,15 +622,26 @@ def _doctor(arguments: argparse.Namespace) -> int:
     arguments.url = arguments.store or arguments.url
     if not arguments.url:
         raise CommandError("Say which store to check: offload-haystack doctor --store URL.")
-    report = run_conformance(_root(arguments))
+    root = _root(arguments)
     if arguments.json:
+        report = run_conformance(root)
         print_json(report.to_dict())
         return report.exit_status
-    print(f"offload-haystack doctor: {shown_url(report.store)} (engine {report.engine}), below {report.prefix}/")
+    print(f"offload-haystack doctor: {shown_url(root.url)} (engine {root.resolved_engine})")
     print()
-    _doctor_table([[check.name, check.verdict.upper(), check.detail] for check in report.checks])
+    # Each row as its check ends: a slow or silent store shows where it is, not a blank screen until the end.
+    name_width = max(len(name) for name in CHECK_NAMES)
+    verdict_width = max(len(verdict) for verdict in _VERDICTS)
+    print(f"{'check':<{name_width}}  {'verdict':<{verdict_width}}  detail")
+    print("-" * (name_width + verdict_width + 12))
+
+    def row(check: CheckResult) -> None:
+        print(f"{check.name:<{name_width}}  {check.verdict.upper():<{verdict_width}}  {check.detail}", flush=True)
+
+    report = run_conformance(root, on_check=row)
     counts = {verdict: sum(check.verdict == verdict for check in report.checks) for verdict in _VERDICTS}
     print()
+    print(f"checked below {report.prefix}/")
     print(
         ", ".join(f"{count} {verdict}" for verdict, count in counts.items() if count) + f"; exit {report.exit_status}"
     )
@@ -638,15 +649,6 @@ def _doctor(arguments: argparse.Namespace) -> int:
 
 
 _VERDICTS = ("pass", "warn", "skipped", "unknown", "fail")
-
-
-def _doctor_table(rows: list[list[str]]) -> None:
-    header = ["check", "verdict", "detail"]
-    widths = [max(len(row[column]) for row in [header, *rows]) for column in range(2)]
-    print(f"{header[0]:<{widths[0]}}  {header[1]:<{widths[1]}}  {header[2]}")
-    print("-" * (widths[0] + widths[1] + 4 + max(len(row[2]) for row in [header, *rows])))
-    for name, verdict, detail in rows:
-        print(f"{name:<{widths[0]}}  {verdict:<{widths[1]}}  {detail}")
 
 
 def _confirmed(question: str) -> bool:

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from haystack_integrations.offload.errors import StorageUnavailableError
 from haystack_integrations.offload.stores import FsspecToolResultStore
 from haystack_integrations.offload.stores.chunks import ContentChunks
-from haystack_integrations.offload.stores.failures import transient_cause
+from haystack_integrations.offload.stores.failures import status_of, transient_cause
 from haystack_integrations.offload.stores.io import MULTIPART_THRESHOLD, Requests, StorageIO
 from haystack_integrations.offload.stores.options import redacted_url
 from haystack_integrations.offload.stores.s3fs_io import S3IO, s3_status
@@ -103,28 +103,47 @@ class ConformanceReport:
         }
 
 
-def run_conformance(root: FsspecToolResultStore) -> ConformanceReport:
+CHECK_NAMES = (
+    "exclusive-create",
+    "ranged-read",
+    "list-delimiter",
+    "batch-delete",
+    "multipart-write",
+    "conditional-multipart",
+    "cleanup",
+)
+"""The checks, in the order they run."""
+
+OnCheck = Callable[["CheckResult"], None]
+
+
+def run_conformance(root: FsspecToolResultStore, *, on_check: OnCheck | None = None) -> ConformanceReport:
     """
     Run every check against the store `root` is rooted at, below a fresh prefix, and remove what they wrote.
 
+    A check that cannot reach the store (no answer: refused, reset, timed out) ends the run: the checks after it are
+    ``skipped``, as each would wait as long again.
+
     :param root: An unscoped store; its URL, storage options, engine and retry policy are used.
+    :param on_check: Called with each check's result as soon as it is known (a command prints it as it runs).
     :returns: The report.
     """
     probe = _probe_store(root)
     io = probe._handle.io()
     if io.uses_worker_threads or not io.remote:
-        return run_on_own_loop(_run_all, root, probe)
-    return run_on_io_loop(_run_all, root, probe)
+        return run_on_own_loop(_run_all, root, probe, on_check)
+    return run_on_io_loop(_run_all, root, probe, on_check)
 
 
-async def run_conformance_async(root: FsspecToolResultStore) -> ConformanceReport:
+async def run_conformance_async(root: FsspecToolResultStore, *, on_check: OnCheck | None = None) -> ConformanceReport:
     """
     Async `run_conformance` (S3 through s3fs: call it on fsspec's I/O loop, or use `run_conformance`).
 
     :param root: An unscoped store.
+    :param on_check: Called with each check's result as soon as it is known.
     :returns: The report.
     """
-    return await _run_all(root, _probe_store(root))
+    return await _run_all(root, _probe_store(root), on_check)
 
 
 def _probe_store(root: FsspecToolResultStore) -> FsspecToolResultStore:
@@ -134,35 +153,65 @@ def _probe_store(root: FsspecToolResultStore) -> FsspecToolResultStore:
     return FsspecToolResultStore(url, storage_options=root.storage_options, engine=root.engine, retry=root.retry)
 
 
-async def _run_all(root: FsspecToolResultStore, probe: FsspecToolResultStore) -> ConformanceReport:
+async def _run_all(
+    root: FsspecToolResultStore, probe: FsspecToolResultStore, on_check: OnCheck | None
+) -> ConformanceReport:
     base = probe._handle.root_path()
     io = probe._handle.io()
     request = probe._handle.request
     client = _S3Client.of(io, probe.resolved_engine)
-    checks: list[CheckResult] = []
+    checks: dict[str, Callable[[], Awaitable[tuple[Verdict, str] | CheckResult]]] = {
+        "exclusive-create": lambda: _exclusive_create(probe),
+        "ranged-read": lambda: _ranged_read(request, f"{base}/ranged"),
+        "list-delimiter": lambda: _listing(request, client, f"{base}/listing"),
+        "batch-delete": lambda: _batch_delete(request, f"{base}/delete"),
+        "multipart-write": lambda: _multipart_write(request, client, f"{base}/multipart"),
+        "conditional-multipart": lambda: _conditional_multipart(request, client, base),
+        "cleanup": lambda: _cleanup(request, io.fs, client, base),
+    }
+    results: list[CheckResult] = []
+    unreachable: str | None = None
+
+    async def run(name: str) -> None:
+        nonlocal unreachable
+        if unreachable is not None:
+            result = CheckResult(name, "skipped", f"not run: {unreachable}")
+        else:
+            result, no_answer = await _guarded(name, checks[name])
+            if no_answer is not None:
+                unreachable = f"{name} could not reach the store ({no_answer})"
+        results.append(result)
+        if on_check is not None:
+            on_check(result)
+
     try:
-        checks.append(await _guarded("exclusive-create", lambda: _exclusive_create(probe)))
-        checks.append(await _guarded("ranged-read", lambda: _ranged_read(request, f"{base}/ranged")))
-        checks.append(await _guarded("list-delimiter", lambda: _listing(request, client, f"{base}/listing")))
-        checks.append(await _guarded("batch-delete", lambda: _batch_delete(request, f"{base}/delete")))
-        checks.append(await _guarded("multipart-write", lambda: _multipart_write(request, client, f"{base}/multipart")))
-        checks.append(await _guarded("conditional-multipart", lambda: _conditional_multipart(request, client, base)))
+        for name in CHECK_NAMES[:-1]:
+            await run(name)
     finally:
-        checks.append(await _guarded("cleanup", lambda: _cleanup(request, io.fs, client, base)))
-    return ConformanceReport(redacted_url(root.url), root.resolved_engine, redacted_url(probe.url), tuple(checks))
+        await run("cleanup")  # also after an interruption: remove what the checks wrote
+    return ConformanceReport(redacted_url(root.url), root.resolved_engine, redacted_url(probe.url), tuple(results))
 
 
-async def _guarded(name: str, check: Callable[[], Awaitable[tuple[Verdict, str] | CheckResult]]) -> CheckResult:
-    """Run one check; a transient failure is ``unknown``, any other error a ``fail`` naming it."""
+async def _guarded(
+    name: str, check: Callable[[], Awaitable[tuple[Verdict, str] | CheckResult]]
+) -> tuple[CheckResult, str | None]:
+    """
+    Run one check; a transient failure is ``unknown``, any other error a ``fail`` naming it. Also returns the cause
+    when no answer came at all (the store could not be reached), else None.
+    """
     try:
         outcome = await check()
+    except _Unreachable as unreachable:
+        return unreachable.result, unreachable.cause
     except Exception as error:
-        if isinstance(error, StorageUnavailableError) or transient_cause(error) is not None:
-            return CheckResult(name, "unknown", f"transient failure, run again: {transient_cause(error) or error}")
-        return CheckResult(name, "fail", f"{type(error).__name__}: {_first_line(error)}")
+        cause = transient_cause(error)
+        if isinstance(error, StorageUnavailableError) or cause is not None:
+            no_answer = cause if cause is not None and status_of(error) is None else None
+            return CheckResult(name, "unknown", f"transient failure, run again: {cause or error}"), no_answer
+        return CheckResult(name, "fail", f"{type(error).__name__}: {_first_line(error)}"), None
     if isinstance(outcome, CheckResult):
-        return outcome
-    return CheckResult(name, *outcome)
+        return outcome, None
+    return CheckResult(name, *outcome), None
 
 
 def _first_line(error: BaseException) -> str:
@@ -206,7 +255,19 @@ _EXCLUSIVE: dict[str, Verdict] = {"enforced": "pass", "ignored": "fail", "unsupp
 
 async def _exclusive_create(probe: FsspecToolResultStore) -> CheckResult:
     check = await probe.check_exclusive_creates_async(refresh=True)
-    return CheckResult("exclusive-create", _EXCLUSIVE[check.verdict], check.detail, finding=check.verdict)
+    result = CheckResult("exclusive-create", _EXCLUSIVE[check.verdict], check.detail, finding=check.verdict)
+    if not check.reached:
+        raise _Unreachable(result, check.detail.removeprefix("the probe failed: "))
+    return result
+
+
+class _Unreachable(Exception):
+    """A check that ended without any answer from the store: its result, and why no answer came."""
+
+    def __init__(self, result: CheckResult, cause: str) -> None:
+        super().__init__(cause)
+        self.result = result
+        self.cause = cause
 
 
 async def _ranged_read(request: Requests, path: str) -> tuple[Verdict, str]:

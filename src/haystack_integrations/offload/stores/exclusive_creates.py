@@ -32,6 +32,8 @@ class ExclusiveCreateCheck:
     verdict: Verdict
     store: str
     detail: str
+    reached: bool = True
+    """False when no answer came at all (refused, reset or timed out connections): the store could not be reached."""
 
     @property
     def enforced(self) -> bool:
@@ -96,18 +98,18 @@ async def check_exclusive_creates(
     """
     path = f"{directory}/{new_temporary_name()}"
     try:
-        verdict, detail = await _probe(request, path)
+        verdict, detail, reached = await _probe(request, path)
     finally:
         with contextlib.suppress(Exception):
             await request("delete", path, lambda io: io.delete_async([path]))
-    check = ExclusiveCreateCheck(verdict, store, detail)
+    check = ExclusiveCreateCheck(verdict, store, detail, reached)
     if verdict != "unknown":
         with _CHECKED_LOCK:
             _CHECKED[backend] = check
     return check
 
 
-async def _probe(request: Requests, path: str) -> tuple[Verdict, str]:
+async def _probe(request: Requests, path: str) -> tuple[Verdict, str, bool]:
     first, second = secrets.token_hex(16).encode(), secrets.token_hex(16).encode()
     with storage_errors("check exclusive creates", reference=None):
         try:
@@ -117,14 +119,15 @@ async def _probe(request: Requests, path: str) -> tuple[Verdict, str]:
             except FileExistsError:
                 # Refused; a retried first create of ours must not be mistaken for the second landing.
                 if await request("get", path, lambda io: io.get_async(path)) == first:
-                    return "enforced", "refuses a second exclusive create"
-                return "ignored", "replaced an exclusively created object, then refused"
-            return "ignored", "accepted a second exclusive create of the same key (it ignores If-None-Match)"
+                    return "enforced", "refuses a second exclusive create", True
+                return "ignored", "replaced an exclusively created object, then refused", True
+            return "ignored", "accepted a second exclusive create of the same key (it ignores If-None-Match)", True
         except Exception as error:
             if status_of(error) == 501 or isinstance(error, NotImplementedError):
-                return "unsupported", "answered 501 Not Implemented to a conditional write (If-None-Match)"
+                return "unsupported", "answered 501 Not Implemented to a conditional write (If-None-Match)", True
             if isinstance(error, StorageUnavailableError) or transient_cause(error) is not None:
-                return "unknown", f"the probe failed: {transient_cause(error) or 'storage unavailable'}"
+                answered = status_of(error) is not None
+                return "unknown", f"the probe failed: {transient_cause(error) or 'storage unavailable'}", answered
             raise
 
 
