@@ -103,6 +103,14 @@ class ConformanceReport:
         }
 
 
+@dataclass(frozen=True)
+class _NoAnswer:
+    """A check that ended without any answer from the store: its result, and why no answer came."""
+
+    result: CheckResult
+    cause: str
+
+
 CHECK_NAMES = (
     "exclusive-create",
     "ranged-read",
@@ -160,7 +168,7 @@ async def _run_all(
     io = probe._handle.io()
     request = probe._handle.request
     client = _S3Client.of(io, probe.resolved_engine)
-    checks: dict[str, Callable[[], Awaitable[tuple[Verdict, str] | CheckResult]]] = {
+    checks: dict[str, Callable[[], Awaitable[tuple[Verdict, str] | CheckResult | _NoAnswer]]] = {
         "exclusive-create": lambda: _exclusive_create(probe),
         "ranged-read": lambda: _ranged_read(request, f"{base}/ranged"),
         "list-delimiter": lambda: _listing(request, client, f"{base}/listing"),
@@ -193,7 +201,7 @@ async def _run_all(
 
 
 async def _guarded(
-    name: str, check: Callable[[], Awaitable[tuple[Verdict, str] | CheckResult]]
+    name: str, check: Callable[[], Awaitable[tuple[Verdict, str] | CheckResult | _NoAnswer]]
 ) -> tuple[CheckResult, str | None]:
     """
     Run one check; a transient failure is ``unknown``, any other error a ``fail`` naming it. Also returns the cause
@@ -201,14 +209,14 @@ async def _guarded(
     """
     try:
         outcome = await check()
-    except _Unreachable as unreachable:
-        return unreachable.result, unreachable.cause
     except Exception as error:
         cause = transient_cause(error)
         if isinstance(error, StorageUnavailableError) or cause is not None:
             no_answer = cause if cause is not None and status_of(error) is None else None
             return CheckResult(name, "unknown", f"transient failure, run again: {cause or error}"), no_answer
         return CheckResult(name, "fail", f"{type(error).__name__}: {_first_line(error)}"), None
+    if isinstance(outcome, _NoAnswer):
+        return outcome.result, outcome.cause
     if isinstance(outcome, CheckResult):
         return outcome, None
     return CheckResult(name, *outcome), None
@@ -253,21 +261,10 @@ _NOT_S3 = "S3 only: this store is not on S3"
 _EXCLUSIVE: dict[str, Verdict] = {"enforced": "pass", "ignored": "fail", "unsupported": "fail", "unknown": "unknown"}
 
 
-async def _exclusive_create(probe: FsspecToolResultStore) -> CheckResult:
+async def _exclusive_create(probe: FsspecToolResultStore) -> CheckResult | _NoAnswer:
     check = await probe.check_exclusive_creates_async(refresh=True)
     result = CheckResult("exclusive-create", _EXCLUSIVE[check.verdict], check.detail, finding=check.verdict)
-    if not check.reached:
-        raise _Unreachable(result, check.detail.removeprefix("the probe failed: "))
-    return result
-
-
-class _Unreachable(Exception):
-    """A check that ended without any answer from the store: its result, and why no answer came."""
-
-    def __init__(self, result: CheckResult, cause: str) -> None:
-        super().__init__(cause)
-        self.result = result
-        self.cause = cause
+    return result if check.reached else _NoAnswer(result, check.detail.removeprefix("the probe failed: "))
 
 
 async def _ranged_read(request: Requests, path: str) -> tuple[Verdict, str]:

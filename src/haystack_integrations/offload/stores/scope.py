@@ -102,6 +102,7 @@ def check_object_store_path(url: str, path: str) -> None:
     :param path: Its path, without the protocol.
     :raises ValueError: If a segment between two slashes is empty.
     """
-    if "" in path.strip("/").split("/"):
+    inner = path.strip("/")
+    if inner and "" in inner.split("/"):  # no path at all is another mistake, named where the path is required
         meant = "/".join(segment for segment in path.split("/") if segment)
         raise ValueError(f"The store URL {url!r} has an empty path segment ('//'); did you mean {meant!r}?")
