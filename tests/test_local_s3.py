@@ -2,7 +2,6 @@
 
 import dataclasses
 import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -13,6 +12,7 @@ import s3fs
 from botocore.exceptions import ClientError
 
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RecordedRequest, RequestLog
+from support.sigint import ignore_sigint, interrupted
 
 pytestmark = pytest.mark.s3
 
@@ -173,11 +173,6 @@ def test_missing_extra_names_the_fix() -> None:
     assert 'pip install "offload-haystack[local-s3]"' in result.stdout
 
 
-def _ignore_sigint() -> None:
-    # What a non-interactive shell does for a job started with `&`; the ignored disposition survives exec.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 @pytest.mark.skipif(sys.platform == "win32", reason="sends SIGINT to stop the server")
 @pytest.mark.parametrize("parent_ignores_sigint", [False, True])
 def test_module_runs_a_server_until_interrupted(parent_ignores_sigint: bool) -> None:
@@ -186,7 +181,7 @@ def test_module_runs_a_server_until_interrupted(parent_ignores_sigint: bool) -> 
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        preexec_fn=_ignore_sigint if parent_ignores_sigint else None,
+        preexec_fn=ignore_sigint if parent_ignores_sigint else None,
     )
     try:
         assert process.stdout is not None
@@ -198,11 +193,6 @@ def test_module_runs_a_server_until_interrupted(parent_ignores_sigint: bool) -> 
         output = "".join(lines)
         assert "s3://offload-results" in output
         assert "AWS_ENDPOINT_URL=http://127.0.0.1:" in output
-        process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=30) == 0
     finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
+        code = interrupted(process)
+    assert code == 0

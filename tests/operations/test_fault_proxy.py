@@ -9,7 +9,6 @@ connection after its answer; `KeepAliveServer` below does not, as real S3 server
 import http.client
 import io
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from haystack_integrations.offload.testing.faults import (
 )
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 from haystack_integrations.offload.testing.relay import ProxiedRequest
+from support.sigint import ignore_sigint, interrupted
 
 # One attempt, cut off before the proxy's 5 s hold ends, so a withheld answer always fails the attempt.
 ONE_ATTEMPT = RetryPolicy(attempts=1, attempt_timeout=3.0)  # room for a loaded machine (CI runs tests in parallel)
@@ -635,11 +635,6 @@ def test_on_ceph_rgw_a_rate_fails_its_share_of_one_kept_alive_clients_requests(r
     assert stored.get("KeyCount", 0) == total - failed  # the injected errors never reached the server
 
 
-def _ignore_sigint() -> None:
-    # What a non-interactive shell does for a job started with `&`; the ignored disposition survives exec.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 @pytest.mark.skipif(sys.platform == "win32", reason="sends SIGINT to stop the proxy")
 def test_the_proxy_command_stops_on_sigint_even_where_its_parent_ignores_it() -> None:
     process = subprocess.Popen(
@@ -647,16 +642,11 @@ def test_the_proxy_command_stops_on_sigint_even_where_its_parent_ignores_it() ->
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        preexec_fn=_ignore_sigint,
+        preexec_fn=ignore_sigint,
     )
     try:
         assert process.stdout is not None
         assert process.stdout.readline().startswith("Fault proxy (10% of requests fail) at http://127.0.0.1:")
-        process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=30) == 0
     finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
+        code = interrupted(process)
+    assert code == 0

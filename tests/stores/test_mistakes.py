@@ -181,54 +181,47 @@ def test_a_tenant_kept_for_ever_keeps_even_odd_clocks_results() -> None:
     assert session.read(reference) == "written"
 
 
-@pytest.mark.parametrize(
-    ("storage_options", "environment", "named"),
-    [
-        ({"endpoint_url": "127.0.0.1:39975"}, {}, "storage_options['endpoint_url']"),
-        ({"client_kwargs": {"endpoint_url": "localhost:9000"}}, {}, "storage_options['client_kwargs']['endpoint_url']"),
-        ({"endpoint_url": "ftp://host"}, {}, "storage_options['endpoint_url']"),
-        ({}, {"AWS_ENDPOINT_URL": "127.0.0.1:39975"}, "AWS_ENDPOINT_URL"),
-        ({}, {"AWS_ENDPOINT_URL_S3": "minio:9000", "AWS_ENDPOINT_URL": "http://ok:1"}, "AWS_ENDPOINT_URL_S3"),
-    ],
-)
-@pytest.mark.parametrize("engine", ["fsspec", "obstore"])
-def test_an_s3_endpoint_without_a_scheme_is_refused_in_one_line_at_construction(
-    storage_options: dict[str, object],
-    environment: dict[str, str],
-    named: str,
-    engine: str,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in environment.items():
-        monkeypatch.setenv(name, value)
-    with pytest.raises(ValueError, match=r"must be an http:// or https:// URL") as refused:
-        FsspecToolResultStore("s3://bucket/prod", storage_options=storage_options, engine=engine)
-    assert str(refused.value).startswith(named) and "\n" not in str(refused.value)
+_NO_URL = r"must be an http:// or https:// URL"
+_NO_REGION = r"is not a region name \(such as eu-west-1\)"
 
 
 @pytest.mark.parametrize(
-    ("storage_options", "environment", "named"),
+    ("storage_options", "environment", "named", "refusal"),
     [
-        ({"client_kwargs": {"region_name": "eu west 1"}}, {}, "storage_options['client_kwargs']['region_name']"),
-        ({}, {"AWS_REGION": "bad region"}, "AWS_REGION"),
-        ({}, {"AWS_DEFAULT_REGION": "eu_west_1"}, "AWS_DEFAULT_REGION"),
+        ({"endpoint_url": "127.0.0.1:39975"}, {}, "storage_options['endpoint_url']", _NO_URL),
+        (
+            {"client_kwargs": {"endpoint_url": "localhost:9000"}},
+            {},
+            "storage_options['client_kwargs']['endpoint_url']",
+            _NO_URL,
+        ),
+        ({"endpoint_url": "ftp://host"}, {}, "storage_options['endpoint_url']", _NO_URL),
+        ({}, {"AWS_ENDPOINT_URL": "127.0.0.1:39975"}, "AWS_ENDPOINT_URL", _NO_URL),
+        ({}, {"AWS_ENDPOINT_URL_S3": "minio:9000", "AWS_ENDPOINT_URL": "http://ok:1"}, "AWS_ENDPOINT_URL_S3", _NO_URL),
+        (
+            {"client_kwargs": {"region_name": "eu west 1"}},
+            {},
+            "storage_options['client_kwargs']['region_name']",
+            _NO_REGION,
+        ),
+        ({}, {"AWS_REGION": "bad region"}, "AWS_REGION", _NO_REGION),
+        ({}, {"AWS_DEFAULT_REGION": "eu_west_1"}, "AWS_DEFAULT_REGION", _NO_REGION),
     ],
 )
 @pytest.mark.parametrize("engine", ["fsspec", "obstore"])
-def test_a_region_that_is_no_region_name_is_refused_in_one_line_at_construction(
+def test_a_bad_s3_endpoint_or_region_is_refused_in_one_line_at_construction(
     storage_options: dict[str, object],
     environment: dict[str, str],
     named: str,
+    refusal: str,
     engine: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION"):
         monkeypatch.delenv(name, raising=False)
     for name, value in environment.items():
         monkeypatch.setenv(name, value)
-    with pytest.raises(ValueError, match=r"is not a region name \(such as eu-west-1\)") as refused:
+    with pytest.raises(ValueError, match=refusal) as refused:
         FsspecToolResultStore("s3://bucket/prod", storage_options=storage_options, engine=engine)
     assert str(refused.value).startswith(named) and "\n" not in str(refused.value)
 
