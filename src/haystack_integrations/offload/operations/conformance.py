@@ -17,7 +17,7 @@ from typing import Any, Literal
 from haystack_integrations.offload.errors import StorageUnavailableError
 from haystack_integrations.offload.stores import FsspecToolResultStore
 from haystack_integrations.offload.stores.chunks import ContentChunks
-from haystack_integrations.offload.stores.failures import status_of, transient_cause
+from haystack_integrations.offload.stores.failures import no_answer_cause, transient_cause
 from haystack_integrations.offload.stores.io import MULTIPART_THRESHOLD, Requests, StorageIO
 from haystack_integrations.offload.stores.options import redacted_url
 from haystack_integrations.offload.stores.s3fs_io import S3IO, s3_status
@@ -122,14 +122,14 @@ CHECK_NAMES = (
 )
 """The checks, in the order they run."""
 
-OnCheck = Callable[["CheckResult"], None]
+OnCheck = Callable[[CheckResult], None]
 
 
 def run_conformance(root: FsspecToolResultStore, *, on_check: OnCheck | None = None) -> ConformanceReport:
     """
     Run every check against the store `root` is rooted at, below a fresh prefix, and remove what they wrote.
 
-    A check that cannot reach the store (no answer: refused, reset, timed out) ends the run: the checks after it are
+    A check that gets no answer at all (a refused or timed-out connection) ends the run: the checks after it are
     ``skipped``, as each would wait as long again.
 
     :param root: An unscoped store; its URL, storage options, engine and retry policy are used.
@@ -212,7 +212,7 @@ async def _guarded(
     except Exception as error:
         cause = transient_cause(error)
         if isinstance(error, StorageUnavailableError) or cause is not None:
-            no_answer = cause if cause is not None and status_of(error) is None else None
+            no_answer = no_answer_cause(error)
             return CheckResult(name, "unknown", f"transient failure, run again: {cause or error}"), no_answer
         return CheckResult(name, "fail", f"{type(error).__name__}: {_first_line(error)}"), None
     if isinstance(outcome, _NoAnswer):

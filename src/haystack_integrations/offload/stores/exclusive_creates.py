@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from haystack_integrations.offload.errors import ExclusiveCreatesUnsupportedError, StorageUnavailableError
-from haystack_integrations.offload.stores.failures import status_of, transient_cause
+from haystack_integrations.offload.stores.failures import no_answer_cause, status_of, transient_cause
 from haystack_integrations.offload.stores.io import Requests
 from haystack_integrations.offload.stores.names import new_temporary_name
 from haystack_integrations.offload.stores.translate import storage_errors
@@ -33,7 +33,7 @@ class ExclusiveCreateCheck:
     store: str
     detail: str
     reached: bool = True
-    """False when no answer came at all (refused, reset or timed out connections): the store could not be reached."""
+    """False when no answer came at all (a refused or timed-out connection): the store could not be reached."""
 
     @property
     def enforced(self) -> bool:
@@ -126,8 +126,9 @@ async def _probe(request: Requests, path: str) -> tuple[Verdict, str, bool]:
             if status_of(error) == 501 or isinstance(error, NotImplementedError):
                 return "unsupported", "answered 501 Not Implemented to a conditional write (If-None-Match)", True
             if isinstance(error, StorageUnavailableError) or transient_cause(error) is not None:
-                answered = status_of(error) is not None
-                return "unknown", f"the probe failed: {transient_cause(error) or 'storage unavailable'}", answered
+                no_answer = no_answer_cause(error)
+                cause = transient_cause(error) or no_answer or "storage unavailable"
+                return "unknown", f"the probe failed: {cause}", no_answer is None
             raise
 
 

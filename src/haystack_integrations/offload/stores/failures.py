@@ -116,6 +116,22 @@ def transient_cause(error: BaseException) -> str | None:
     return None
 
 
+def no_answer_cause(error: BaseException) -> str | None:
+    """
+    Tell whether a failure got no answer at all from the store (not reached, or silent), unlike a reset or a 503.
+
+    :param error: What a storage call raised (a give-up of the retry policy included).
+    :returns: ``"connection failed"`` or ``"timeout"`` (an engine's, or an attempt cancelled by the retry policy's
+        ``attempt_timeout``), or None when an answer came or the failure says nothing of one.
+    """
+    for link in causes_of(error):
+        if isinstance(link, StorageRequestError):
+            return link.cause if link.cause in {"connection failed", "timeout"} else None
+        if isinstance(link, TimeoutError):
+            return "timeout"
+    return None
+
+
 def status_of(error: BaseException) -> int | None:
     """
     The HTTP status of the answer behind an engine's error, walking the chain of causes.
