@@ -56,6 +56,15 @@ def test_ls_shows_the_tenant_and_session_tree_with_sizes(
     assert {item["path"].split("/")[0] for item in listed["objects"]} == {"globex"}
 
 
+def test_ls_text_counts_documents_apart_from_results(filled: FilledStore, capsys: pytest.CaptureFixture[str]) -> None:
+    tree = _json(capsys, "ls", *filled.arguments())
+    acme = next(tenant for tenant in tree["tenants"] if tenant["tenant"] == "acme")
+    documents = sum(session["documents"] for session in acme["sessions"].values())
+    code, out, _ = _run(capsys, "ls", *filled.arguments())
+    line = next(line for line in out.splitlines() if line.startswith("  acme/"))
+    assert code == 0 and f"{acme['results']} result(s) (" in line and f"{documents} document(s) (" in line, line
+
+
 def test_du_adds_up_usage_per_tenant_and_session(filled: FilledStore, capsys: pytest.CaptureFixture[str]) -> None:
     usage = _json(capsys, "du", *filled.arguments())
     assert usage["results"] == len(filled.root.list()) == 7

@@ -396,10 +396,10 @@ def _ls(arguments: argparse.Namespace) -> int:
     print(
         f"{_scoped_url(arguments.url, arguments.tenant, arguments.session)}  "
         f"{len(found.tenants)} tenant(s), {sum(len(t.sessions) for t in found.tenants.values())} session(s), "
-        f"{found.total.results} result(s), {_size(found.total.total_bytes)}"
+        f"{_contents(found.total)}"
     )
     for tenant_name, tenant in sorted(found.tenants.items()):
-        print(f"  {tenant_name}/  {tenant.total.results} results, {_size(tenant.total.total_bytes)}")
+        print(f"  {tenant_name}/  {_contents(tenant.total)}")
         for session_name, session in sorted(tenant.sessions.items()):
             if arguments.tenant is None and not listing:
                 continue
@@ -421,6 +421,14 @@ def _ls(arguments: argparse.Namespace) -> int:
             listed = ", ".join(_scoped_url(arguments.url, None, None) + root for root in roots)
             print(f"  Some of these lie in what look like roots below this URL; list one of them: {listed}")
     return 0
+
+
+def _contents(figures: Any) -> str:
+    """Results and documents, each with its bytes, then the total: documents are not results."""
+    return (
+        f"{figures.results} result(s) ({_size(figures.result_bytes)}), {figures.documents} document(s) "
+        f"({_size(figures.document_bytes)}), {_size(figures.total_bytes)} in all"
+    )
 
 
 def _listed_object(item: Any) -> dict[str, Any]:
