@@ -53,13 +53,13 @@ class AsyncFilesystemIO(StorageIO):
                 raise
             raise failure from error
 
-    def failure_of(self, error: Exception) -> StorageRequestError | None:
+    def failure_of(self, error: Exception) -> OSError | None:
         """
         Classify what a call raised, walking its chain of causes: a failure this engine recognises, or None to let
         `error` through as it is (a missing object, a refused permission, an error no link explains).
 
         :param error: The exception the filesystem raised.
-        :returns: The `StorageRequestError` to raise instead, or None.
+        :returns: The error to raise instead (a `StorageRequestError`, or a `MissingCredentialsError`), or None.
         """
         for link in causes_of(error):
             if isinstance(link, (StorageRequestError, *LASTING)):
@@ -69,7 +69,7 @@ class AsyncFilesystemIO(StorageIO):
                 return failure
         return None
 
-    def _failure_of_link(self, link: BaseException) -> StorageRequestError | None:
+    def _failure_of_link(self, link: BaseException) -> OSError | None:
         aiohttp = sys.modules.get("aiohttp")
         if aiohttp is not None:
             if isinstance(link, aiohttp.ClientPayloadError):

@@ -14,7 +14,7 @@ from fsspec.asyn import AsyncFileSystem
 
 from haystack_integrations.offload.errors import StorageError, StoragePermissionError
 from haystack_integrations.offload.stores.async_fsspec_io import AsyncFilesystemIO
-from haystack_integrations.offload.stores.failures import StorageRequestError, answer_failure
+from haystack_integrations.offload.stores.failures import MissingCredentialsError, StorageRequestError, answer_failure
 from haystack_integrations.offload.stores.io import (
     MULTIPART_PART_BYTES,
     MULTIPART_PARTS_IN_FLIGHT,
@@ -41,10 +41,12 @@ class S3IO(AsyncFilesystemIO):
     content never exists twice; a failed or cancelled upload is aborted.
     """
 
-    def _failure_of_link(self, link: BaseException) -> StorageRequestError | None:
+    def _failure_of_link(self, link: BaseException) -> OSError | None:
         # botocore's answer: its status decides, S3's error code refines (s3fs maps "missing", "exists" and "refused"
         # to built-in exceptions, which `failure_of` leaves as they are before reaching this link).
         botocore_errors = sys.modules.get("botocore.exceptions")
+        if botocore_errors is not None and isinstance(link, botocore_errors.NoCredentialsError):
+            return MissingCredentialsError(errno.EACCES, "No credentials found.")
         if botocore_errors is not None and isinstance(link, botocore_errors.ClientError):
             response = getattr(link, "response", None) or {}
             status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")

@@ -1,6 +1,5 @@
 """Translation of backend exceptions into this library's errors, in one place for every store operation."""
 
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -30,21 +29,6 @@ NO_CREDENTIALS = (
 )
 
 
-def _no_credentials(error: BaseException) -> bool:
-    # An engine's own finding, or botocore's (s3fs) anywhere on the chain; botocore is looked up, never imported.
-    botocore_errors = sys.modules.get("botocore.exceptions")
-    link: BaseException | None = error
-    seen: set[int] = set()
-    while link is not None and id(link) not in seen:
-        if isinstance(link, MissingCredentialsError) or (
-            botocore_errors is not None and isinstance(link, botocore_errors.NoCredentialsError)
-        ):
-            return True
-        seen.add(id(link))
-        link = link.__cause__ or link.__context__
-    return False
-
-
 @contextmanager
 def storage_errors(action: str, *, reference: str | None) -> Iterator[None]:
     """
@@ -68,15 +52,14 @@ def storage_errors(action: str, *, reference: str | None) -> Iterator[None]:
         if reference is not None:
             raise ResultNotFoundError(f"No stored result {reference!r} in this scope.") from error
         raise StorageError(f"Could not {action}: the bucket or directory does not exist.") from error
+    except MissingCredentialsError as error:
+        # Each engine tells it apart from a refusal (obstore's metadata lookup, botocore's NoCredentialsError).
+        raise StoragePermissionError(f"Could not {action}: {NO_CREDENTIALS}") from error
     except PermissionError as error:
-        if _no_credentials(error):
-            raise StoragePermissionError(f"Could not {action}: {NO_CREDENTIALS}") from error
         raise StoragePermissionError(f"Storage refused to {action}: permission denied.") from error
     except StorageRequestError as error:
         # The engine's description of the failure ("HTTP 503 SlowDown") names no bucket or path.
         raise StorageError(f"Could not {action}: {error.cause} from the storage backend.") from error
     except Exception as error:
-        if _no_credentials(error):
-            raise StoragePermissionError(f"Could not {action}: {NO_CREDENTIALS}") from error
         # The backend's message may name the bucket and other tenants' paths; it stays on the chained cause.
         raise StorageError(f"Could not {action}: {type(error).__name__} from the storage backend.") from error
