@@ -23,7 +23,7 @@ from haystack_integrations.offload.operations.conformance import (
     ConformanceReport,
     run_conformance,
 )
-from haystack_integrations.offload.testing.faults import FaultProxy
+from haystack_integrations.offload.testing.faults import Fault, FaultPlan, FaultProxy
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 
 CHECKS = [
@@ -224,3 +224,23 @@ def test_doctor_stops_at_the_first_check_that_cannot_reach_the_store_and_reports
     later = [check for check in report.checks if check.name != "exclusive-create"]
     assert all(check.verdict == "skipped" for check in later), verdicts
     assert all("exclusive-create could not reach the store" in check.detail for check in later)
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("fault", [Fault.RESET_AFTER, Fault.SLOW_DOWN])
+def test_doctor_keeps_going_on_a_store_that_answers_badly(s3_server: LocalS3Server, fault: Fault) -> None:
+    # A reset after the request reached S3, or a 503, is a flaky store, not an unreachable one: every check runs.
+    with FaultProxy(s3_server.endpoint_url, plan=FaultPlan(rate=1.0, kinds=[fault])) as proxy:
+        root = FsspecToolResultStore(
+            f"{s3_server.bucket_url}/doctor-{uuid.uuid4().hex}",
+            storage_options={**s3_server.storage_options(), "endpoint_url": proxy.endpoint_url},
+            engine="fsspec",
+            retry=RetryPolicy(attempts=2, base_delay=0, max_delay=0, deadline=5),
+        )
+        report = run_conformance(root)
+        injected = [entry.kind for entry in proxy.faults.snapshot()]
+    verdicts = _verdicts(report.to_dict())
+    # Every check that sends requests asked (two attempts each) and got the fault; none was skipped for it.
+    assert len(injected) >= 2 * 5 and set(injected) == {fault}, injected
+    assert not [check.name for check in report.checks if "could not reach" in check.detail], verdicts
+    assert {verdicts[name] for name in CHECKS if name not in S3_ONLY} <= {"unknown", "fail"}, verdicts

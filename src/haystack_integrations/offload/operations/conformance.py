@@ -129,7 +129,7 @@ def run_conformance(root: FsspecToolResultStore, *, on_check: OnCheck | None = N
     """
     Run every check against the store `root` is rooted at, below a fresh prefix, and remove what they wrote.
 
-    A check that gets no answer at all (a refused or timed-out connection) ends the run: the checks after it are
+    A check that gets no answer at all (`stores.failures.no_answer_cause`) ends the run: the checks after it are
     ``skipped``, as each would wait as long again.
 
     :param root: An unscoped store; its URL, storage options, engine and retry policy are used.

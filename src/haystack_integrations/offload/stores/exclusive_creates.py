@@ -33,7 +33,7 @@ class ExclusiveCreateCheck:
     store: str
     detail: str
     reached: bool = True
-    """False when no answer came at all (a refused or timed-out connection): the store could not be reached."""
+    """False when no answer came at all (`failures.no_answer_cause`): the store could not be reached."""
 
     @property
     def enforced(self) -> bool:

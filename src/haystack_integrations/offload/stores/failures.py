@@ -118,16 +118,20 @@ def transient_cause(error: BaseException) -> str | None:
 
 def no_answer_cause(error: BaseException) -> str | None:
     """
-    Tell whether a failure got no answer at all from the store (not reached, or silent), unlike a reset or a 503.
+    Tell whether a failure got no answer at all from the store (nothing listening, or silent), unlike a reset or a 503.
+
+    A dropped connection is not enough: the engines report a reset after the request reached the store as a failed
+    connection too (aiohttp's ``ServerDisconnectedError`` is a ``ClientConnectionError``).
 
     :param error: What a storage call raised (a give-up of the retry policy included).
-    :returns: ``"connection failed"`` or ``"timeout"`` (an engine's, or an attempt cancelled by the retry policy's
-        ``attempt_timeout``), or None when an answer came or the failure says nothing of one.
+    :returns: ``"connection refused"``, or ``"timeout"`` (an engine's, or an attempt cancelled by the retry policy's
+        ``attempt_timeout``), or None when an answer came or the failure does not say that none did.
     """
-    for link in causes_of(error):
-        if isinstance(link, StorageRequestError):
-            return link.cause if link.cause in {"connection failed", "timeout"} else None
-        if isinstance(link, TimeoutError):
+    links = list(causes_of(error))
+    if any(isinstance(link, ConnectionRefusedError) for link in links):
+        return "connection refused"
+    for link in links:
+        if isinstance(link, TimeoutError) or (isinstance(link, StorageRequestError) and link.cause == "timeout"):
             return "timeout"
     return None
 
