@@ -1,11 +1,14 @@
 """Tests of the local S3 harness itself: what it records must be what went over the wire."""
 
+import contextlib
 import dataclasses
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import s3fs
@@ -196,3 +199,27 @@ def test_module_runs_a_server_until_interrupted(parent_ignores_sigint: bool) -> 
     finally:
         code = interrupted(process)
     assert code == 0
+
+
+def test_racing_conditional_creates_let_exactly_one_through(s3_server: LocalS3Server, prefix: str) -> None:
+    # S3 lets one `If-None-Match: *` PUT of a key succeed; moto checks, then writes, so a threaded server let two.
+    client = s3_server.client()
+    racers = 8
+
+    def create(key: str, barrier: threading.Barrier, who: int) -> bool:
+        barrier.wait()
+        try:
+            client.put_object(Bucket=s3_server.bucket, Key=key, Body=f"writer {who}".encode(), IfNoneMatch="*")
+        except ClientError as error:
+            assert error.response["Error"]["Code"] == "PreconditionFailed"
+            return False
+        return True
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch as often as a loaded machine makes them: the race shows every run
+    with ThreadPoolExecutor(max_workers=racers) as pool, contextlib.ExitStack() as restore:
+        restore.callback(sys.setswitchinterval, interval)
+        for round_ in range(40):
+            key, barrier = f"{prefix}/claim-{round_}.json", threading.Barrier(racers)
+            won = list(pool.map(lambda who: create(key, barrier, who), range(racers)))  # noqa: B023
+            assert sum(won) == 1, f"round {round_}: {sum(won)} creates of one key succeeded"

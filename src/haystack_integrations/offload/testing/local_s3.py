@@ -280,12 +280,22 @@ class _S3FirstDispatcher:
     of a busy server's CPU per request, most of what moto spends on a small PUT. A request signed for ``s3`` (and not
     for S3 Control) always lands in the S3 backend, so it goes straight to that app; anything else (IAM, STS, moto's
     own API, unsigned requests) takes moto's route. Both routes share moto's process-global backends and app cache.
+
+    Conditional writes (``If-None-Match``, ``If-Match``) run one at a time: moto checks the condition, then writes,
+    so two racing creates of one key could both succeed on a threaded server, where S3 lets exactly one through.
     """
 
     def __init__(self) -> None:
         self._dispatcher = DomainDispatcherApplication(create_backend_app)
+        self._conditional_writes = threading.Lock()
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        if environ.get("REQUEST_METHOD") == "PUT" and ("HTTP_IF_NONE_MATCH" in environ or "HTTP_IF_MATCH" in environ):
+            with self._conditional_writes:  # moto answers within the call: the condition and the write are one step
+                return self._dispatch(environ, start_response)
+        return self._dispatch(environ, start_response)
+
+    def _dispatch(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         app = self._s3_app(environ) if _signed_for_s3(environ) else None
         if app is None:
             return self._dispatcher(environ, start_response)  # type: ignore[no-any-return]
