@@ -78,6 +78,7 @@ def test_each_operation_costs_a_handful_of_requests(
         ("GET", "LIST", None),
         ("GET", ".approvals/step", None),
         ("GET", ".approvals/decision", None),
+        ("GET", "LIST", None),  # the audit: it holds the step's request and decision before any call runs
         ("PUT", ".approvals/resume", "*"),
         ("PUT", ".approvals/claim", "*"),
         ("PUT", ".approvals/outcome", None),  # the call's result, recorded before anything else

@@ -344,3 +344,37 @@ async def test_the_same_denial_again_continues_the_step_without_running_the_call
     assert again.resumed is not None and [o.outcome for o in again.resumed.approval_outcomes] == ["denied"]
     assert again.decision.reason == "No."  # the recorded decision stands
     assert ran(ledger) == []
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("failing", ["the-hold", "the-decision"])
+async def test_a_call_that_runs_has_its_request_and_decision_in_the_audit_though_their_appends_failed(
+    faulty_session: FsspecToolResultStore, fault_proxy: FaultProxy, ledger: Path, failing: str
+) -> None:
+    invoice_hook, _ = approvals()
+    service = ChatService(agent_with([invoice_hook]))
+    audit_down = _FailWhileArmed("/.audit/")
+    audit_down.armed = failing == "the-hold"
+    fault_proxy.plan = audit_down
+    text = plan(("send_invoice", {"customer": "a", "amount": 5}, "c1")).text or ""
+    if failing == "the-hold":
+        with pytest.raises(RunFailedError):  # the step is held; its audit append gave up
+            await service.send_message(faulty_session, text)
+    else:
+        await service.send_message(faulty_session, text)
+    [request] = await service.pending(faulty_session)
+    audit_down.armed = failing == "the-decision"
+    if failing == "the-decision":
+        with pytest.raises(StorageUnavailableError):  # the decision is recorded; its audit append gave up
+            await service.decide(faulty_session, request.request_id, approved=True, actor="alice")
+    else:
+        await service.decide(faulty_session, request.request_id, approved=True, actor="alice")
+    assert audit_down.failed > 0
+    audit_down.armed = False
+    if failing == "the-decision":
+        await service.resume(faulty_session)  # nothing waits for a decision: the page's Continue
+    assert ran(ledger) == [("invoice", "a:5")]
+    events = [(e.event, e.actor) for e in await service.audit(faulty_session) if e.tool_call_id == "c1"]
+    assert events.count(("approval.requested", None)) == 1
+    assert events.count(("approval.decided", "alice")) == 1
+    assert [name for name, _ in events if name == "approval.executed"] == ["approval.executed"]

@@ -9,7 +9,7 @@ import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from haystack_integrations.offload.approvals.approval_records import ApprovalRequest, AuditEvent
+from haystack_integrations.offload.approvals.approval_records import ApprovalDecision, ApprovalRequest, AuditEvent
 from haystack_integrations.offload.approvals.ledger import session_scope
 from haystack_integrations.offload.types import Documents, SessionDocumentSource
 
@@ -42,28 +42,70 @@ def request_event(event: str, request: ApprovalRequest, *, actor: str | None, **
     """
     Build an audit event about one approval request, stamped now.
 
-    :param event: What happened, e.g. ``"approval.decided"``.
+    :param event: What happened, e.g. ``"approval.invalid"``.
     :param request: The request it happened to (its session, step, call and arguments digest are recorded).
     :param actor: Who did it.
     :param detail: The event's details.
     :returns: The event.
     """
-    return new_event(
-        event=event,
-        actor=actor,
-        tenant=request.tenant,
-        session=request.session,
-        step_id=request.step_id,
-        request_id=request.request_id,
-        tool_call_id=request.tool_call_id,
-        tool_name=request.tool_name,
-        arguments_digest=request.arguments_digest,
-        detail=detail,
+    return new_event(event=event, actor=actor, **_about(request), detail=detail)
+
+
+class RecordedEvent(AuditEvent):
+    """
+    An event that restates a durable record: a held request, or a stored decision.
+
+    Its time and content come from the record alone and its name from the request, so writing it again writes the
+    same document: whoever finds it missing (a resume, before any call runs) can append it without a duplicate.
+    """
+
+
+def requested_event(request: ApprovalRequest) -> RecordedEvent:
+    """
+    :param request: A held (durable) request.
+    :returns: Its ``approval.requested`` event, at the time the request was made.
+    """
+    return RecordedEvent(at=request.created, event="approval.requested", actor=request.requested_by, **_about(request))
+
+
+def decided_event(request: ApprovalRequest, record: ApprovalDecision) -> RecordedEvent:
+    """
+    :param request: A held request.
+    :param record: Its stored decision.
+    :returns: Its ``approval.decided`` event, at the time the decision was recorded.
+    """
+    return RecordedEvent(
+        at=record.decided_at,
+        event="approval.decided",
+        actor=record.decided_by,
+        **_about(request),
+        detail={
+            "approved": record.approved,
+            "edited": record.edited,
+            "reason": record.reason,
+            "final_arguments_digest": record.final_arguments_digest,
+            "expires": record.expires.isoformat(),
+        },
     )
 
 
+def _about(request: ApprovalRequest) -> dict[str, Any]:
+    return {
+        "tenant": request.tenant,
+        "session": request.session,
+        "step_id": request.step_id,
+        "request_id": request.request_id,
+        "tool_call_id": request.tool_call_id,
+        "tool_name": request.tool_name,
+        "arguments_digest": request.arguments_digest,
+    }
+
+
 def _name(event: AuditEvent) -> str:
-    return f"{event.at.strftime('%Y%m%dT%H%M%S%f')}Z-{next(_counter):012d}-{secrets.token_hex(4)}.json"
+    stamp = f"{event.at.strftime('%Y%m%dT%H%M%S%f')}Z"
+    if isinstance(event, RecordedEvent):
+        return f"{stamp}-{event.request_id}.{event.event.removeprefix('approval.')}.json"
+    return f"{stamp}-{next(_counter):012d}-{secrets.token_hex(4)}.json"
 
 
 def _documents(store: SessionDocumentSource) -> Documents:
@@ -88,6 +130,20 @@ async def append_audit_async(store: SessionDocumentSource, *events: AuditEvent) 
     """Async `append_audit`; the events are written concurrently (their names already fix their order)."""
     documents = _documents(store)
     await asyncio.gather(*(documents.put_async(_name(event), event.model_dump_json().encode()) for event in events))
+
+
+async def append_missing_async(store: SessionDocumentSource, events: list[RecordedEvent]) -> None:
+    """
+    Append the recorded events the session's audit does not hold yet: one listing, and a write per missing event.
+
+    :param store: The session's store.
+    :param events: Events restating the session's records.
+    :raises StorageError: If the backend fails.
+    """
+    documents = _documents(store)
+    present = set(await documents.list_async())
+    missing = [event for event in events if _name(event) not in present]
+    await asyncio.gather(*(documents.put_async(_name(event), event.model_dump_json().encode()) for event in missing))
 
 
 def read_audit(store: SessionDocumentSource) -> list[AuditEvent]:

@@ -11,14 +11,13 @@ from datetime import datetime, timedelta
 from haystack_integrations.offload.approvals.approval_records import (
     ApprovalDecision,
     ApprovalRequest,
-    AuditEvent,
     Decision,
     HeldStep,
     StepDone,
     approved_arguments,
     arguments_digest,
 )
-from haystack_integrations.offload.approvals.audit import append_audit, append_audit_async, request_event
+from haystack_integrations.offload.approvals.audit import append_audit, append_audit_async, decided_event
 from haystack_integrations.offload.approvals.errors import (
     ApprovalAlreadyDecidedError,
     ApprovalExpiredError,
@@ -100,7 +99,7 @@ def decide(
         raise
     if record.approved and not record.edited and request.remember is not None:
         ledger.remember(*remembered_approval(request, decision.decided_by, at))
-    append_audit(store, _decided_event(request, record))
+    append_audit(store, decided_event(request, record))
     return record
 
 
@@ -120,7 +119,7 @@ async def decide_async(
         raise
     if record.approved and not record.edited and request.remember is not None:
         await ledger.remember_async(*remembered_approval(request, decision.decided_by, at))
-    await append_audit_async(store, _decided_event(request, record))
+    await append_audit_async(store, decided_event(request, record))
     return record
 
 
@@ -229,18 +228,4 @@ def _compare(
         recorded is not None
         and recorded.approved == attempted.approved
         and recorded.final_arguments_digest == attempted.final_arguments_digest
-    )
-
-
-def _decided_event(request: ApprovalRequest, record: ApprovalDecision) -> AuditEvent:
-    # The record carries the request's session, step, call and tool (`_decision_record`), so the event is the request's.
-    return request_event(
-        "approval.decided",
-        request,
-        actor=record.decided_by,
-        approved=record.approved,
-        edited=record.edited,
-        reason=record.reason,
-        final_arguments_digest=record.final_arguments_digest,
-        expires=record.expires.isoformat(),
     )

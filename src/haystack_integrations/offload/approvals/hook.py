@@ -40,7 +40,13 @@ from haystack_integrations.offload.approvals.approval_records import (
     validated_arguments,
     verdict_for,
 )
-from haystack_integrations.offload.approvals.audit import append_audit, append_audit_async, new_event, request_event
+from haystack_integrations.offload.approvals.audit import (
+    append_audit,
+    append_audit_async,
+    new_event,
+    request_event,
+    requested_event,
+)
 from haystack_integrations.offload.approvals.channels import (
     APPROVAL_REQUIRED,
     ApprovalChannel,
@@ -672,8 +678,7 @@ def _deny_unbound(step: _Step) -> None:
 
 def _stop(state: State, step: _Step, held: HeldStep) -> None:
     """Audit the held step's requests, take its message out of the run, leave a notice naming them, stop the run."""
-    for request in held.requests():
-        step.events.append(request_event("approval.requested", request, actor=step.channel.actor))
+    step.events.extend(requested_event(request) for request in held.requests())
     # The held message leaves this run's conversation (resume puts it back with its results), so the history the
     # run returns stays valid for any provider: no tool call without a result. The notice is what the run's caller
     # and a chat page show; resume takes it out again.

@@ -42,7 +42,14 @@ from haystack_integrations.offload.approvals.approval_records import (
     arguments_digest,
     binding_problem,
 )
-from haystack_integrations.offload.approvals.audit import append_audit_async, new_event
+from haystack_integrations.offload.approvals.audit import (
+    RecordedEvent,
+    append_audit_async,
+    append_missing_async,
+    decided_event,
+    new_event,
+    requested_event,
+)
 from haystack_integrations.offload.approvals.channels import APPROVAL_REQUIRED, DurableApprovals
 from haystack_integrations.offload.approvals.errors import (
     ApprovalClaimedError,
@@ -195,6 +202,8 @@ async def resume_async(
     messages = _with_preceding(messages, step)
     rulings = await _rulings(ledger, listing, step, at, before=len(messages))
     _check_conversation(messages, step)
+    # A request or decision whose audit append failed is audited now, or nothing runs: every call that runs has both.
+    await append_missing_async(store, rulings.audited)
     claim = StepClaim(
         step_id=step.step_id,
         tenant=step.tenant,
@@ -299,6 +308,8 @@ class Rulings:
     state: dict[str, Any] | None = None
     before: int = 0
     """How many messages of the resumed conversation come before the held message."""
+    audited: list[RecordedEvent] = field(default_factory=list)
+    """What the audit must hold before any call runs: every request of the steps, and every decision on them."""
 
     def preceding(self, messages: list[ChatMessage]) -> list[dict[str, Any]]:
         """What this resume added before the pending message, to keep with a step that holds it again."""
@@ -708,6 +719,9 @@ async def _rulings(
             *(ledger.decision_async(r.request_id) if listing.decided(r.request_id) else _none() for r in requests)
         )
         for request, decision in zip(requests, found, strict=True):
+            rulings.audited.append(requested_event(request))
+            if decision is not None:
+                rulings.audited.append(decided_event(request, decision))
             if decision is None and not request.expired(at):
                 waiting.append(request.request_id)
                 continue
