@@ -260,32 +260,41 @@ async def test_a_lost_final_resume_turn_is_finished_by_resume(
 
 
 class _FailWhileArmed(FaultPlan):
-    """Answer 503 to every PUT whose path holds `fragment` while armed: a resume that fails at one chosen write."""
+    """
+    Answer 503 to the PUTs whose path holds one of `spared`'s fragments while armed, once that fragment's first
+    ``spared[fragment]`` PUTs went through: a resume that fails at chosen writes.
+    """
 
-    def __init__(self, fragment: str) -> None:
+    def __init__(self, spared: dict[str, int]) -> None:
         super().__init__()
-        self.fragment = fragment
+        self.spared = dict(spared)
         self.armed = True
-        self.failed = 0
+        self.failed = dict.fromkeys(spared, 0)
 
     def decide(self, request: ProxiedRequest) -> Fault | None:
-        if self.armed and request.method == "PUT" and self.fragment in request.target:
-            self.failed += 1
-            return Fault.SLOW_DOWN
+        for fragment in self.spared:
+            if self.armed and request.method == "PUT" and fragment in request.target:
+                if self.spared[fragment] > 0:
+                    self.spared[fragment] -= 1
+                    break
+                self.failed[fragment] += 1
+                return Fault.SLOW_DOWN
         return super().decide(request)
 
 
 @pytest.mark.s3
 @pytest.mark.parametrize(
-    "fragment",
+    "spared",
     [
-        pytest.param("/.approvals/resume.", id="the-step-claim-fails"),
+        pytest.param({"/.approvals/resume.": 0}, id="the-step-claim-fails"),
         # The step's claim landed (its lease is live), then the call's claim failed: the claim must not block a retry.
-        pytest.param("/.approvals/claim.", id="the-call-claim-fails"),
+        pytest.param({"/.approvals/claim.": 0}, id="the-call-claim-fails"),
+        # ... and the release of the step's claim failed too: its lease stays live in the store.
+        pytest.param({"/.approvals/claim.": 0, "/.approvals/resume.": 1}, id="the-release-fails-too"),
     ],
 )
 async def test_the_same_decision_again_continues_a_step_whose_resume_failed(
-    faulty_session: FsspecToolResultStore, fault_proxy: FaultProxy, ledger: Path, fragment: str
+    faulty_session: FsspecToolResultStore, fault_proxy: FaultProxy, ledger: Path, spared: dict[str, int]
 ) -> None:
     invoice_hook, _ = approvals()
     service = ChatService(agent_with([invoice_hook]))  # the default resume lease: far longer than this test
@@ -294,15 +303,21 @@ async def test_the_same_decision_again_continues_a_step_whose_resume_failed(
     )
     [request] = held.pending
     edited = {"customer": "a", "amount": 4}
-    failing = _FailWhileArmed(fragment)
+    failing = _FailWhileArmed(spared)
     fault_proxy.plan = failing
     try:
         with pytest.raises(RunFailedError):
             await service.decide(faulty_session, request.request_id, approved=True, arguments=edited)
-        assert failing.failed > 0 and ran(ledger) == []
+        assert all(failing.failed.values()) and ran(ledger) == []
         assert (await service.transcript(faulty_session)).resumable
     finally:
         failing.armed = False
+    # Once the store answers again, the claim is released for every worker, not only in this one's memory.
+    assert (await service.transcript(faulty_session)).resumable
+    documents = ApprovalLedger(faulty_session).documents
+    for name in [name for name in await documents.list_async() if name.startswith("resume.")]:
+        claim = json.loads(await documents.get_async(name))
+        assert claim["lease_until"] == claim["claimed_at"]
     # Another verdict, or other arguments, is a conflict: the decision stands, and nothing runs.
     with pytest.raises(ApprovalAlreadyDecidedError):
         await service.decide(faulty_session, request.request_id, approved=False)
@@ -353,7 +368,7 @@ async def test_a_call_that_runs_has_its_request_and_decision_in_the_audit_though
 ) -> None:
     invoice_hook, _ = approvals()
     service = ChatService(agent_with([invoice_hook]))
-    audit_down = _FailWhileArmed("/.audit/")
+    audit_down = _FailWhileArmed({"/.audit/": 0})
     audit_down.armed = failing == "the-hold"
     fault_proxy.plan = audit_down
     text = plan(("send_invoice", {"customer": "a", "amount": 5}, "c1")).text or ""
@@ -369,7 +384,7 @@ async def test_a_call_that_runs_has_its_request_and_decision_in_the_audit_though
             await service.decide(faulty_session, request.request_id, approved=True, actor="alice")
     else:
         await service.decide(faulty_session, request.request_id, approved=True, actor="alice")
-    assert audit_down.failed > 0
+    assert audit_down.failed["/.audit/"] > 0
     audit_down.armed = False
     if failing == "the-decision":
         await service.resume(faulty_session)  # nothing waits for a decision: the page's Continue

@@ -7,6 +7,7 @@ creates are where the approval metrics count requests and decisions, and where `
 
 import contextlib
 import hashlib
+import logging
 import re
 import secrets
 import threading
@@ -36,7 +37,7 @@ from haystack_integrations.offload.approvals.errors import (
     ApprovalNotFoundError,
     ApprovalRecordError,
 )
-from haystack_integrations.offload.errors import DocumentExistsError, ResultNotFoundError
+from haystack_integrations.offload.errors import DocumentExistsError, OffloadError, ResultNotFoundError
 from haystack_integrations.offload.metrics import PendingApprovals, approval, pending_approvals
 from haystack_integrations.offload.types import Documents, SessionDocumentSource
 
@@ -50,6 +51,7 @@ _CLAIM_NAME = re.compile(r"claim\.(?P<call>\d{8}-[0-9a-f]{16})\.(?P<attempt>\d{2
 _SEQUENCE_RACES = 16
 
 _Model = TypeVar("_Model", bound=BaseModel)
+logger = logging.getLogger(__name__)
 
 # Makes a held step's calls (one `HeldCall` per tool call of its message, in order) for the id it is held under.
 HeldCalls = Callable[[str], list[HeldCall]]
@@ -248,6 +250,40 @@ known_pending = KnownPending(pending_approvals)
 """This worker's `KnownPending`: it feeds the gauge the metrics export."""
 
 
+class ReleasedClaims:
+    """
+    The step claims this worker released, by token, until their leases would have lapsed anyway.
+
+    A release is a write and can fail like any other; remembered here first, it holds for this worker's own retry
+    whatever the store kept (a session's requests usually reach the worker that served it).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # claim token -> the lease it had when released
+        self._until: dict[str, datetime] = {}
+
+    def add(self, claim: StepClaim) -> None:
+        """Note that this worker released `claim`."""
+        with self._lock:
+            self._until[claim.token] = claim.lease_until
+            self._forget_lapsed(now())
+
+    def released(self, claim: StepClaim) -> bool:
+        """Whether this worker released `claim` (and its lease would not have lapsed yet)."""
+        with self._lock:
+            self._forget_lapsed(now())
+            return claim.token in self._until
+
+    def _forget_lapsed(self, at: datetime) -> None:
+        for token in [token for token, until in self._until.items() if at >= until]:
+            del self._until[token]
+
+
+released_claims = ReleasedClaims()
+"""This worker's `ReleasedClaims`."""
+
+
 class ApprovalLedger:
     """
     The approval documents of one session.
@@ -393,9 +429,28 @@ class ApprovalLedger:
         name = f"resume.{sequence_of(claim.step_id):08d}.{claim.attempt:03d}.json"
         await self.documents.put_async(name, _dump(claim))
 
+    async def release_step_async(self, claim: StepClaim) -> None:
+        """
+        End this worker's own claim now, so that a retry need not wait for its lease to lapse.
+
+        The lease ends when it began: lapsed for every worker whose clock is not behind this one's. This worker knows
+        it released the claim even if the write fails; a later read of the claim here writes the release again.
+        """
+        released_claims.add(claim)
+        await self.renew_step_async(claim.model_copy(update={"lease_until": claim.claimed_at}))
+
     async def step_claim_async(self, sequence: int, attempt: int) -> StepClaim:
-        """Read one attempt's claim."""
-        return await self._required_async(f"resume.{sequence:08d}.{attempt:03d}.json", StepClaim)
+        """Read one attempt's claim (as released, if this worker released it though the store kept its lease)."""
+        claim = await self._required_async(f"resume.{sequence:08d}.{attempt:03d}.json", StepClaim)
+        if claim.lease_until <= claim.claimed_at or not released_claims.released(claim):
+            return claim
+        released = claim.model_copy(update={"lease_until": claim.claimed_at})
+        try:
+            # So that other workers see it released too, now that the store may answer again.
+            await self.renew_step_async(released)
+        except OffloadError as error:
+            logger.warning("Could not write the release of the claim on held step %s: %s", claim.step_id, error)
+        return released
 
     async def finish_step_async(self, sequence: int, done: StepDone) -> None:
         """Record what resuming a step added to the conversation (the step is closed from then on)."""

@@ -677,14 +677,14 @@ async def _released_on_failure(ledger: ApprovalLedger, claim: StepClaim) -> Asyn
 
     As safe as a lapse: a later attempt reuses the calls' recorded results and holds a call claimed without one as
     "may have run"; the claim documents decide, never this worker. A cancellation keeps the lease (a tool may still be
-    running in a thread), and a release that fails leaves the lease to lapse on its own.
+    running in a thread). A release that fails still holds for this worker (`ReleasedClaims`); other workers see the
+    lease lapse on its own, or the release once this worker writes it again.
     """
     try:
         yield
     except Exception:
         try:
-            # A lease that ends when it began: lapsed for every worker whose clock is not behind this one's.
-            await ledger.renew_step_async(claim.model_copy(update={"lease_until": claim.claimed_at}))
+            await ledger.release_step_async(claim)
         except Exception as error:
             logger.warning("Could not release the claim on held step %s: %s", claim.step_id, error)
         raise
