@@ -336,6 +336,63 @@ async def test_the_same_decision_again_continues_a_step_whose_resume_failed(
     assert ran(ledger) == [("invoice", "a:4")]
 
 
+class _ClaimUnreadable(FaultPlan):
+    """Answer 503 to every GET of a call's claim while armed: a create that found "exists" cannot tell whose it is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = True
+        self.failed = 0
+
+    def decide(self, request: ProxiedRequest) -> Fault | None:
+        if self.armed and request.method == "GET" and "/.approvals/claim." in request.target:
+            self.failed += 1
+            return Fault.SLOW_DOWN
+        return super().decide(request)
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("note", ["names-the-claim", "names-another-claim"])
+async def test_a_call_whose_claim_failed_ambiguously_runs_on_retry_without_asking_whether_it_ran(
+    faulty_session: FsspecToolResultStore, fault_proxy: FaultProxy, ledger: Path, note: str
+) -> None:
+    invoice_hook, _ = approvals()
+    service = ChatService(agent_with([invoice_hook]))
+    held = await service.send_message(
+        faulty_session, plan(("send_invoice", {"customer": "a", "amount": 5}, "c1")).text or ""
+    )
+    [request] = held.pending
+    # The call's claim lands but its answer is lost; the retried create finds it, and reading it back fails.
+    unreadable = _ClaimUnreadable()
+    fault_proxy.plan = unreadable
+    earlier = len(fault_proxy.faults.snapshot())  # the proxy serves the whole module
+    fault_proxy.inject(Fault.RESET_AFTER, method="PUT", path_contains="/.approvals/claim.")
+    try:
+        with pytest.raises(RunFailedError):
+            await service.decide(faulty_session, request.request_id, approved=True)
+    finally:
+        unreadable.armed = False
+    injected = [(f.kind, f.request.method) for f in fault_proxy.faults.snapshot()[earlier:]]
+    assert injected.count((Fault.RESET_AFTER, "PUT")) == 1 and injected.count((Fault.SLOW_DOWN, "GET")) > 0
+    listing = await ApprovalLedger(faulty_session).listing_async()
+    assert [name for name in listing.names if name.startswith("claim.")]  # the claim landed
+    assert ran(ledger) == []
+    [noted] = [name for name in listing.names if name.startswith("unrun.")]
+    if note == "names-another-claim":  # as if that create never landed and another worker's claim took the try
+        documents = ApprovalLedger(faulty_session).documents
+        other = {**json.loads(await documents.get_async(noted)), "token": uuid.uuid4().hex}
+        await documents.put_async(noted, json.dumps(other).encode())
+        again = await service.decide(faulty_session, request.request_id, approved=True)
+        assert again.resumed is not None and [r.guard for r in again.pending] == ["may-have-run"]
+        assert ran(ledger) == []
+        return
+    # The call never ran: the same decision again runs it, and nobody is asked whether it may have run.
+    again = await service.decide(faulty_session, request.request_id, approved=True)
+    assert again.resumed is not None and again.resumed.status == "completed" and again.pending == []
+    assert [o.outcome for o in again.resumed.approval_outcomes] == ["executed"]
+    assert ran(ledger) == [("invoice", "a:5")]
+
+
 async def test_the_same_denial_again_continues_the_step_without_running_the_call(
     store: FsspecToolResultStore, ledger: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -297,6 +297,16 @@ class ExecutionClaim(_Record):
     token: str = Field(default_factory=writer_token)
 
 
+class UnrunClaim(_Record):
+    """A try whose claim's create failed: the call did not run under it, even if the claim landed."""
+
+    call_key: str
+    attempt: int = Field(ge=1)
+    token: str = Field(description="The token of the claim that was not used.")
+    noted_by: str
+    noted_at: AwareDatetime
+
+
 class CallRecord(_Record):
     """What one call produced, recorded as soon as it returned, so no later failure can lose it."""
 

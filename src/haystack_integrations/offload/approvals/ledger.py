@@ -29,6 +29,7 @@ from haystack_integrations.offload.approvals.approval_records import (
     RememberedApproval,
     StepClaim,
     StepDone,
+    UnrunClaim,
     verdict_for,
 )
 from haystack_integrations.offload.approvals.errors import (
@@ -47,6 +48,7 @@ _REQUEST_ID = re.compile(rf"(?P<step>{_STEP_ID})-(?P<position>\d{{1,4}})")
 _STEP_NAME = re.compile(r"step\.(?P<sequence>\d{8})\.json")
 _RESUME_NAME = re.compile(r"resume\.(?P<sequence>\d{8})\.(?P<attempt>\d{3})\.json")
 _CLAIM_NAME = re.compile(r"claim\.(?P<call>\d{8}-[0-9a-f]{16})\.(?P<attempt>\d{2})\.json")
+_UNRUN_NAME = "unrun.{call}.{attempt:02d}.json"
 # A race for a step number moves on to the next; this many lost races in a row means something else is wrong.
 _SEQUENCE_RACES = 16
 
@@ -170,6 +172,10 @@ class ApprovalListing:
             for name in self.names
             if (match := _CLAIM_NAME.fullmatch(name)) and match["call"] == key
         )
+
+    def unrun(self, key: str, attempt: int) -> bool:
+        """Whether a try of a call is noted as not run (its claim's create failed)."""
+        return _UNRUN_NAME.format(call=key, attempt=attempt) in self.names
 
     def has_outcome(self, key: str) -> bool:
         """Whether a call's result is recorded."""
@@ -472,6 +478,21 @@ class ApprovalLedger:
             await self.documents.create_async(f"claim.{claim.call_key}.{claim.attempt:02d}.json", _dump(claim))
         except DocumentExistsError as error:
             raise ApprovalClaimedError(f"Tool call {claim.call_key!r} is being run by another worker.") from error
+
+    async def call_claim_async(self, key: str, attempt: int) -> ExecutionClaim:
+        """Read one try's claim."""
+        return await self._required_async(f"claim.{key}.{attempt:02d}.json", ExecutionClaim)
+
+    async def note_unrun_async(self, claim: ExecutionClaim) -> None:
+        """Note that the call did not run under `claim`, whose create failed (it may have landed)."""
+        note = UnrunClaim(
+            call_key=claim.call_key, attempt=claim.attempt, token=claim.token, noted_by=claim.claimed_by, noted_at=now()
+        )
+        await self.documents.put_async(_UNRUN_NAME.format(call=claim.call_key, attempt=claim.attempt), _dump(note))
+
+    async def unrun_async(self, key: str, attempt: int) -> UnrunClaim | None:
+        """Read a try's not-run note, or None."""
+        return await self._optional_async(_UNRUN_NAME.format(call=key, attempt=attempt), UnrunClaim)
 
     async def record_call_async(self, record: CallRecord) -> None:
         """Record what a call returned (a plain write: only the claim's holder writes it)."""

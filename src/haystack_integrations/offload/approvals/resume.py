@@ -80,6 +80,7 @@ from haystack_integrations.offload.approvals.outcomes import (
 from haystack_integrations.offload.compat import run_hooks_async as _run_hooks_async
 from haystack_integrations.offload.compat import run_tool_async as _run_tool_async
 from haystack_integrations.offload.context import RESUMING_KEY, resume_context
+from haystack_integrations.offload.errors import StorageError
 from haystack_integrations.offload.hooks.write_behind import settle_run
 from haystack_integrations.offload.leases import renewing
 from haystack_integrations.offload.metrics import approval
@@ -393,7 +394,7 @@ class _Resumed:
 
     async def run_once(self, agent: Agent, state: State, message: ChatMessage) -> None:
         """Run each pending call once: reuse recorded results, hold calls that may have run, run the others."""
-        plan = [self._plan(self.listing, position, call) for position, call in enumerate(message.tool_calls)]
+        plan = [await self._plan(self.listing, position, call) for position, call in enumerate(message.tool_calls)]
         uncertain = [item for item in plan if item.uncertain]
         if uncertain:
             self.held = await self._hold_may_have_run(message, plan, self.rulings.preceding(state.data["messages"]))
@@ -401,7 +402,7 @@ class _Resumed:
         for item in plan:
             self.results.append(await self._one(agent, state, item))
 
-    def _plan(self, listing: ApprovalListing, position: int, call: ToolCall) -> "_Call":
+    async def _plan(self, listing: ApprovalListing, position: int, call: ToolCall) -> "_Call":
         key = call_key(self.rulings.first_step_id, call.id, position)
         item = _Call(position, call, key, idempotency_key(self.step.tenant, self.step.session, key))
         tries = listing.call_tries(key)
@@ -410,11 +411,21 @@ class _Resumed:
         elif tries:
             retry = self.rulings.ruling(MAY_HAVE_RUN_GUARD, call)
             if retry is None:
-                item.uncertain = True
+                item.uncertain = not await self._not_run(listing, key, tries[-1])
             elif retry.denial is not None:
                 item.denial = retry
             item.attempt = tries[-1] + 1
         return item
+
+    async def _not_run(self, listing: ApprovalListing, key: str, attempt: int) -> bool:
+        """Whether the try's claim is one whose create failed, so the call never ran under it."""
+        if not listing.unrun(key, attempt):
+            return False
+        # The note names its claim: a claim that did not land leaves the try's number to another worker's claim.
+        claim, note = await asyncio.gather(
+            self.ledger.call_claim_async(key, attempt), self.ledger.unrun_async(key, attempt)
+        )
+        return note is not None and note.token == claim.token
 
     async def _one(self, agent: Agent, state: State, item: "_Call") -> ChatMessage:
         call = item.call
@@ -428,21 +439,28 @@ class _Resumed:
             return denial_result(
                 call, item.denial.denial, request_id=request.request_id, result_format=_result_format(agent)
             )
-        await self.ledger.claim_call_async(
-            ExecutionClaim(
-                call_key=item.key,
-                step_id=self.step.step_id,
-                tenant=self.step.tenant,
-                session=self.step.session,
-                tool_call_id=call.id,
-                tool_name=call.tool_name,
-                arguments_digest=arguments_digest(call.arguments),
-                attempt=item.attempt,
-                idempotency_key=item.idempotency,
-                claimed_by=self.worker,
-                claimed_at=now(),
-            )
+        claim = ExecutionClaim(
+            call_key=item.key,
+            step_id=self.step.step_id,
+            tenant=self.step.tenant,
+            session=self.step.session,
+            tool_call_id=call.id,
+            tool_name=call.tool_name,
+            arguments_digest=arguments_digest(call.arguments),
+            attempt=item.attempt,
+            idempotency_key=item.idempotency,
+            claimed_by=self.worker,
+            claimed_at=now(),
         )
+        try:
+            await self.ledger.claim_call_async(claim)
+        except StorageError:
+            # Landed or not, the claim was not used: say so, or a retry would ask whether the call ran.
+            try:
+                await self.ledger.note_unrun_async(claim)
+            except StorageError as error:
+                logger.warning("Could not note that call %s did not run: %s", item.key, error)
+            raise
         token = _IDEMPOTENCY_KEY.set(item.idempotency)
         try:
             [result] = await execute_async(agent, [call], state)
