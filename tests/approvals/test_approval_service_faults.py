@@ -444,7 +444,10 @@ async def test_a_call_that_runs_has_its_request_and_decision_in_the_audit_though
     assert audit_down.failed["/.audit/"] > 0
     audit_down.armed = False
     if failing == "the-decision":
-        await service.resume(faulty_session)  # nothing waits for a decision: the page's Continue
+        # Nothing waits for a decision, and the page offers Continue.
+        assert await service.pending(faulty_session) == []
+        assert (await service.transcript(faulty_session)).resumable
+        await service.resume(faulty_session)
     assert ran(ledger) == [("invoice", "a:5")]
     events = [(e.event, e.actor) for e in await service.audit(faulty_session) if e.tool_call_id == "c1"]
     assert events.count(("approval.requested", None)) == 1

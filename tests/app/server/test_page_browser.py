@@ -832,3 +832,52 @@ def test_a_failed_resume_offers_continue_which_runs_the_decided_call(
         assert errors == [] and _policy_errors(console) == []
     finally:
         context.close()
+
+
+def test_a_decision_whose_answer_failed_before_its_resume_offers_continue(
+    live_server: ServerProcess, page_directory: Path, browser: "Browser", monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from playwright.sync_api import expect
+
+    from haystack_integrations.offload import FsspecToolResultStore
+    from haystack_integrations.offload.approvals import decisions
+    from haystack_integrations.offload.errors import StorageUnavailableError
+    from haystack_integrations.offload.sessions import ChatService
+    from offload_haystack_app.server import build_agent
+    from offload_haystack_app.server.scripted_model import scripted_generator
+
+    # The decision is recorded, then its audit append gives up: the answer fails before any resume began, and the
+    # request no longer waits, so the page has nothing left to decide.
+    session = FsspecToolResultStore(str(page_directory / "results")).for_session("acme", "unanswered-decision")
+    service = ChatService(build_agent(scripted_generator()))
+
+    async def unavailable(*args: object) -> None:
+        raise StorageUnavailableError("injected: the store is unavailable")
+
+    async def decide_and_fail() -> None:
+        [request] = (await service.send_message(session, INVOICE)).pending
+        monkeypatch.setattr(decisions, "append_audit_async", unavailable)
+        with pytest.raises(StorageUnavailableError):
+            await service.decide(session, request.request_id, approved=True)
+        monkeypatch.undo()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:  # Playwright's own loop runs in this thread
+        pool.submit(lambda: asyncio.run(decide_and_fail())).result()
+    context = browser.new_context(viewport={"width": 1366, "height": 900})
+    errors: list[str] = []
+    console: list[str] = []
+    try:
+        page = _signed_in(context, errors, console, live_server.base_url, "unanswered-decision")
+        transcript = page.get_by_test_id("transcript")
+        expect(transcript).to_contain_text("decided; not run yet")
+        expect(page.get_by_test_id("approvals")).to_contain_text("decided but have not run yet")
+        expect(page.get_by_test_id("resume")).to_have_count(0)  # not the "requests expired" offer
+        page.get_by_test_id("continue").click()
+        expect(transcript).to_contain_text("sent to Initech for 250 EUR")
+        expect(page.get_by_test_id("continue")).to_have_count(0)
+        assert errors == [] and _policy_errors(console) == []
+    finally:
+        context.close()

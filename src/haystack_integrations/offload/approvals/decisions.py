@@ -138,11 +138,15 @@ async def open_step_async(store: SessionDocumentSource) -> "OpenStep | None":
         ledger.saw_waiting([])
         return None
     at = now()
-    waiting = ledger.saw_waiting(_waiting(await ledger.step_async(sequence), listing, at))
+    step = await ledger.step_async(sequence)
+    waiting = ledger.saw_waiting(_waiting(step, listing, at))
     attempts = listing.claims_of(sequence)
     lease_until = (await ledger.step_claim_async(sequence, attempts[-1])).lease_until if attempts else None
     return OpenStep(
-        sequence=sequence, waiting=waiting, resuming_until=lease_until if lease_until and at < lease_until else None
+        sequence=sequence,
+        waiting=waiting,
+        resuming_until=lease_until if lease_until and at < lease_until else None,
+        decided=any(listing.decided(request.request_id) for request in step.requests()),
     )
 
 
@@ -166,6 +170,8 @@ class OpenStep:
     sequence: int
     waiting: list[ApprovalRequest]
     resuming_until: datetime | None
+    decided: bool = False
+    """Whether any of its requests has a decision (else every one that does not wait expired)."""
 
 
 def _open_step(listing: ApprovalListing) -> int | None:

@@ -118,7 +118,10 @@ class Transcript:
     status: TurnStatus | None
     error: str | None
     resumable: bool = False
-    """Whether the newest turn failed (or was abandoned) with a held step decided but not run: `resume` continues it."""
+    """
+    Whether a held step is decided but not run, and no worker is resuming it (its resume failed, or the decision's
+    answer did before it began): `resume` continues it.
+    """
 
 
 @dataclass
@@ -319,10 +322,16 @@ class ChatService:
         last = state.last_end
         busy = state.busy(datetime.now(UTC))
         resumable = False
-        if not busy and last is not None and last.status in ("failed", "abandoned"):
-            # Only after a failure is the ledger read: a resume that failed leaves its step open, decided, unrun.
+        if not busy and last is not None and last.status in ("failed", "abandoned", "approval_required"):
+            # Only after a failure or a hold is the ledger read: a resume that failed, or a decision whose answer
+            # failed before its resume began (an audit append that gave up), leaves the step open, decided, unrun.
             step = await open_step_async(store)
-            resumable = step is not None and not step.waiting and step.resuming_until is None
+            resumable = (
+                step is not None
+                and not step.waiting
+                and step.resuming_until is None
+                and (step.decided or last.status != "approval_required")  # else its requests expired: see the page
+            )
         return Transcript(
             messages=state.conversation,
             turns=state.next_turn - 1,

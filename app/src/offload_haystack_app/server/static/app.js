@@ -254,7 +254,8 @@ function renderEvent(event) {
     });
     return card("waiting", "◷", [
       element("strong", { text: "Waiting for approval" }),
-      what ? `: ${what}` : requests.length || state.status !== "approval_required" ? "" : " (the requests expired)",
+      what ? `: ${what}` : requests.length || state.status !== "approval_required" ? ""
+        : state.resumable ? " (decided; not run yet)" : " (the requests expired)",
     ], requests.length ? review : null);
   }
   if (event.kind === "approved") {
@@ -584,14 +585,15 @@ function renderApprovals() {
   $("approvals-panel").classList.toggle("waiting", pending.length > 0);
   const box = $("approvals");
   box.replaceChildren();
-  if (!pending.length && state.status === "approval_required") {
+  if (!pending.length && state.resumable) {
+    // The calls are decided, but the run that should have made them failed (or never began): continuing runs them (once).
+    const why = state.status === "approval_required" ? "The calls are decided but have not run yet." : "The last turn failed before the decided calls ran.";
+    box.appendChild(element("p", { className: "muted", text: why }));
+    box.appendChild(element("button", { text: "Continue", testid: "continue", attrs: { type: "button" }, onclick: resume }));
+  } else if (!pending.length && state.status === "approval_required") {
     // Held, but nothing left to decide: the requests expired. Resuming tells the model so.
     box.appendChild(element("p", { className: "muted", text: "The approval requests expired before anyone decided." }));
     box.appendChild(element("button", { text: "Continue the chat", testid: "resume", attrs: { type: "button" }, onclick: resume }));
-  } else if (!pending.length && state.resumable) {
-    // The calls are decided, but the run that should have made them failed: continuing runs them (once).
-    box.appendChild(element("p", { className: "muted", text: "The last turn failed before the decided calls ran." }));
-    box.appendChild(element("button", { text: "Continue", testid: "continue", attrs: { type: "button" }, onclick: resume }));
   } else if (!pending.length) {
     box.appendChild(element("p", { className: "muted", text: "Nothing waits for approval." }));
   }
