@@ -250,7 +250,9 @@ async def test_a_lost_final_resume_turn_is_finished_by_resume(
     await asyncio.sleep(0.4)
     assert await service.pending(session) == []
 
-    # Nothing waits for a person, yet the client is not stuck: resume puts the step back and the model answers it.
+    # Nothing waits for a person, yet the client is not stuck: the page offers Continue, and resume puts the step back
+    # and the model answers it.
+    assert (await service.transcript(session)).resumable
     finished = await service.resume(session)
     assert finished.status == "completed" and finished.reply is not None
     transcript = await service.transcript(session)

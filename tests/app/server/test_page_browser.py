@@ -872,8 +872,8 @@ def test_a_decision_whose_answer_failed_before_its_resume_offers_continue(
     try:
         page = _signed_in(context, errors, console, live_server.base_url, "unanswered-decision")
         transcript = page.get_by_test_id("transcript")
-        expect(transcript).to_contain_text("decided; not run yet")
-        expect(page.get_by_test_id("approvals")).to_contain_text("decided but have not run yet")
+        expect(transcript).to_contain_text("decided; not finished")
+        expect(page.get_by_test_id("approvals")).to_contain_text("The decided calls have not finished yet")
         expect(page.get_by_test_id("resume")).to_have_count(0)  # not the "requests expired" offer
         page.get_by_test_id("continue").click()
         expect(transcript).to_contain_text("sent to Initech for 250 EUR")

@@ -119,8 +119,8 @@ class Transcript:
     error: str | None
     resumable: bool = False
     """
-    Whether a held step is decided but not run, and no worker is resuming it (its resume failed, or the decision's
-    answer did before it began): `resume` continues it.
+    Whether `resume` continues the conversation: a held step is decided but not run, and no worker is resuming it (its
+    resume failed, or the decision's answer did before it began); or a resumed step ran and its turn was lost.
     """
 
 
@@ -326,12 +326,14 @@ class ChatService:
             # Only after a failure or a hold is the ledger read: a resume that failed, or a decision whose answer
             # failed before its resume began (an audit append that gave up), leaves the step open, decided, unrun.
             step = await open_step_async(store)
-            resumable = (
-                step is not None
-                and not step.waiting
-                and step.resuming_until is None
-                and (step.decided or last.status != "approval_required")  # else its requests expired: see the page
-            )
+            if step is None:  # a resumed step that ran, whose turn was lost: resume gives the model its answers
+                resumable = await self._with_lost_steps(store, state, list(state.conversation)) != state.conversation
+            else:
+                resumable = (
+                    not step.waiting
+                    and step.resuming_until is None
+                    and (step.decided or last.status != "approval_required")  # else its requests expired: see the page
+                )
         return Transcript(
             messages=state.conversation,
             turns=state.next_turn - 1,

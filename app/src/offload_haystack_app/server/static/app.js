@@ -255,7 +255,7 @@ function renderEvent(event) {
     return card("waiting", "◷", [
       element("strong", { text: "Waiting for approval" }),
       what ? `: ${what}` : requests.length || state.status !== "approval_required" ? ""
-        : state.resumable ? " (decided; not run yet)" : " (the requests expired)",
+        : state.resumable ? " (decided; not finished)" : " (the requests expired)",
     ], requests.length ? review : null);
   }
   if (event.kind === "approved") {
@@ -586,8 +586,9 @@ function renderApprovals() {
   const box = $("approvals");
   box.replaceChildren();
   if (!pending.length && state.resumable) {
-    // The calls are decided, but the run that should have made them failed (or never began): continuing runs them (once).
-    const why = state.status === "approval_required" ? "The calls are decided but have not run yet." : "The last turn failed before the decided calls ran.";
+    // The calls are decided, but the run that should have made them (or answered them) failed or never began:
+    // continuing runs each once, or gives the model what ran.
+    const why = state.status === "approval_required" ? "The decided calls have not finished yet." : "The last turn failed before it finished.";
     box.appendChild(element("p", { className: "muted", text: why }));
     box.appendChild(element("button", { text: "Continue", testid: "continue", attrs: { type: "button" }, onclick: resume }));
   } else if (!pending.length && state.status === "approval_required") {
