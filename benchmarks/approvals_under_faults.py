@@ -27,7 +27,10 @@ Reported per run, from the ledger and from the store read directly (around the p
 lease passed: approved calls executed exactly once / once more with the same idempotency key after a ``may-have-run``
 approval / never / twice or more; unapproved or guarded calls executed; sessions stuck (a step still open, a request
 still pending, a turn still running); executed calls whose result is not in the transcript, and denied or blocked calls
-whose error answer is not; requests a live worker never answered (it is then restarted, as a process manager's worker
+whose error answer is not; executed calls whose request or decision is missing from the audit ("audit gaps");
+decisions answered "resumed elsewhere" (with no kills, each is a phantom: a client has one request in flight per
+session); resumes the client had to ask for, where the page offers Continue and where it offers none (a person could
+not go on); requests a live worker never answered (it is then restarted, as a process manager's worker
 timeout would); and the cost against the fault-free run: S3 requests per session (as the proxy saw them) and the
 decide -> resumed round trip (from the client's last decision of a step to the resumed turn's answer, retries
 included).
@@ -329,6 +332,7 @@ async def _transcript(service: ChatService, store: FsspecToolResultStore) -> dic
     return {
         "status": transcript.status,
         "busy": transcript.busy,
+        "resumable": transcript.resumable,
         "finished": finished,
         "user_texts": [m.text for m in messages if m.is_from(ChatRole.USER)],
         "results": {
@@ -628,6 +632,13 @@ class FlowResult:
     round_trips: list[float] = field(default_factory=list)
     may_have_run_asks: int = 0
     calls: int = 0
+    elsewhere: int = 0
+    """Decisions answered "resumed elsewhere"."""
+    continues: int = 0
+    """Resumes the client asked for where the page offers Continue (the step is decided, nothing resumes it)."""
+    no_continue: int = 0
+    """Resumes the client asked for where the page offers no Continue (a person could not go on)."""
+    stalls: list[str] = field(default_factory=list)
 
 
 class Client:
@@ -712,6 +723,7 @@ class Client:
                             if error.type != "ApprovalAlreadyDecidedError":
                                 raise
                             continue  # an earlier try whose answer was lost had recorded it
+                        self.result.elsewhere += bool(outcome["elsewhere"])
                         if (outcome["resumed"] is not None or outcome["elsewhere"]) and waiting_since is not None:
                             self.result.round_trips.append(time.monotonic() - waiting_since)
                             waiting_since = None
@@ -729,6 +741,11 @@ class Client:
                     sent, unsure = False, True  # the message never held a step: send it (again)
                     continue
                 # Decided but not resumed (the decide's resume failed, or its worker died): resume it.
+                if state["resumable"]:
+                    self.result.continues += 1
+                else:
+                    self.result.no_continue += 1
+                    self.result.stalls.append(f"{self.plan.session}: no Continue offered at {state['status']}")
                 if waiting_since is None:
                     waiting_since = time.monotonic()
                 try:
@@ -800,6 +817,11 @@ class RunResult:
     answers_missing: int = 0
     unfinished: int = 0
     may_have_run_asks: int = 0
+    elsewhere: int = 0
+    continues: int = 0
+    no_continue: int = 0
+    audit_gaps: int = 0
+    """Calls that ran without their request's `approval.requested` and `approval.decided` in the audit."""
     kills: int = 0
     hung_requests: int = 0
     """Requests a live worker never answered (its worker was restarted after `CALL_TIMEOUT`)."""
@@ -835,6 +857,7 @@ async def check(
         answered = {
             str(m.tool_call_result.origin.id): m.tool_call_result for m in transcript.messages if m.tool_call_result
         }
+        audited = {(e.event, e.tool_call_id) for e in await service.audit(store)}
         pending = await service.pending(store)
         step = await open_step_async(store)
         if pending or step is not None or transcript.busy:
@@ -866,6 +889,10 @@ async def check(
             elif executed:
                 result.unapproved_run += 1
                 result.notes.append(f"{plan.session}/{call_id}: {tool} ran without approval ({len(executed)}x)")
+            missing = [e for e in ("approval.requested", "approval.decided") if (e, call_id) not in audited]
+            if executed and missing:
+                result.audit_gaps += 1
+                result.notes.append(f"{plan.session}/{call_id}: ran, {' and '.join(missing)} not in the audit")
             answer = answered.get(call_id)
             if executed and (answer is None or answer.error):
                 result.results_missing += 1
@@ -970,6 +997,10 @@ async def run_scenario(
     result.s3_requests = report["requests"]
     result.faults = report["faults"]
     result.may_have_run_asks = sum(done.may_have_run_asks for done in flows)
+    result.elsewhere = sum(done.elsewhere for done in flows)
+    result.continues = sum(done.continues for done in flows)
+    result.no_continue = sum(done.no_continue for done in flows)
+    result.notes.extend(stall for done in flows for stall in done.stalls)
     retries: Counter[str] = Counter()
     for done in flows:
         retries.update(done.retries)
@@ -997,13 +1028,14 @@ def tables(setup: dict[str, Any], results: list[RunResult]) -> str:
         "reset-after, 503 SlowDown and timeout.",
         "",
         "| run | approved calls run once | same key, retried | never | twice or more | unapproved/guarded run "
-        "| stuck | results missing | denials/blocks missing | flows unfinished |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| stuck | results missing | denials/blocks missing | audit gaps | flows unfinished |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         lines.append(
             f"| {r.scenario} | {_share(r.once, r.approved)} | {r.same_key_retried} | {r.never} | {r.twice} "
-            f"| {r.unapproved_run} | {r.stuck} | {r.results_missing} | {r.answers_missing} | {r.unfinished} |"
+            f"| {r.unapproved_run} | {r.stuck} | {r.results_missing} | {r.answers_missing} | {r.audit_gaps} "
+            f"| {r.unfinished} |"
         )
     lines += [
         "",
@@ -1023,14 +1055,17 @@ def tables(setup: dict[str, Any], results: list[RunResult]) -> str:
     lines += [
         "",
         "| run | workers killed (requests cut) | requests never answered | may-have-run asks "
-        "| client retries, by cause |",
-        "|---|---|---:|---:|---|",
+        "| 'resumed elsewhere' | Continue needed | no Continue offered | client retries, by cause |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in results:
         cut = ", ".join(f"{count} {op}" for op, count in sorted(r.cut_requests.items()))
         killed = f"{r.kills} ({cut})" if cut else str(r.kills)
         retries = ", ".join(f"{count} {cause}" for cause, count in r.retries.items()) or "none"
-        lines.append(f"| {r.scenario} | {killed} | {r.hung_requests} | {r.may_have_run_asks} | {retries} |")
+        lines.append(
+            f"| {r.scenario} | {killed} | {r.hung_requests} | {r.may_have_run_asks} | {r.elsewhere} | {r.continues} "
+            f"| {r.no_continue} | {retries} |"
+        )
     return "\n".join(lines)
 
 
