@@ -125,10 +125,11 @@ def store_of(hook_context: dict[str, Any]) -> FsspecToolResultStore:
 
 def put_aged(store: FsspecToolResultStore, *, age: timedelta, content: str, key: str = "old.txt") -> str:
     """
-    Store a text result as if it had been written `age` ago, and return its reference.
+    Store a text result whose name says it was written `age` ago, and return its reference.
 
-    It goes straight through the store's filesystem, as a result written long ago by an earlier deployment would have:
-    its name carries the old creation time, exactly as `write` names results.
+    It goes straight through the store's filesystem, named exactly as `write` names results, by a writer whose clock
+    is `age` behind: the storage's own clock says it was written just now, and that is what decides a result's age
+    wherever its name says it is old (retention, purges). Quotas and listings go by the name.
     """
     name = new_object_name(key=key, kind="text", tool_name="fetch", now=datetime.now(UTC) - age)
     fs = store._handle.io().fs

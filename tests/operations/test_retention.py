@@ -1,8 +1,10 @@
 """
-Retention on every backend: expired results are refused (clearly, before any request), left out of listings and
-removed by ``purge(expired=True)``; per-tenant overrides; ``purge(older_than=...)``; and `end_session`.
+Retention on every backend: expired results are refused (clearly, the storage's clock deciding), left out of listings
+and removed by ``purge(expired=True)``; writers' clocks that are wrong cost no fresh result; per-tenant overrides;
+``purge(older_than=...)``; and `end_session`.
 """
 
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -28,6 +30,17 @@ from haystack_integrations.offload.testing.local_s3 import LocalS3Server, Reques
 pytestmark = pytest.mark.real_s3  # also on the real S3 server's lane, both engines (tests/conftest.py)
 
 WEEK = Retention(ttl=timedelta(days=7), tenants={"trial": timedelta(hours=1), "archive": None})
+# Ages that pass during a test: the trial tenant's results expire 3 s (time to live plus skew) after the storage says
+# they were written. The storage's clock decides, so an object cannot be made old by its name: it must be waited out.
+BRIEF = Retention(
+    ttl=timedelta(days=7), tenants={"trial": timedelta(seconds=2), "archive": None}, clock_skew=timedelta(seconds=1)
+)
+BRIEF_LIFE = timedelta(seconds=3)
+
+
+def _outlive(life: timedelta = BRIEF_LIFE) -> None:
+    """Wait until what was written before is `life` old by any clock here (the storage's is this machine's)."""
+    time.sleep(life.total_seconds() + 0.2)
 
 
 def _root(backend: tuple[str, dict[str, Any]], retention: Retention | None = WEEK) -> FsspecToolResultStore:
@@ -37,8 +50,9 @@ def _root(backend: tuple[str, dict[str, Any]], retention: Retention | None = WEE
 
 
 async def test_an_expired_result_is_refused_by_every_read(backend: tuple[str, dict[str, Any]]) -> None:
-    session = _root(backend).for_session("acme", "chat-1")
-    old = put_aged(session, age=timedelta(days=8), content="old news")
+    session = _root(backend, BRIEF).for_session("trial", "chat-1")
+    old = session.write(key="old.txt", content="old news")
+    _outlive()
     fresh = session.write(key="fresh.txt", content="today's news")
     reads = [
         lambda: session.read(old),
@@ -50,7 +64,8 @@ async def test_an_expired_result_is_refused_by_every_read(backend: tuple[str, di
         with pytest.raises(ResultExpiredError) as caught:
             read()
         assert isinstance(caught.value, ResultNotFoundError) and isinstance(caught.value, FileNotFoundError)
-        assert "has expired" in str(caught.value) and "7 days" in str(caught.value)
+        assert "has expired" in str(caught.value) and "2 seconds" in str(caught.value)
+        assert "the storage says" in str(caught.value)
     with pytest.raises(ResultExpiredError):
         await session.read_async(old)
     with pytest.raises(ResultExpiredError):
@@ -58,39 +73,43 @@ async def test_an_expired_result_is_refused_by_every_read(backend: tuple[str, di
     assert session.read(fresh) == "today's news"
     assert [record.reference for record in session.list()] == [fresh]
     # Without retention the same object is an ordinary, readable result.
-    assert _root(backend, retention=None).for_session("acme", "chat-1").read(old) == "old news"
+    assert _root(backend, retention=None).for_session("trial", "chat-1").read(old) == "old news"
 
 
 def test_tenants_override_the_stores_time_to_live(backend: tuple[str, dict[str, Any]]) -> None:
-    root = _root(backend)
+    root = _root(backend, BRIEF)
     trial, acme, archive = (root.for_session(tenant, "chat-1") for tenant in ("trial", "acme", "archive"))
-    two_hours = {store.tenant: put_aged(store, age=timedelta(hours=2), content="2h") for store in (trial, acme)}
+    written = {store.tenant: store.write(key="k.txt", content="3s") for store in (trial, acme)}
     ancient = put_aged(archive, age=timedelta(days=400), content="kept")
-    with pytest.raises(ResultExpiredError, match="1 hour"):
-        trial.read(two_hours["trial"])
-    assert acme.read(two_hours["acme"]) == "2h"
+    _outlive()
+    with pytest.raises(ResultExpiredError, match="2 seconds"):
+        trial.read(written["trial"])
+    assert acme.read(written["acme"]) == "3s"
     assert archive.read(ancient) == "kept"
     # The root store applies each tenant's own time to live to references that name the tenant.
     with pytest.raises(ResultExpiredError):
-        root.read(f"trial/chat-1/{two_hours['trial']}")
-    assert root.read(f"acme/chat-1/{two_hours['acme']}") == "2h"
+        root.read(f"trial/chat-1/{written['trial']}")
+    assert root.read(f"acme/chat-1/{written['acme']}") == "3s"
     assert {record.reference.split("/")[0] for record in root.list()} == {"acme", "archive"}
 
 
 async def test_purge_expired_removes_only_expired_results(backend: tuple[str, dict[str, Any]]) -> None:
-    root = _root(backend)
-    stale = root.for_session("acme", "chat-1")
-    put_aged(stale, age=timedelta(days=8), content="a", key="a.txt")
-    put_aged(stale, age=timedelta(days=9), content="b", key="b.txt")
+    root = _root(backend, BRIEF)
+    stale = root.for_session("trial", "chat-1")
+    stale.write(key="a.txt", content="a")
+    stale.write(key="b.txt", content="b")
+    root.for_session("trial", "chat-9").write(key="d.txt", content="d")
+    _outlive()
     keep = stale.write(key="c.txt", content="c")
-    put_aged(root.for_session("trial", "chat-9"), age=timedelta(hours=2), content="d")
     kept_long = put_aged(root.for_session("archive", "chat-1"), age=timedelta(days=999), content="e")
+    acme = root.for_session("acme", "chat-1").write(key="f.txt", content="f")
     stale.documents("audit").put("0001.json", b"{}")
 
     assert await root.purge_async(expired=True) == 3
     assert root.purge(expired=True) == 0
     assert [record.reference for record in stale.list()] == [keep]
     assert root.for_session("archive", "chat-1").read(kept_long) == "e"
+    assert root.for_session("acme", "chat-1").read(acme) == "f"
     assert stale.documents("audit").list() == ["0001.json"]  # documents are not results
     assert stale.read(keep) == "c"
 
@@ -98,9 +117,10 @@ async def test_purge_expired_removes_only_expired_results(backend: tuple[str, di
 def test_purge_older_than_ignores_retention(backend: tuple[str, dict[str, Any]]) -> None:
     root = _root(backend, retention=None)
     session = root.for_session("acme", "chat-1")
-    put_aged(session, age=timedelta(hours=3), content="old", key="old.txt")
-    recent = put_aged(session, age=timedelta(minutes=30), content="recent", key="recent.txt")
-    assert root.for_tenant("acme").purge(older_than=timedelta(hours=1)) == 1
+    session.write(key="old.txt", content="old")
+    _outlive()
+    recent = session.write(key="recent.txt", content="recent")
+    assert root.for_tenant("acme").purge(older_than=BRIEF_LIFE) == 1
     assert [record.reference for record in session.list()] == [recent]
     with pytest.raises(ValueError, match="not both"):
         root.purge(older_than=timedelta(days=1), expired=True)
@@ -111,23 +131,34 @@ def test_purge_older_than_ignores_retention(backend: tuple[str, dict[str, Any]])
 
 
 def test_the_model_is_told_the_result_expired(backend: tuple[str, dict[str, Any]]) -> None:
-    session = _root(backend).for_session("acme", "chat-1")
-    old = put_aged(session, age=timedelta(days=30), content="old news")
+    session = _root(backend, BRIEF).for_session("trial", "chat-1")
+    old = session.write(key="old.txt", content="old news")
+    _outlive()
     reply = read_tool_result.invoke(state=state_for(session), reference=old)
     assert isinstance(reply, str) and reply.startswith("Error")
-    assert "has expired" in reply and "kept for 7 days" in reply and "no longer be read" in reply
+    assert "has expired" in reply and "kept for 2 seconds" in reply and "no longer be read" in reply
 
 
 @pytest.mark.s3
-def test_an_expired_read_sends_nothing(s3_server: LocalS3Server, s3_requests: RequestLog) -> None:
-    session = FsspecToolResultStore(
-        f"{s3_server.bucket_url}/{uuid.uuid4().hex}", storage_options=s3_server.storage_options(), retention=WEEK
-    ).for_session("acme", "chat-1")
-    old = put_aged(session, age=timedelta(days=8), content="old news")
+def test_an_expired_read_costs_one_head_and_reads_nothing(s3_server: LocalS3Server, s3_requests: RequestLog) -> None:
+    url = f"{s3_server.bucket_url}/{uuid.uuid4().hex}"
+    session = FsspecToolResultStore(url, storage_options=s3_server.storage_options(), retention=BRIEF).for_session(
+        "trial", "chat-1"
+    )
+    old = session.write(key="old.txt", content="old news")
+    fresh = session.write(key="fresh.txt", content="new news")
+    _outlive()
     s3_requests.clear()
     with pytest.raises(ResultExpiredError):
         session.read(old)
-    assert len(s3_requests) == 0
+    assert [request.method for request in s3_requests] == ["HEAD"]
+    # A live result's name settles it: its read is one GET, as without retention.
+    session = FsspecToolResultStore(url, storage_options=s3_server.storage_options(), retention=WEEK).for_session(
+        "trial", "chat-1"
+    )
+    s3_requests.clear()
+    assert session.read(fresh) == "new news"
+    assert [request.method for request in s3_requests] == ["GET"]
 
 
 async def test_end_session_deletes_the_sessions_results(backend: tuple[str, dict[str, Any]]) -> None:
@@ -197,16 +228,16 @@ async def test_purge_older_than_takes_inactive_sessions_whole_and_keeps_live_one
         root.for_session("acme", name) for name in ("old", "live", "approvals-only", "undated", "audited")
     )
     forty_days = timedelta(days=40)
-    # An old session: history, a result, an audit event, a held step and a remembered approval, all 40 days old.
+    # An old session: history, an audit event, a held step and a remembered approval, all 40 days old; and a result
+    # whose name says 40 days too, but which the storage says was written just now (its writer's clock was behind).
     await _talk(old, monkeypatch, age=forty_days, turns=2)
-    put_aged(old, age=forty_days, content="old result")
+    slow_clocks_result = put_aged(old, age=forty_days, content="old result")
     old.documents("audit").put(f"{_stamp(forty_days)}-000000000001-0b7d2e11.json", b"{}")
     old.documents("approvals").put("step.00000001.json", b"{}")
     old.documents("approvals").put("memory.0123abcd.json", b"{}")
-    # A live session whose early turns are as old: its conversation must survive whole; only its old result goes.
+    # A live session whose early turns are as old: its conversation must survive whole.
     await _talk(live, monkeypatch, age=forty_days, turns=3)
     conversation = await _talk(live, monkeypatch, age=timedelta(minutes=5), turns=1)
-    put_aged(live, age=forty_days, content="old result of a live session")
     # Approval records (numbered) and the audit event that dates them, 40 days old: they go too.
     approvals_only.documents("approvals").put("step.00000001.json", b"{}")
     approvals_only.documents("audit").put(f"{_stamp(forty_days)}-000000000001-0b7d2e11.json", b"{}")
@@ -223,11 +254,12 @@ async def test_purge_older_than_takes_inactive_sessions_whole_and_keeps_live_one
     else:
         deleted = await tenant.purge_async(older_than=timedelta(days=30))
 
-    # old: 4 history documents, 1 result, 1 audit event, 2 approval records; live: 1 result; approvals-only: 2.
-    assert deleted == 8 + 1 + 2
-    assert _documents(old) == {"history": [], "approvals": [], "audit": []} and old.list() == []
+    # old: 4 history documents, 1 audit event, 2 approval records; approvals-only: 2. Results go by their own age.
+    assert deleted == 7 + 2
+    assert _documents(old) == {"history": [], "approvals": [], "audit": []}
+    assert [record.reference for record in old.list()] == [slow_clocks_result]
     assert _documents(approvals_only) == {"history": [], "approvals": [], "audit": []}
-    assert live.list() == [] and len(live.documents("history").list()) == 8
+    assert len(live.documents("history").list()) == 8
     assert (await SessionHistory(live, worker="reader").read()).conversation == conversation
     assert len(conversation) == 8
     assert undated.documents("approvals").list() == ["memory.0123abcd.json", "step.00000001.json"]

@@ -3,12 +3,13 @@
 import asyncio
 import sys
 from collections.abc import Callable, Coroutine, Iterable
+from datetime import UTC, datetime
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from fsspec.asyn import AsyncFileSystem
 
 from haystack_integrations.offload.stores.failures import LASTING, StorageRequestError, causes_of, network_failure
-from haystack_integrations.offload.stores.io import Chunk, StorageIO
+from haystack_integrations.offload.stores.io import Chunk, StorageIO, aware
 from haystack_integrations.offload.stores.loop_local import LoopLocal
 
 T = TypeVar("T")
@@ -131,6 +132,19 @@ class AsyncFilesystemIO(StorageIO):
     async def _size(self, fs: AsyncFileSystem, path: str) -> int:
         return int((await fs._info(path))["size"])
 
+    async def _modified(self, fs: AsyncFileSystem, path: str) -> datetime | None:
+        # Async filesystems name the time differently (s3fs LastModified, gcsfs updated, adlfs last_modified).
+        info = await fs._info(path)
+        for key in ("LastModified", "last_modified", "updated", "mtime"):
+            moment = info.get(key)
+            if isinstance(moment, str):
+                moment = datetime.fromisoformat(moment)
+            elif isinstance(moment, int | float):
+                moment = datetime.fromtimestamp(moment, tz=UTC)
+            if isinstance(moment, datetime):
+                return aware(moment)
+        return None
+
     async def _get_range_and_size(self, fs: AsyncFileSystem, path: str, start: int, end: int) -> tuple[bytes, int]:
         size = await self._size(fs, path)
         return (await self._get_range(fs, path, start, end) if start < size else b""), size
@@ -173,6 +187,10 @@ class AsyncFilesystemIO(StorageIO):
     async def size_async(self, path: str) -> int:
         """Async `size`."""
         return await self._run_async(self._size, path)
+
+    async def modified_async(self, path: str) -> datetime | None:
+        """Async `modified`."""
+        return await self._run_async(self._modified, path)
 
     async def find_async(self, path: str) -> dict[str, int]:
         """Async `find`."""

@@ -49,11 +49,13 @@ from haystack_integrations.offload.stores.pending import InFlightWrites, Pending
 from haystack_integrations.offload.stores.quotas import Quota, QuotaTracker, Reservation, SessionUsage, usage_by_session
 from haystack_integrations.offload.stores.records import StoredResult
 from haystack_integrations.offload.stores.retention import (
+    DEFAULT_CLOCK_SKEW,
     IdleSessions,
     Retention,
     check_age,
     document_paths,
     read_activity_times_async,
+    storage_times_async,
 )
 from haystack_integrations.offload.stores.retry import RetryPolicy, RetryStats, retried, s3_client_options
 from haystack_integrations.offload.stores.s3fs_io import s3_io_with_loop_clients
@@ -320,15 +322,26 @@ class FsspecToolResultStore(ToolResultStore):
             return self.tenant
         return segments[0] if len(segments) == 3 else None
 
-    def _readable_path_of(self, reference: object) -> tuple[str, tuple[str, ...]]:
-        """Resolve a reference for reading, refusing an expired result before any request (its name says its age)."""
+    async def _readable_path_async(self, reference: object) -> tuple[str, tuple[str, ...]]:
+        """
+        Resolve a reference for reading, refusing an expired result: its name settles a live one at no cost, and the
+        storage's clock (one HEAD) one whose name says expired, whose writer's clock may be wrong.
+        """
         path, segments = self._path_of(reference)
-        if self.retention is not None:
-            parsed = parse_object_name(segments[-1])
-            tenant = self._tenant_of(segments)
-            now = datetime.now(UTC)
-            if parsed is not None and self.retention.expired(parsed.created, tenant, now=now):
-                raise ResultExpiredError(self.retention.expiry_message(reference, parsed.created, tenant, now=now))
+        parsed = parse_object_name(segments[-1])
+        if self.retention is None or parsed is None:
+            return path, segments
+        tenant = self._tenant_of(segments)
+        now = datetime.now(UTC)
+        if self.retention.live_by_name(parsed.created, tenant, now=now):
+            return path, segments
+        await self._handle.in_flight.wait_for(path)
+        with storage_errors("read the result", reference=str(reference)):
+            stored = await self._handle.request("modified", path, lambda io: io.modified_async(path))
+        created = parsed.created if stored is None else stored
+        if self.retention.expired(created, tenant, now=now):
+            message = self.retention.expiry_message(reference, created, tenant, now=now, by_storage=stored is not None)
+            raise ResultExpiredError(message)
         return path, segments
 
     def _counts(self, tenant: str, name: str) -> bool:
@@ -519,14 +532,14 @@ class FsspecToolResultStore(ToolResultStore):
         :returns: The stored content.
         :raises InvalidReferenceError: If the reference is malformed or outside this store's scope. Nothing is read.
         :raises ResultNotFoundError: If no result exists under the reference.
-        :raises ResultExpiredError: If the result outlived the store's retention (a `ResultNotFoundError`, refused
-            before any request). The same holds for every read method.
+        :raises ResultExpiredError: If the result outlived the store's retention (a `ResultNotFoundError`; a name that
+            says so is checked against the storage's clock first, one HEAD). The same holds for every read method.
         :raises StorageError: If the backend fails.
         :raises RuntimeError: Sync form only: if a write-behind write of the result is still in flight on this
             thread's own event loop (waiting would block the loop it needs); await `read_async` there. The same holds
             for every sync method.
         """
-        path, segments = self._readable_path_of(reference)
+        path, segments = await self._readable_path_async(reference)
         await self._handle.in_flight.wait_for(path)
         with storage_errors("read the result", reference=reference):
             data = await self._handle.request("get", path, lambda io: io.get_async(path))
@@ -549,7 +562,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises ResultNotFoundError: If no result exists under the reference.
         """
         _check_range(start, end)
-        path, _ = self._readable_path_of(reference)
+        path, _ = await self._readable_path_async(reference)
         await self._handle.in_flight.wait_for(path)
         with storage_errors("read the result", reference=reference):
             return await self._handle.request("get_range", path, lambda io: io.get_range_async(path, start, end))
@@ -573,7 +586,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises ResultNotFoundError: If no result exists under the reference.
         """
         _check_range(start, end)
-        path, _ = self._readable_path_of(reference)
+        path, _ = await self._readable_path_async(reference)
         await self._handle.in_flight.wait_for(path)
         with storage_errors("read the result", reference=reference):
             return await self._handle.request(
@@ -593,7 +606,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
         :raises ResultNotFoundError: If no result exists under the reference.
         """
-        path, segments = self._readable_path_of(reference)
+        path, segments = await self._readable_path_async(reference)
         await self._handle.in_flight.wait_for(path)
         with storage_errors("describe the result", reference=reference):
             size = await self._handle.request("size", path, lambda io: io.size_async(path))
@@ -673,7 +686,7 @@ class FsspecToolResultStore(ToolResultStore):
         await self._handle.in_flight.wait_under(scope + "/")
         with storage_errors("list results", reference=None):
             found = await self._handle.request("find", scope, lambda io: io.find_async(scope))
-        paths = self._purge_paths(found, older_than, expired)
+        paths = await self._purged_results_async(found, older_than, expired)
         idle = self._idle_sessions(found, older_than, expired)
         if idle is not None:
             idle.dated(await read_activity_times_async(self._handle.request, idle.to_read()))
@@ -696,19 +709,43 @@ class FsspecToolResultStore(ToolResultStore):
         if expired and self.retention is None:
             raise ValueError("This store has no retention, so no result expires: pass retention=Retention(...).")
 
-    def _purge_paths(self, found: dict[str, int], older_than: timedelta | None, expired: bool) -> builtins.list[str]:
+    async def _purged_results_async(
+        self, found: dict[str, int], older_than: timedelta | None, expired: bool
+    ) -> builtins.list[str]:
+        """
+        The results of a listing that a purge deletes. Their names carry their writers' clocks: a name that says a
+        result is old (or is stamped ahead of now) is checked against the storage's clock, so no writer's wrong clock
+        gets a fresh result deleted (or keeps an old one for ever).
+        """
         now = datetime.now(UTC)
-        records = self._records(found, include_expired=True)
-        if older_than is not None:
-            records = [record for record in records if record.created < now - older_than]
-        elif expired and self.retention is not None:
-            records = [
-                record
-                for record in records
-                if self.retention.expired(record.created, self._tenant_of(tuple(record.reference.split("/"))), now=now)
-            ]
+        retention = self.retention
+        skew = retention.clock_skew if retention is not None else DEFAULT_CLOCK_SKEW
+
+        def settled(created: datetime, tenant: str | None) -> bool:  # kept, by its name alone
+            if older_than is not None:
+                return now - older_than <= created <= now + skew
+            return retention is not None and retention.live_by_name(created, tenant, now=now)
+
+        def old(created: datetime, tenant: str | None) -> bool:
+            if older_than is not None:
+                return created < now - older_than
+            return retention is None or retention.expired(created, tenant, now=now)
+
+        everything = older_than is None and not expired  # no age to judge
         prefix = self._scope_path() + "/"
-        return [prefix + record.reference for record in records]
+        candidates = {}
+        for record in self._records(found, include_expired=True):
+            tenant = self._tenant_of(tuple(record.reference.split("/")))
+            if everything or not settled(record.created, tenant):
+                candidates[prefix + record.reference] = (record.created, tenant)
+        if everything:
+            return builtins.list(candidates)
+        stored = await storage_times_async(self._handle.request, candidates)
+        return [
+            path
+            for path, (named, tenant) in candidates.items()
+            if path in stored and old(stored[path] or named, tenant)  # not in `stored`: gone meanwhile
+        ]
 
     def _idle_sessions(self, found: dict[str, int], older_than: timedelta | None, expired: bool) -> IdleSessions | None:
         """The sessions of a listing whose documents an age or retention purge may take (None: no such purge)."""

@@ -6,6 +6,7 @@ engine for memory and any other synchronous fsspec filesystem (each call runs th
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator
+from datetime import UTC, datetime
 from typing import Any, Protocol, TypeAlias, TypeVar
 
 from fsspec import AbstractFileSystem
@@ -30,7 +31,7 @@ MULTIPART_PARTS_IN_FLIGHT = 2
 class StorageIO:
     """
     The async operations a store needs of one filesystem: put, put from chunks, exclusive create, get, ranged get
-    (with the size), size, find and delete.
+    (with the size), size, modification time, find and delete.
 
     Paths are full paths in the filesystem's own form (``bucket/prefix/...`` for S3, absolute paths for local disk),
     built and validated by the store, which derives its sync API from these (`stores.sync_api`) and retries them
@@ -93,6 +94,13 @@ class StorageIO:
         """Return the size in bytes of the object at `path`."""
         raise NotImplementedError
 
+    async def modified_async(self, path: str) -> datetime | None:
+        """
+        Return when the object at `path` was last written, by the storage's own clock (timezone-aware); None where the
+        filesystem does not say.
+        """
+        return None
+
     async def find_async(self, path: str) -> dict[str, int]:
         """Return every object below the directory `path` (recursively) with its size; empty if there is none."""
         raise NotImplementedError
@@ -152,6 +160,13 @@ class SyncBackedIO(StorageIO):
         """Return the size in bytes of the object at `path`."""
         return int(self.fs.info(path)["size"])
 
+    def modified(self, path: str) -> datetime | None:
+        """Return when the object at `path` was last written (fsspec's `modified`), timezone-aware; None if unknown."""
+        try:
+            return aware(self.fs.modified(path))
+        except NotImplementedError:
+            return None
+
     def find(self, path: str) -> dict[str, int]:
         """Return every object below the directory `path` (recursively) with its size; empty if there is none."""
         found = self.fs.find(path, detail=True)
@@ -205,6 +220,10 @@ class SyncBackedIO(StorageIO):
         """Async `size`."""
         return await self._in_thread(self.size, path, size=0)
 
+    async def modified_async(self, path: str) -> datetime | None:
+        """Async `modified`."""
+        return await self._in_thread(self.modified, path, size=0)
+
     async def find_async(self, path: str) -> dict[str, int]:
         """Async `find`."""
         return await self._in_thread(self.find, path)
@@ -212,6 +231,11 @@ class SyncBackedIO(StorageIO):
     async def delete_async(self, paths: Iterable[str]) -> None:
         """Async `delete`."""
         await self._in_thread(self.delete, list(paths))
+
+
+def aware(moment: datetime) -> datetime:
+    """A filesystem's time as a timezone-aware one: a naive time is UTC (fsspec's local and memory filesystems)."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def drained(head: list[T], rest: Iterator[T]) -> Iterator[T]:

@@ -6,6 +6,7 @@ import errno
 import os
 import stat
 from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
 from typing import BinaryIO
 
 from haystack_integrations.offload.errors import InvalidReferenceError
@@ -133,6 +134,11 @@ class LocalIO(_LocalDiskIO):
         with _open_file(path) as file:
             return os.fstat(file.fileno()).st_size
 
+    def modified(self, path: str) -> datetime:
+        """Return the file's modification time, opened (and checked) as for a read."""
+        with _open_file(path) as file:
+            return datetime.fromtimestamp(os.fstat(file.fileno()).st_mtime, tz=UTC)
+
     def find(self, path: str) -> dict[str, int]:
         """Walk the directory through descriptors, never into a symlink; only regular files are listed."""
         try:
@@ -228,6 +234,11 @@ class PathCheckedLocalIO(_LocalDiskIO):
         """Return the file's size after checking that no symlink redirects the path."""
         _refuse_redirected(path)
         return os.stat(path).st_size
+
+    def modified(self, path: str) -> datetime:
+        """Return the file's modification time after checking that no symlink redirects the path."""
+        _refuse_redirected(path)
+        return datetime.fromtimestamp(os.stat(path).st_mtime, tz=UTC)
 
     def find(self, path: str) -> dict[str, int]:
         """Walk the directory without following symlinks; symlinks themselves are skipped."""

@@ -15,7 +15,7 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 try:
@@ -446,6 +446,12 @@ class ObstoreIO(StorageIO):
         store, key = await self._located_async(path)
         with _mapped_errors():
             return (await obstore.head_async(store, key))["size"]
+
+    async def modified_async(self, path: str) -> datetime:
+        """One HEAD; S3 stamps the time with its own clock."""
+        store, key = await self._located_async(path)
+        with _mapped_errors():
+            return (await obstore.head_async(store, key))["last_modified"]
 
     async def find_async(self, path: str) -> dict[str, int]:
         """One LIST per 1000 keys below the directory `path`; the fallback engine's if a key there cannot be parsed."""

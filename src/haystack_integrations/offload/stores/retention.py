@@ -12,10 +12,10 @@ import asyncio
 import builtins
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 ACTIVITY_DOCUMENT = re.compile(r"(?P<series>[a-z][a-z0-9_-]*)\.(?P<number>\d{8})\.(?P<part>start|end)\.json")
 """The name of an activity document: a series, the step's number, and whether it records the step's start or end."""
 _NAME_STAMP = re.compile(r"(?<![0-9])(?P<stamp>\d{8}T\d{12})Z")
-# Newest activity documents read at once when dating sessions for a purge.
+T = TypeVar("T")
+# Activity documents, or objects' times, read at once for a purge.
 _CONCURRENT_READS = 16
 DEFAULT_CLOCK_SKEW = timedelta(minutes=5)
 """How far writers' clocks may be off, by default: NTP keeps servers within a second; this covers a drifting one."""
@@ -45,9 +46,10 @@ class Retention(BaseModel):
     How long results stay readable: a time to live for the store, and per-tenant exceptions.
 
     A result older than its tenant's time to live is refused by `read` with `ResultExpiredError` (the model is told
-    the result expired), left out of `list`, and deleted by ``purge(expired=True)``. Ages come from the writers'
-    clocks: `clock_skew` (5 minutes by default) is how far they may be off without a result expiring early, and a
-    time stamped further ahead than a result could live is not believed (see `expired`).
+    the result expired), left out of `list`, and deleted by ``purge(expired=True)``. A result's name carries its
+    writer's clock, which settles a live result at no cost; a name that says expired (or is stamped more than
+    `clock_skew` ahead) is checked against the storage's own clock (one HEAD) before `read` refuses it or `purge`
+    deletes it, so a writer's wrong clock never costs a fresh result. `list` and quotas go by the name alone.
 
     ```python
     from datetime import timedelta
@@ -110,15 +112,30 @@ class Retention(BaseModel):
             return self.tenants[tenant]
         return self.ttl
 
+    def live_by_name(self, created: datetime, tenant: str | None, *, now: datetime) -> bool:
+        """
+        Whether the time a result's name carries (its writer's clock) shows it live without asking the storage: less
+        than its time to live plus `clock_skew` old, and no more than `clock_skew` ahead of now.
+
+        :param created: The time the result's name carries.
+        :param tenant: Its tenant.
+        :param now: The time to judge at.
+        :returns: True if the name settles it; False if the storage's clock must decide (`expired` with the object's
+            modification time).
+        """
+        ttl = self.ttl_for(tenant)
+        return ttl is None or -self.clock_skew <= now - created < ttl + self.clock_skew
+
     def expired(self, created: datetime, tenant: str | None, *, now: datetime | None = None) -> bool:
         """
-        Whether a result is past its time to live, by the time its name carries (the writer's clock).
+        Whether a result written at `created` is past its time to live.
 
         A result is live while that time is less than its time to live plus `clock_skew` away from now, in either
-        direction: a writer slow by up to `clock_skew` costs its results nothing, and a time ahead of now is believed
-        no further than a result could live, so a writer's clock hours fast never keeps its results for ever.
+        direction: a clock off by up to `clock_skew` costs its results nothing, and a time ahead of now is believed
+        no further than a result could live, so a clock hours fast never keeps its results for ever.
 
-        :param created: When the result was written (timezone-aware), by its name.
+        :param created: When the result was written (timezone-aware): by the storage's clock where it says, else by
+            the result's name.
         :param tenant: Its tenant.
         :param now: The time to judge at; the current time by default.
         :returns: Whether the result has outlived its time to live.
@@ -137,15 +154,23 @@ class Retention(BaseModel):
         ttl = self.ttl_for(tenant)
         return None if ttl is None else now - ttl - self.clock_skew
 
-    def expiry_message(self, reference: object, created: datetime, tenant: str | None, *, now: datetime) -> str:
+    def expiry_message(
+        self, reference: object, created: datetime, tenant: str | None, *, now: datetime, by_storage: bool = False
+    ) -> str:
         """
         :param reference: The expired result's reference.
-        :param created: The time its name carries.
+        :param created: The time it was written.
         :param tenant: Its tenant.
         :param now: The time it was judged at.
+        :param by_storage: Whether `created` is the storage's own clock, not the result's name.
         :returns: Why the result cannot be read, for the model and the logs.
         """
         kept = _duration(self.ttl_for(tenant))
+        if by_storage:
+            return (
+                f"The stored result {reference!r} has expired: results are kept for {kept}, and the storage says this "
+                f"one was written on {created:%Y-%m-%d %H:%M} UTC. It can no longer be read."
+            )
         if created > now:
             return (
                 f"The stored result {reference!r} has expired: it is stamped {created:%Y-%m-%d %H:%M} UTC, "
@@ -402,15 +427,45 @@ async def read_activity_times_async(request: Requests, paths: Iterable[str]) -> 
     :returns: Each path's time; None for a document gone meanwhile or saying no time.
     :raises StorageError: If the backend fails.
     """
-    limit = asyncio.Semaphore(_CONCURRENT_READS)
 
     async def one(path: str) -> datetime | None:
+        try:
+            with storage_errors("read an activity document", reference=path):
+                return activity_time(await request("get", path, lambda io: io.get_async(path)))
+        except ResultNotFoundError:
+            return None
+
+    return await _each(paths, one)
+
+
+async def storage_times_async(request: Requests, paths: Iterable[str]) -> dict[str, datetime | None]:
+    """
+    When the storage says each object was written (one HEAD each on S3, a few at once): the clock that settles a
+    result whose name says it is old, since its writer's clock may be wrong.
+
+    :param request: How the store sends an engine call.
+    :param paths: The objects' full paths.
+    :returns: Each path's time, None where the storage does not say; a path gone meanwhile is left out.
+    :raises StorageError: If the backend fails.
+    """
+
+    async def one(path: str) -> tuple[bool, datetime | None]:
+        try:
+            with storage_errors("read a result's time", reference=path):
+                return True, await request("modified", path, lambda io: io.modified_async(path))
+        except ResultNotFoundError:
+            return False, None
+
+    return {path: moment for path, (present, moment) in (await _each(paths, one)).items() if present}
+
+
+async def _each(paths: Iterable[str], one: Callable[[str], Awaitable[T]]) -> dict[str, T]:
+    """`one` of each path, `_CONCURRENT_READS` at a time: each path's answer."""
+    limit = asyncio.Semaphore(_CONCURRENT_READS)
+
+    async def bounded(path: str) -> T:
         async with limit:
-            try:
-                with storage_errors("read an activity document", reference=path):
-                    return activity_time(await request("get", path, lambda io: io.get_async(path)))
-            except ResultNotFoundError:
-                return None
+            return await one(path)
 
     chosen = builtins.list(paths)
-    return dict(zip(chosen, await asyncio.gather(*(one(path) for path in chosen)), strict=True))
+    return dict(zip(chosen, await asyncio.gather(*(bounded(path) for path in chosen)), strict=True))

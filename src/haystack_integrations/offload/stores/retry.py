@@ -117,6 +117,7 @@ _VERBS = {
     "get_range": "a ranged read",
     "get_range_and_size": "a ranged read",
     "size": "a size lookup",
+    "modified": "a modification-time lookup",
     "find": "a listing",
     "delete": "a delete",
 }

@@ -8,6 +8,7 @@ import logging
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime
 from typing import Any
 
 from fsspec.asyn import AsyncFileSystem
@@ -20,6 +21,7 @@ from haystack_integrations.offload.stores.io import (
     MULTIPART_PARTS_IN_FLIGHT,
     MULTIPART_THRESHOLD,
     Chunk,
+    aware,
     drained,
 )
 from haystack_integrations.offload.stores.loop_local import CrossLoopLock, LoopLocal
@@ -144,6 +146,10 @@ class S3IO(AsyncFilesystemIO):
     async def _size(self, fs: AsyncFileSystem, path: str) -> int:
         # One HEAD, never s3fs's listing cache: another worker may have written or deleted the key since we listed.
         return int((await fs._info(path, refresh=True))["size"])
+
+    async def _modified(self, fs: AsyncFileSystem, path: str) -> datetime | None:
+        # One HEAD, never the listing cache (as `_size`); S3 stamps the time with its own clock.
+        return aware((await fs._info(path, refresh=True))["LastModified"])
 
     async def _get(self, fs: AsyncFileSystem, path: str) -> bytes:
         # With s3fs's default max_concurrency (10), `_cat_file` first HEADs the object to plan parallel ranged reads.
