@@ -226,6 +226,55 @@ async def test_a_resume_that_holds_again_keeps_its_answers_when_its_turn_is_lost
     assert sorted(ran(ledger)) == [("delete", "a.txt"), ("invoice", "a:1")]
 
 
+async def test_a_step_held_again_whose_resume_turn_is_lost_keeps_the_answers_from_before_it(
+    store: FsspecToolResultStore, ledger: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As above, and then the resume of the step held again also loses its turn: its recorded messages, which `resume`
+    # puts back, must carry what the first resume answered before holding (inv-2 denied, wipe-1 blocked).
+    session = store.for_session("acme", "chat-again-lost")
+    invoice_hook, delete_hook = approvals()
+    service = ChatService(agent_with([invoice_hook, delete_hook, block_wipe]), turn_lease=0.3)
+    calls = plan(
+        ("send_invoice", {"customer": "a", "amount": 1}, "inv-1"),
+        ("send_invoice", {"customer": "b", "amount": 2}, "inv-2"),
+        ("delete_file", {"path": "a.txt"}, "del-1"),
+        ("wipe", {"path": "/"}, "wipe-1"),
+    )
+    inv1, inv2 = (await service.send_message(session, calls.text or "")).pending
+    await service.decide(session, inv1.request_id, approved=True)
+    real_finish_step = ApprovalLedger.finish_step_async
+
+    async def dies(self: ApprovalLedger, *args: Any) -> None:
+        raise RuntimeError("worker killed")
+
+    monkeypatch.setattr(ApprovalLedger, "finish_step_async", dies)
+    with pytest.raises(RunFailedError):
+        await service.decide(session, inv2.request_id, approved=False)
+    monkeypatch.setattr(ApprovalLedger, "finish_step_async", real_finish_step)
+
+    real_finish = SessionHistory.finish
+
+    async def dies_on_completion(self: SessionHistory, turn: Any, **kwargs: Any) -> Any:
+        if kwargs.get("status") == "completed":
+            raise RuntimeError("worker killed")
+        return await real_finish(self, turn, **kwargs)
+
+    [delete] = await service.pending(session)
+    monkeypatch.setattr(SessionHistory, "finish", dies_on_completion)
+    with pytest.raises(RuntimeError, match="worker killed"):
+        await service.decide(session, delete.request_id, approved=True)
+    monkeypatch.setattr(SessionHistory, "finish", real_finish)
+    await asyncio.sleep(0.4)
+
+    assert (await service.transcript(session)).resumable
+    assert (await service.resume(session)).status == "completed"
+    transcript = await service.transcript(session)
+    answered = {m.tool_call_result.origin.id: m.tool_call_result for m in transcript.messages if m.tool_call_result}
+    assert sorted(answered) == ["del-1", "inv-1", "inv-2", "wipe-1"]
+    assert answered["inv-2"].error and answered["wipe-1"].error and not answered["inv-1"].error
+    assert sorted(ran(ledger)) == [("delete", "a.txt"), ("invoice", "a:1")]
+
+
 async def test_a_lost_final_resume_turn_is_finished_by_resume(
     store: FsspecToolResultStore, ledger: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -200,8 +200,11 @@ async def resume_async(
     listing = await ledger.listing_async()
     step = await ledger.step_async(_open_sequence(listing))
     attempt = await _next_attempt(ledger, listing, step, at)
+    # What this resume adds starts where the given conversation ends: the answers that a lost turn of the resume that
+    # held `step` again gave before holding (put back here) are recorded with it, so a lost turn of this one keeps them.
+    added_from = len(messages)
     messages = _with_preceding(messages, step)
-    rulings = await _rulings(ledger, listing, step, at, before=len(messages))
+    rulings = await _rulings(ledger, listing, step, at, before=added_from)
     _check_conversation(messages, step)
     # A request or decision whose audit append failed is audited now, or nothing runs: every call that runs has both.
     await append_missing_async(store, rulings.audited)
@@ -238,7 +241,7 @@ async def resume_async(
         _released_on_failure(ledger, claim),
         renewing(lease, renew, what=f"the claim on held step {step.sequence}"),
     ):
-        resumed = _Resumed(ledger, listing, step, rulings, worker, len(messages))
+        resumed = _Resumed(ledger, listing, step, rulings, worker, added_from)
         await before_tool_async(agent, state)
         pending = resumed.pending(state)
         if pending is not None:
@@ -300,7 +303,7 @@ class Rulings:
     :param first_step_id: The step that first held its message (calls keep their claim keys from it).
     :param by_call: ``(guard, tool call id) -> Ruling``.
     :param state: The run's state values recorded when the first step held.
-    :param before: How many messages of the resumed conversation come before the held message.
+    :param before: How many messages of the resumed conversation come before what the resume adds.
     """
 
     step: HeldStep
@@ -308,7 +311,8 @@ class Rulings:
     by_call: dict[tuple[str, str], Ruling] = field(default_factory=dict)
     state: dict[str, Any] | None = None
     before: int = 0
-    """How many messages of the resumed conversation come before the held message."""
+    """How many messages of the resumed conversation come before what the resume adds (a lost turn's answers that it
+    puts back, then the held message)."""
     audited: list[RecordedEvent] = field(default_factory=list)
     """What the audit must hold before any call runs: every request of the steps, and every decision on them."""
 
@@ -378,7 +382,7 @@ class _Resumed:
     rulings: Rulings
     worker: str
     before: int
-    """How many messages came before the held one: everything after them is what this step adds."""
+    """How many messages came before what this step adds (answers put back from a lost turn, the held message, ...)."""
     results: list[ChatMessage] = field(default_factory=list)
     ran: dict[str, tuple[str, str, int]] = field(default_factory=dict)
     """tool call id -> (outcome, idempotency key, try) of the calls that ran or whose recorded result was used."""
