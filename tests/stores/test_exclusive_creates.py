@@ -4,6 +4,7 @@ conditional writes refused before anything is coordinated; on moto and, in the r
 """
 
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -14,7 +15,9 @@ from haystack_integrations.offload import (
     FsspecToolResultStore,
     RetryPolicy,
     StorageUnavailableError,
+    end_session,
 )
+from haystack_integrations.offload.stores.names import new_temporary_name
 from haystack_integrations.offload.testing.faults import Fault, FaultPlan, FaultProxy
 
 ENGINES = pytest.mark.parametrize("engine", ["fsspec", "obstore"])
@@ -120,3 +123,26 @@ def test_a_409_conflict_on_a_conditional_create_is_retried_until_it_lands_once(s
     assert conflicts == 2  # the probe's key and the claim's, once each
     stats = root.retry_stats.as_dict()
     assert stats["causes"] == {"HTTP 409 ConditionalRequestConflict": 2} and stats["gave_up"] == 0
+
+
+@ENGINES
+def test_a_killed_probes_key_goes_with_the_next_purge_after_minutes_not_an_hour(s3_endpoint: Any, engine: str) -> None:
+    # A prober killed between its creates and its delete leaves its key, at the root or in a scope. Object stores write
+    # no temporary files of their own, so any such key is a probe's: a purge takes it once no probe can still run.
+    root = _root(s3_endpoint, engine)
+    session = root.for_session("acme", "chat-1")
+    session.write(key="k.txt", content="kept")
+    bucket, _, prefix = root._handle.root_path().partition("/")
+    twenty_minutes_ago = datetime.now(UTC) - timedelta(minutes=20)
+    left = [f"{prefix}/{new_temporary_name(now=twenty_minutes_ago)}"]
+    left.append(f"{prefix}/acme/chat-1/{new_temporary_name(now=twenty_minutes_ago)}")
+    running = f"{prefix}/acme/chat-1/{new_temporary_name()}"
+    for key in [*left, running]:
+        s3_endpoint.client().put_object(Bucket=bucket, Key=key, Body=b"probe")
+
+    assert root.purge(older_than=timedelta(days=1)) == 0  # no result or document goes; the probes' keys are not counted
+    keys = _keys(s3_endpoint, root)
+    assert not set(left) & set(keys)
+    assert running in keys and len(session.list()) == 1
+    end_session(session)  # ending a session takes its results, never a key a probe may be using now
+    assert running in _keys(s3_endpoint, root)

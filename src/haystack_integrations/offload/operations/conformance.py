@@ -1,10 +1,11 @@
 """
 Whether an object store keeps the promises this library relies on: the checks behind ``offload-haystack doctor``.
 
-Every check works below one fresh prefix of the store (``<url>/.doctor-<random>/``), removed at the end even when a
-check fails, and needs only object read, write, list and delete permissions there (no bucket is created). Each gives
-``pass``, ``fail``, ``warn``, ``skipped`` (not for this backend, with why) or ``unknown`` (a transient failure: run
-again; never reported as "unsupported"). `ConformanceReport.exit_status` maps them to the command's exit status.
+Every check works below one fresh prefix of the store (``<url>/.doctor/<random>/``), removed at the end even when a
+check fails (and by a later run, if this one is killed), and needs only object read, write, list and delete
+permissions there (no bucket is created). Each gives ``pass``, ``fail``, ``warn``, ``skipped`` (not for this backend,
+with why) or ``unknown`` (a transient failure: run again; never reported as "unsupported").
+`ConformanceReport.exit_status` maps them to the command's exit status.
 """
 
 import asyncio
@@ -12,6 +13,7 @@ import contextlib
 import secrets
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from haystack_integrations.offload.errors import StorageUnavailableError
@@ -20,6 +22,7 @@ from haystack_integrations.offload.stores.chunks import ContentChunks
 from haystack_integrations.offload.stores.failures import no_answer_cause, transient_cause
 from haystack_integrations.offload.stores.io import MULTIPART_THRESHOLD, Requests, StorageIO
 from haystack_integrations.offload.stores.options import redacted_url
+from haystack_integrations.offload.stores.retention import storage_times_async
 from haystack_integrations.offload.stores.s3fs_io import S3IO, s3_status
 from haystack_integrations.offload.stores.sync_api import run_on_io_loop, run_on_own_loop
 
@@ -119,13 +122,20 @@ CHECK_NAMES = (
     "multipart-write",
     "conditional-multipart",
     "cleanup",
+    "leftovers",
 )
 """The checks, in the order they run."""
+DOCTOR_DIRECTORY = ".doctor"
+"""Where each run works, below the root: ``<root>/.doctor/<random>/``."""
+LEFTOVER_AGE = timedelta(minutes=15)
+"""How old what another run wrote must be to count as a killed run's leftovers (a run ends in a few minutes at most)."""
 
 OnCheck = Callable[[CheckResult], None]
 
 
-def run_conformance(root: FsspecToolResultStore, *, on_check: OnCheck | None = None) -> ConformanceReport:
+def run_conformance(
+    root: FsspecToolResultStore, *, on_check: OnCheck | None = None, leftover_age: timedelta = LEFTOVER_AGE
+) -> ConformanceReport:
     """
     Run every check against the store `root` is rooted at, below a fresh prefix, and remove what they wrote.
 
@@ -134,35 +144,40 @@ def run_conformance(root: FsspecToolResultStore, *, on_check: OnCheck | None = N
 
     :param root: An unscoped store; its URL, storage options, engine and retry policy are used.
     :param on_check: Called with each check's result as soon as it is known (a command prints it as it runs).
+    :param leftover_age: How old, by the storage's clock, what other runs wrote must be to be removed as a killed
+        run's leftovers (the last check); a run still under way is younger.
     :returns: The report.
     """
     probe = _probe_store(root)
     io = probe._handle.io()
     if io.uses_worker_threads or not io.remote:
-        return run_on_own_loop(_run_all, root, probe, on_check)
-    return run_on_io_loop(_run_all, root, probe, on_check)
+        return run_on_own_loop(_run_all, root, probe, on_check, leftover_age)
+    return run_on_io_loop(_run_all, root, probe, on_check, leftover_age)
 
 
-async def run_conformance_async(root: FsspecToolResultStore, *, on_check: OnCheck | None = None) -> ConformanceReport:
+async def run_conformance_async(
+    root: FsspecToolResultStore, *, on_check: OnCheck | None = None, leftover_age: timedelta = LEFTOVER_AGE
+) -> ConformanceReport:
     """
     Async `run_conformance` (S3 through s3fs: call it on fsspec's I/O loop, or use `run_conformance`).
 
     :param root: An unscoped store.
     :param on_check: Called with each check's result as soon as it is known.
+    :param leftover_age: As for `run_conformance`.
     :returns: The report.
     """
-    return await _run_all(root, _probe_store(root), on_check)
+    return await _run_all(root, _probe_store(root), on_check, leftover_age)
 
 
 def _probe_store(root: FsspecToolResultStore) -> FsspecToolResultStore:
     if root.scope:
         raise ValueError("The doctor checks a root store; pass the root URL, not a scoped store.")
-    url = f"{root.url.rstrip('/')}/.doctor-{secrets.token_hex(6)}"
+    url = f"{root.url.rstrip('/')}/{DOCTOR_DIRECTORY}/{secrets.token_hex(6)}"
     return FsspecToolResultStore(url, storage_options=root.storage_options, engine=root.engine, retry=root.retry)
 
 
 async def _run_all(
-    root: FsspecToolResultStore, probe: FsspecToolResultStore, on_check: OnCheck | None
+    root: FsspecToolResultStore, probe: FsspecToolResultStore, on_check: OnCheck | None, leftover_age: timedelta
 ) -> ConformanceReport:
     base = probe._handle.root_path()
     io = probe._handle.io()
@@ -176,6 +191,7 @@ async def _run_all(
         "multipart-write": lambda: _multipart_write(request, client, f"{base}/multipart"),
         "conditional-multipart": lambda: _conditional_multipart(request, client, base),
         "cleanup": lambda: _cleanup(request, io.fs, client, base),
+        "leftovers": lambda: _leftovers(request, io.fs, client, base, leftover_age),
     }
     results: list[CheckResult] = []
     unreachable: str | None = None
@@ -193,10 +209,11 @@ async def _run_all(
             on_check(result)
 
     try:
-        for name in CHECK_NAMES[:-1]:
+        for name in CHECK_NAMES[:-2]:
             await run(name)
     finally:
         await run("cleanup")  # also after an interruption: remove what the checks wrote
+    await run("leftovers")
     return ConformanceReport(redacted_url(root.url), root.resolved_engine, redacted_url(probe.url), tuple(results))
 
 
@@ -452,3 +469,30 @@ async def _cleanup(request: Requests, fs: Any, client: _S3Client, base: str) -> 
     if left:
         return "fail", f"{len(left)} object(s) left under {base}/: delete them by hand"
     return "pass", f"removed the {len(found)} object(s) the checks wrote, and their prefix"
+
+
+async def _leftovers(request: Requests, fs: Any, client: _S3Client, base: str, age: timedelta) -> tuple[Verdict, str]:
+    """Remove what earlier doctor runs that were killed left under the root's doctor directory (older than a run)."""
+    runs = base.rpartition("/")[0]
+    found = await request("find", runs, lambda io: io.find_async(runs))
+    written = await storage_times_async(request, [path for path in found if not path.startswith(base + "/")])
+    cutoff = datetime.now(UTC) - age
+    stale = [path for path, moment in written.items() if moment is None or moment < cutoff]
+    if stale:
+        await request("delete", runs, lambda io: io.delete_async(stale))
+    if client.kind is None:  # local disk and memory keep directories: remove the killed runs' and, if empty, the parent
+        kept = {_run_of(path, runs) for path in written if path not in stale}
+        for directory in {_run_of(path, runs) for path in stale} - kept:
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(fs.rm, directory, recursive=True)
+        with contextlib.suppress(OSError):
+            await asyncio.to_thread(fs.rmdir, runs)
+    if len(written) > len(stale):
+        running = len(written) - len(stale)
+        return "pass", f"removed {len(stale)} object(s) left by killed runs; kept {running} of runs under way"
+    return "pass", f"removed {len(stale)} object(s) left by killed runs"
+
+
+def _run_of(path: str, runs: str) -> str:
+    """The run directory an object below `runs` belongs to."""
+    return f"{runs}/{path[len(runs) + 1 :].split('/', 1)[0]}"

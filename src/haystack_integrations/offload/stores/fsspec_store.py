@@ -32,6 +32,7 @@ from haystack_integrations.offload.stores.exclusive_creates import (
 from haystack_integrations.offload.stores.io import MULTIPART_THRESHOLD, StorageIO
 from haystack_integrations.offload.stores.layout import parse_reference, scope_path
 from haystack_integrations.offload.stores.names import (
+    PROBE_GRACE,
     TEMPORARY_GRACE,
     ContentKind,
     is_stale_temporary,
@@ -658,8 +659,9 @@ class FsspecToolResultStore(ToolResultStore):
         results stored more than that long ago, and every document (history, approvals, audit) of each session whose
         newest activity is older than that; with `expired`, the same by each tenant's own time to live. A session's
         documents go whole or not at all: deleting a live conversation's old turns would corrupt it (see `retention`).
-        One LIST, a GET of the newest history turn of each session whose object names do not show it active, then
-        batched deletes; objects this library did not write (an operator's README) are kept.
+        One LIST, a GET of the newest history turn of each session whose object names do not show it active, a HEAD
+        of each result whose name says it goes (the storage's clock decides: see `Retention`), then batched deletes;
+        objects this library did not write (an operator's README) are kept.
 
         ```python
         root.purge(expired=True)                          # retention, e.g. from a nightly job
@@ -667,7 +669,8 @@ class FsspecToolResultStore(ToolResultStore):
         ```
 
         Every purge also removes the temporary files of local writes whose writer died mid-write (older than
-        `TEMPORARY_GRACE`; not counted in the returned number).
+        `TEMPORARY_GRACE`), and on object stores the probe keys of a killed exclusive-create check (older than
+        `PROBE_GRACE`); neither is counted in the returned number.
 
         :param older_than: Delete only results created before ``now - older_than``, and inactive sessions' documents.
         :param expired: Delete only results past their retention, and the documents of sessions inactive that long.
@@ -691,7 +694,8 @@ class FsspecToolResultStore(ToolResultStore):
         if idle is not None:
             idle.dated(await read_activity_times_async(self._handle.request, idle.to_read()))
             paths += idle.documents()
-        doomed = paths + _stale_temporaries(found, temporary_grace)  # temporaries are removed, not counted
+        writes = self._handle.io().writes_temporary_files
+        doomed = paths + _stale_temporaries(found, temporary_grace, writes=writes)  # removed, not counted
         try:
             with storage_errors("purge results", reference=None):
                 await self._handle.request("delete", scope, lambda io: io.delete_async(doomed))
@@ -1115,13 +1119,16 @@ def _obstore_io(
     return ObstoreIO(settings, fallback=fallback)
 
 
-def _stale_temporaries(found: Mapping[str, int], grace: timedelta) -> builtins.list[str]:
+def _stale_temporaries(found: Mapping[str, int], grace: timedelta, *, writes: bool) -> builtins.list[str]:
     """
-    The temporary files of a listing whose writers died (local disk only: other backends write objects whole).
+    The temporary files of a listing whose writers died: a local write's, or a killed prober's probe key (the only
+    temporary files on backends that write objects whole).
 
     :param found: Paths and sizes from a listing.
     :param grace: How old a result write's temporary file must be to go. A document write's always gets
         `TEMPORARY_GRACE`: ending a session keeps its documents, and their writes may still be running.
+    :param writes: Whether the backend writes temporary files; if not, every one is a probe key, gone after
+        `PROBE_GRACE` whatever `grace` says.
     :returns: Their paths.
     """
     now = datetime.now(UTC)
@@ -1129,7 +1136,9 @@ def _stale_temporaries(found: Mapping[str, int], grace: timedelta) -> builtins.l
     for path in found:
         directory, _, name = path.rpartition("/")
         in_documents = directory.rpartition("/")[2].startswith(".")
-        if is_stale_temporary(name, now=now, grace=TEMPORARY_GRACE if in_documents else grace):
+        # A probe key may belong to a probe running now, whatever the purge (ending a session included).
+        allowed = (TEMPORARY_GRACE if in_documents else grace) if writes else PROBE_GRACE
+        if is_stale_temporary(name, now=now, grace=allowed):
             stale.append(path)
     return stale
 

@@ -46,6 +46,8 @@ class StorageIO:
     remote = False
     # Whether the retry loop must cut an attempt off itself: the engine's client has no time limit it keeps.
     needs_attempt_limit = False
+    # Whether writes go through temporary files renamed into place (local disk), which a killed writer leaves behind.
+    writes_temporary_files = False
 
     def __init__(self, fs: AbstractFileSystem) -> None:
         """

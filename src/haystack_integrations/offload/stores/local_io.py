@@ -29,6 +29,7 @@ class _LocalDiskIO(SyncBackedIO):
     """
 
     inline_io_bytes = INLINE_IO_BYTES
+    writes_temporary_files = True
 
     async def put_chunks_async(self, path: str, chunks: Iterable[Chunk]) -> None:
         """Async `put_chunks`, in a worker thread (streaming is for large content), which iterates the chunks."""

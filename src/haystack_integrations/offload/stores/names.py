@@ -25,6 +25,10 @@ _EXTENSION = re.compile(r"\.[A-Za-z0-9]{1,10}$")
 TEMPORARY_PREFIX = ".tmp-"
 TEMPORARY_GRACE = timedelta(hours=1)
 """How long a temporary file may stand before purges take it for a killed writer's (no write takes that long)."""
+PROBE_GRACE = timedelta(minutes=10)
+"""How long a probe key (the exclusive-create check's, named as a temporary file) may stand on a store that writes no
+temporary files (object stores) before purges take it for a killed prober's: a probe is a few requests, each within
+its retry deadline."""
 # Older versions named temporary files without a time (``.tmp-<16 hex>``); those are matched too.
 _TEMPORARY = re.compile(r"\.tmp-(?:(?P<stamp>\d{8}T\d{12})Z-)?[0-9a-f]{16}")
 _NAME = re.compile(
