@@ -745,18 +745,22 @@ class Client:
                     self.result.continues += 1
                 else:
                     self.result.no_continue += 1
-                    self.result.stalls.append(f"{self.plan.session}: no Continue offered at {state['status']}")
+                stall = None if state["resumable"] else f"{self.plan.session}: no Continue offered at {state['status']}"
                 if waiting_since is None:
                     waiting_since = time.monotonic()
                 try:
                     await self.call("resume")
                 except RemoteError as error:
+                    if stall is not None:
+                        self.result.stalls.append(f"{stall}; resume answered {error.type}")
                     if error.type == "NothingToResumeError":
                         nothing_to_resume += 1
                         if nothing_to_resume >= 3:
                             self.result.gave_up = "nothing to resume, no final answer"
                             return self.result
                     raise
+                if stall is not None:
+                    self.result.stalls.append(f"{stall}; resume ran")
                 self.result.round_trips.append(time.monotonic() - waiting_since)
                 waiting_since = None
                 failures = 0
