@@ -49,6 +49,7 @@ def _root(backend: tuple[str, dict[str, Any]], retention: Retention | None = WEE
     return FsspecToolResultStore(url, storage_options=storage_options, retention=retention, **engine)
 
 
+@pytest.mark.slow  # waits out a time to live
 async def test_an_expired_result_is_refused_by_every_read(backend: tuple[str, dict[str, Any]]) -> None:
     session = _root(backend, BRIEF).for_session("trial", "chat-1")
     old = session.write(key="old.txt", content="old news")
@@ -76,6 +77,7 @@ async def test_an_expired_result_is_refused_by_every_read(backend: tuple[str, di
     assert _root(backend, retention=None).for_session("trial", "chat-1").read(old) == "old news"
 
 
+@pytest.mark.slow  # waits out a time to live
 def test_tenants_override_the_stores_time_to_live(backend: tuple[str, dict[str, Any]]) -> None:
     root = _root(backend, BRIEF)
     trial, acme, archive = (root.for_session(tenant, "chat-1") for tenant in ("trial", "acme", "archive"))
@@ -93,6 +95,7 @@ def test_tenants_override_the_stores_time_to_live(backend: tuple[str, dict[str, 
     assert {record.reference.split("/")[0] for record in root.list()} == {"acme", "archive"}
 
 
+@pytest.mark.slow  # waits out a time to live
 async def test_purge_expired_removes_only_expired_results(backend: tuple[str, dict[str, Any]]) -> None:
     root = _root(backend, BRIEF)
     stale = root.for_session("trial", "chat-1")
@@ -114,6 +117,7 @@ async def test_purge_expired_removes_only_expired_results(backend: tuple[str, di
     assert stale.read(keep) == "c"
 
 
+@pytest.mark.slow  # waits out a time to live
 def test_purge_older_than_ignores_retention(backend: tuple[str, dict[str, Any]]) -> None:
     root = _root(backend, retention=None)
     session = root.for_session("acme", "chat-1")
@@ -130,6 +134,7 @@ def test_purge_older_than_ignores_retention(backend: tuple[str, dict[str, Any]])
         root.purge(expired=True)
 
 
+@pytest.mark.slow  # waits out a time to live
 def test_the_model_is_told_the_result_expired(backend: tuple[str, dict[str, Any]]) -> None:
     session = _root(backend, BRIEF).for_session("trial", "chat-1")
     old = session.write(key="old.txt", content="old news")
@@ -140,6 +145,7 @@ def test_the_model_is_told_the_result_expired(backend: tuple[str, dict[str, Any]
 
 
 @pytest.mark.s3
+@pytest.mark.slow  # waits out a time to live
 def test_an_expired_read_costs_one_head_and_reads_nothing(s3_server: LocalS3Server, s3_requests: RequestLog) -> None:
     url = f"{s3_server.bucket_url}/{uuid.uuid4().hex}"
     session = FsspecToolResultStore(url, storage_options=s3_server.storage_options(), retention=BRIEF).for_session(

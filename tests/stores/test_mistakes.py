@@ -157,6 +157,7 @@ def test_a_writer_hours_or_a_year_off_loses_no_fresh_result(
     assert session.read(reference) == "written"
 
 
+@pytest.mark.slow  # waits out a time to live
 def test_a_writer_far_ahead_cannot_keep_its_results_for_ever(backend: tuple[str, dict[str, Any]]) -> None:
     url, storage_options = backend
     brief = Retention(ttl=timedelta(seconds=2), clock_skew=timedelta(seconds=1))
