@@ -1,9 +1,10 @@
 """
 Retention: how long results stay readable (per store, overridable per tenant), and ending a session.
 
-Expiry is read from the creation time in each result's name, so it costs no request; session documents go by whole
-sessions, judged by each session's newest activity. `end_session` deletes a session's results at once.
-Numbered documents date their session by *activity documents* (`activity_document_name`), whatever keeps them.
+A result's age is read from the creation time in its name where that shows it live (no request), else from the
+storage's clock (one HEAD); session documents go by whole sessions, judged by each session's newest activity.
+`end_session` deletes a session's results at once. Numbered documents date their session by *activity documents*
+(`activity_document_name`), whatever keeps them.
 """
 
 from __future__ import annotations
@@ -451,7 +452,7 @@ async def storage_times_async(request: Requests, paths: Iterable[str]) -> dict[s
 
     async def one(path: str) -> tuple[bool, datetime | None]:
         try:
-            with storage_errors("read a result's time", reference=path):
+            with storage_errors("read when an object was written", reference=path):
                 return True, await request("modified", path, lambda io: io.modified_async(path))
         except ResultNotFoundError:
             return False, None
