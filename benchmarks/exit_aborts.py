@@ -14,6 +14,7 @@ A run counts as an abort when the process ends on a signal (SIGABRT, SIGSEGV, SI
 status. Runs go two at a time (both cores busy, as under load), against moto's S3 server in a process of its own.
 
     PYTHONPATH=src python benchmarks/exit_aborts.py --runs 500 --program plain
+    PYTHONPATH=src python benchmarks/exit_aborts.py --runs 200 --program plain --without-exit-wait   # the control
 """
 
 import argparse
@@ -99,9 +100,17 @@ PROGRAMS = {
 }
 
 
-def _program(name: str, url: str, options: dict[str, object]) -> str:
+# The control: the same program with the library's exit wait (`stores.exit_wait`) taken back, as before the fix.
+WITHOUT_EXIT_WAIT = """
+import atexit
+from haystack_integrations.offload.stores import exit_wait
+atexit.unregister(exit_wait.wait_for_foreign_threads)
+"""
+
+
+def _program(name: str, url: str, options: dict[str, object], *, exit_wait: bool) -> str:
     header = f"URL, OPTIONS, SESSION = {url!r}, {json.dumps(options)}, __import__('sys').argv[1]\n"
-    return header + textwrap.dedent(PROGRAMS[name])
+    return header + textwrap.dedent(PROGRAMS[name]) + ("" if exit_wait else WITHOUT_EXIT_WAIT)
 
 
 def _run_once(code: str) -> tuple[int, str]:
@@ -124,9 +133,13 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--program", choices=sorted(PROGRAMS), default="plain")
     parser.add_argument("--parallel", type=int, default=2, help="runs at a time (default: %(default)s)")
+    parser.add_argument(
+        "--without-exit-wait", action="store_true", help="the control: take the library's exit wait back"
+    )
     args = parser.parse_args()
     with LocalS3Server() as server:
-        code = _program(args.program, f"{server.bucket_url}/exit-aborts", server.storage_options())
+        url = f"{server.bucket_url}/exit-aborts"
+        code = _program(args.program, url, server.storage_options(), exit_wait=not args.without_exit_wait)
         outcomes: collections.Counter[str] = collections.Counter()
         examples: dict[str, str] = {}
         started = time.monotonic()
@@ -138,7 +151,8 @@ def main() -> int:
     wall = time.monotonic() - started
     aborts = args.runs - outcomes["exit 0"]
     version = ".".join(map(str, sys.version_info[:3]))
-    print(f"| {args.program} | Python {version} | {args.runs} | {aborts} | {dict(outcomes)} | {wall:.0f} s |")
+    program = f"{args.program}, exit wait taken back" if args.without_exit_wait else args.program
+    print(f"| {program} | Python {version} | {args.runs} | {aborts} | {dict(outcomes)} | {wall:.0f} s |")
     for outcome, stderr in examples.items():
         if outcome != "exit 0":
             print(f"{outcome}: {stderr.strip()}", file=sys.stderr)
