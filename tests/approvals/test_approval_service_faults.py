@@ -275,6 +275,47 @@ async def test_a_step_held_again_whose_resume_turn_is_lost_keeps_the_answers_fro
     assert sorted(ran(ledger)) == [("delete", "a.txt"), ("invoice", "a:1")]
 
 
+async def test_a_decided_step_whose_holding_turn_never_ended_offers_continue(
+    store: FsspecToolResultStore, ledger: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first message holds a step, but its turn's end is never written (the worker dies); the decision is recorded,
+    # and the resume it starts fails before it claims a turn. Nothing is pending and no turn ever ended: the
+    # transcript must still offer Continue (it said status None, not resumable), and resume must run the call once.
+    session = store.for_session("acme", "chat-unended")
+    invoice_hook, _ = approvals()
+    service = ChatService(agent_with([invoice_hook]), turn_lease=0.3)
+    real_finish, real_begin = SessionHistory.finish, SessionHistory.begin
+
+    async def dies_on_hold(self: SessionHistory, turn: Any, **kwargs: Any) -> Any:
+        if kwargs.get("status") == "approval_required":
+            raise RuntimeError("worker killed")
+        return await real_finish(self, turn, **kwargs)
+
+    monkeypatch.setattr(SessionHistory, "finish", dies_on_hold)
+    with pytest.raises(RuntimeError, match="worker killed"):
+        await service.send_message(session, plan(("send_invoice", {"customer": "u", "amount": 7}, "c1")).text or "")
+    monkeypatch.setattr(SessionHistory, "finish", real_finish)
+    await asyncio.sleep(0.4)  # the turn's lease passes: it was abandoned
+    [request] = await service.pending(session)
+
+    async def unavailable(self: SessionHistory, *args: Any, **kwargs: Any) -> Any:
+        raise StorageUnavailableError("the turn's claim gave up")
+
+    monkeypatch.setattr(SessionHistory, "begin", unavailable)
+    with pytest.raises(StorageUnavailableError):
+        await service.decide(session, request.request_id, approved=True)
+    monkeypatch.setattr(SessionHistory, "begin", real_begin)
+
+    assert await service.pending(session) == []
+    transcript = await service.transcript(session)
+    assert transcript.resumable and transcript.status == "abandoned" and not transcript.busy
+    assert (await service.resume(session)).status == "completed"
+    answered = [
+        m.tool_call_result.origin.id for m in (await service.transcript(session)).messages if m.tool_call_result
+    ]
+    assert answered == ["c1"] and len(ran(ledger)) == 1
+
+
 async def test_a_lost_final_resume_turn_is_finished_by_resume(
     store: FsspecToolResultStore, ledger: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -116,6 +116,7 @@ class Transcript:
     turns: int
     busy: bool
     status: TurnStatus | None
+    """How the newest turn ended (``abandoned`` also for one whose lease passed with no end); None before any."""
     error: str | None
     resumable: bool = False
     """
@@ -321,8 +322,11 @@ class ChatService:
         state = await self._history(store).read()
         last = state.last_end
         busy = state.busy(datetime.now(UTC))
+        # A turn whose lease passed with no end was abandoned, though no later turn has recorded that yet.
+        unended = state.open_start is not None and not busy
+        status: TurnStatus | None = "abandoned" if unended else last.status if last is not None else None
         resumable = False
-        if not busy and last is not None and last.status in ("failed", "abandoned", "approval_required"):
+        if not busy and status in ("failed", "abandoned", "approval_required"):
             # Only after a failure or a hold is the ledger read: a resume that failed, or a decision whose answer
             # failed before its resume began (an audit append that gave up), leaves the step open, decided, unrun.
             step = await open_step_async(store)
@@ -332,14 +336,14 @@ class ChatService:
                 resumable = (
                     not step.waiting
                     and step.resuming_until is None
-                    and (step.decided or last.status != "approval_required")  # else its requests expired: see the page
+                    and (step.decided or status != "approval_required")  # else its requests expired: see the page
                 )
         return Transcript(
             messages=state.conversation,
             turns=state.next_turn - 1,
             busy=busy,
-            status=last.status if last is not None else None,
-            error=last.error if last is not None else None,
+            status=status,
+            error=last.error if last is not None and not unended else None,
             resumable=resumable,
         )
 
