@@ -4,6 +4,7 @@ create, and a worker that dies while it resumes. Run through `ChatService`, the 
 """
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import Iterator
@@ -190,10 +191,32 @@ async def test_what_a_lost_resume_turn_ran_reaches_the_next_turn(store: FsspecTo
     assert len(ran(ledger)) == 1
 
 
-async def test_a_resume_that_holds_again_keeps_its_answers_when_its_turn_is_lost(
-    store: FsspecToolResultStore, ledger: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    session = store.for_session("acme", "chat-again")
+@contextlib.contextmanager
+def _turn_end_lost(monkeypatch: pytest.MonkeyPatch, status: str) -> Iterator[None]:
+    """The worker dies as it writes the end of a turn that ends with `status`: that turn is left without one."""
+    real = SessionHistory.finish
+
+    async def dies(self: SessionHistory, turn: Any, **kwargs: Any) -> Any:
+        if kwargs.get("status") == status:
+            raise RuntimeError("worker killed")
+        return await real(self, turn, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(SessionHistory, "finish", dies)
+        yield
+
+
+async def _held_again_unrecorded(
+    store: FsspecToolResultStore, name: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[ChatService, FsspecToolResultStore, str]:
+    """
+    Four calls under two approval hooks and a guardrail. The resume after the last invoice decision answers inv-2
+    (denied) and wipe-1 (blocked), then the delete guard holds the step again; the worker dies before it records what
+    it added.
+
+    :returns: The service, the session, and the id of the delete request that now waits.
+    """
+    session = store.for_session("acme", name)
     invoice_hook, delete_hook = approvals()
     service = ChatService(agent_with([invoice_hook, delete_hook, block_wipe]), turn_lease=0.3)
     calls = plan(
@@ -205,25 +228,30 @@ async def test_a_resume_that_holds_again_keeps_its_answers_when_its_turn_is_lost
     inv1, inv2 = (await service.send_message(session, calls.text or "")).pending
     await service.decide(session, inv1.request_id, approved=True)
 
-    # The resume after the last invoice decision answers inv-2 (denied) and wipe-1 (blocked), then the delete guard
-    # holds the step again; the worker dies before it records what it added.
-    real = ApprovalLedger.finish_step_async
-
     async def dies(self: ApprovalLedger, *args: Any) -> None:
         raise RuntimeError("worker killed")
 
-    monkeypatch.setattr(ApprovalLedger, "finish_step_async", dies)
-    with pytest.raises(RunFailedError):
+    with monkeypatch.context() as patch, pytest.raises(RunFailedError):
+        patch.setattr(ApprovalLedger, "finish_step_async", dies)
         await service.decide(session, inv2.request_id, approved=False)
-    monkeypatch.setattr(ApprovalLedger, "finish_step_async", real)
-
     [delete] = await service.pending(session)
-    await service.decide(session, delete.request_id, approved=True)
+    return service, session, delete.request_id
+
+
+async def _every_answer_kept(service: ChatService, session: FsspecToolResultStore, ledger: Path) -> None:
     transcript = await service.transcript(session)
     answered = {m.tool_call_result.origin.id: m.tool_call_result for m in transcript.messages if m.tool_call_result}
     assert sorted(answered) == ["del-1", "inv-1", "inv-2", "wipe-1"]
     assert answered["inv-2"].error and answered["wipe-1"].error and not answered["inv-1"].error
     assert sorted(ran(ledger)) == [("delete", "a.txt"), ("invoice", "a:1")]
+
+
+async def test_a_resume_that_holds_again_keeps_its_answers_when_its_turn_is_lost(
+    store: FsspecToolResultStore, ledger: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service, session, delete = await _held_again_unrecorded(store, "chat-again", monkeypatch)
+    await service.decide(session, delete, approved=True)
+    await _every_answer_kept(service, session, ledger)
 
 
 async def test_a_step_held_again_whose_resume_turn_is_lost_keeps_the_answers_from_before_it(
@@ -231,48 +259,14 @@ async def test_a_step_held_again_whose_resume_turn_is_lost_keeps_the_answers_fro
 ) -> None:
     # As above, and then the resume of the step held again also loses its turn: its recorded messages, which `resume`
     # puts back, must carry what the first resume answered before holding (inv-2 denied, wipe-1 blocked).
-    session = store.for_session("acme", "chat-again-lost")
-    invoice_hook, delete_hook = approvals()
-    service = ChatService(agent_with([invoice_hook, delete_hook, block_wipe]), turn_lease=0.3)
-    calls = plan(
-        ("send_invoice", {"customer": "a", "amount": 1}, "inv-1"),
-        ("send_invoice", {"customer": "b", "amount": 2}, "inv-2"),
-        ("delete_file", {"path": "a.txt"}, "del-1"),
-        ("wipe", {"path": "/"}, "wipe-1"),
-    )
-    inv1, inv2 = (await service.send_message(session, calls.text or "")).pending
-    await service.decide(session, inv1.request_id, approved=True)
-    real_finish_step = ApprovalLedger.finish_step_async
-
-    async def dies(self: ApprovalLedger, *args: Any) -> None:
-        raise RuntimeError("worker killed")
-
-    monkeypatch.setattr(ApprovalLedger, "finish_step_async", dies)
-    with pytest.raises(RunFailedError):
-        await service.decide(session, inv2.request_id, approved=False)
-    monkeypatch.setattr(ApprovalLedger, "finish_step_async", real_finish_step)
-
-    real_finish = SessionHistory.finish
-
-    async def dies_on_completion(self: SessionHistory, turn: Any, **kwargs: Any) -> Any:
-        if kwargs.get("status") == "completed":
-            raise RuntimeError("worker killed")
-        return await real_finish(self, turn, **kwargs)
-
-    [delete] = await service.pending(session)
-    monkeypatch.setattr(SessionHistory, "finish", dies_on_completion)
-    with pytest.raises(RuntimeError, match="worker killed"):
-        await service.decide(session, delete.request_id, approved=True)
-    monkeypatch.setattr(SessionHistory, "finish", real_finish)
+    service, session, delete = await _held_again_unrecorded(store, "chat-again-lost", monkeypatch)
+    with _turn_end_lost(monkeypatch, "completed"), pytest.raises(RuntimeError, match="worker killed"):
+        await service.decide(session, delete, approved=True)
     await asyncio.sleep(0.4)
 
     assert (await service.transcript(session)).resumable
     assert (await service.resume(session)).status == "completed"
-    transcript = await service.transcript(session)
-    answered = {m.tool_call_result.origin.id: m.tool_call_result for m in transcript.messages if m.tool_call_result}
-    assert sorted(answered) == ["del-1", "inv-1", "inv-2", "wipe-1"]
-    assert answered["inv-2"].error and answered["wipe-1"].error and not answered["inv-1"].error
-    assert sorted(ran(ledger)) == [("delete", "a.txt"), ("invoice", "a:1")]
+    await _every_answer_kept(service, session, ledger)
 
 
 async def test_a_decided_step_whose_holding_turn_never_ended_offers_continue(
@@ -284,36 +278,25 @@ async def test_a_decided_step_whose_holding_turn_never_ended_offers_continue(
     session = store.for_session("acme", "chat-unended")
     invoice_hook, _ = approvals()
     service = ChatService(agent_with([invoice_hook]), turn_lease=0.3)
-    real_finish, real_begin = SessionHistory.finish, SessionHistory.begin
-
-    async def dies_on_hold(self: SessionHistory, turn: Any, **kwargs: Any) -> Any:
-        if kwargs.get("status") == "approval_required":
-            raise RuntimeError("worker killed")
-        return await real_finish(self, turn, **kwargs)
-
-    monkeypatch.setattr(SessionHistory, "finish", dies_on_hold)
-    with pytest.raises(RuntimeError, match="worker killed"):
+    with _turn_end_lost(monkeypatch, "approval_required"), pytest.raises(RuntimeError, match="worker killed"):
         await service.send_message(session, plan(("send_invoice", {"customer": "u", "amount": 7}, "c1")).text or "")
-    monkeypatch.setattr(SessionHistory, "finish", real_finish)
     await asyncio.sleep(0.4)  # the turn's lease passes: it was abandoned
     [request] = await service.pending(session)
 
     async def unavailable(self: SessionHistory, *args: Any, **kwargs: Any) -> Any:
         raise StorageUnavailableError("the turn's claim gave up")
 
-    monkeypatch.setattr(SessionHistory, "begin", unavailable)
-    with pytest.raises(StorageUnavailableError):
+    with monkeypatch.context() as patch, pytest.raises(StorageUnavailableError):
+        patch.setattr(SessionHistory, "begin", unavailable)
         await service.decide(session, request.request_id, approved=True)
-    monkeypatch.setattr(SessionHistory, "begin", real_begin)
 
     assert await service.pending(session) == []
     transcript = await service.transcript(session)
     assert transcript.resumable and transcript.status == "abandoned" and not transcript.busy
     assert (await service.resume(session)).status == "completed"
-    answered = [
-        m.tool_call_result.origin.id for m in (await service.transcript(session)).messages if m.tool_call_result
-    ]
-    assert answered == ["c1"] and len(ran(ledger)) == 1
+    finished = await service.transcript(session)
+    assert [m.tool_call_result.origin.id for m in finished.messages if m.tool_call_result] == ["c1"]
+    assert len(ran(ledger)) == 1
 
 
 async def test_a_lost_final_resume_turn_is_finished_by_resume(
@@ -326,17 +309,8 @@ async def test_a_lost_final_resume_turn_is_finished_by_resume(
     [request] = held.pending
 
     # The calls ran and the step is done, but the worker dies before the turn's end is written.
-    real = SessionHistory.finish
-
-    async def dies_on_completion(self: SessionHistory, turn: Any, **kwargs: Any) -> Any:
-        if kwargs.get("status") == "completed":
-            raise RuntimeError("worker killed")
-        return await real(self, turn, **kwargs)
-
-    monkeypatch.setattr(SessionHistory, "finish", dies_on_completion)
-    with pytest.raises(RuntimeError, match="worker killed"):
+    with _turn_end_lost(monkeypatch, "completed"), pytest.raises(RuntimeError, match="worker killed"):
         await service.decide(session, request.request_id, approved=True)
-    monkeypatch.setattr(SessionHistory, "finish", real)
     await asyncio.sleep(0.4)
     assert await service.pending(session) == []
 
