@@ -13,7 +13,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import pytest
+from fsspec.implementations.memory import MemoryFileSystem
 
 from haystack_integrations.offload import FsspecToolResultStore, RetryPolicy
 from haystack_integrations.offload.cli import main
@@ -274,3 +276,23 @@ def test_doctor_removes_what_a_killed_run_left_and_keeps_a_run_under_way(s3_serv
     report = run_conformance(root)
     assert "kept 1" in next(check.detail for check in report.checks if check.name == "leftovers")
     assert _keys(s3_server, prefix) == [running]
+
+
+class _UndatedMemory(MemoryFileSystem):
+    """A filesystem that cannot say when an object was written (fsspec's default `modified`)."""
+
+    protocol = "undated-memory"
+
+    def modified(self, path: str) -> Any:
+        raise NotImplementedError
+
+
+def test_doctor_keeps_what_it_cannot_date_it_may_be_a_run_under_way() -> None:
+    fsspec.register_implementation(_UndatedMemory.protocol, _UndatedMemory, clobber=True)
+    root = FsspecToolResultStore(f"{_UndatedMemory.protocol}://doctor-{uuid.uuid4().hex}")
+    other_run = f"{root._handle.root_path()}/.doctor/0123456789ab/ranged"
+    fs = _UndatedMemory()
+    fs.pipe_file(other_run, b"mine")
+    report = run_conformance(root, leftover_age=timedelta(0))
+    assert "kept 1 object(s)" in next(check.detail for check in report.checks if check.name == "leftovers")
+    assert fs.cat_file(other_run) == b"mine"

@@ -477,7 +477,8 @@ async def _leftovers(request: Requests, fs: Any, client: _S3Client, base: str, a
     found = await request("find", runs, lambda io: io.find_async(runs))
     written = await storage_times_async(request, [path for path in found if not path.startswith(base + "/")])
     cutoff = datetime.now(UTC) - age
-    stale = [path for path, moment in written.items() if moment is None or moment < cutoff]
+    # An object the storage cannot date may be a run's under way: kept, as a younger one is.
+    stale = [path for path, moment in written.items() if moment is not None and moment < cutoff]
     if stale:
         await request("delete", runs, lambda io: io.delete_async(stale))
     if client.kind is None:  # local disk and memory keep directories: remove the killed runs' and, if empty, the parent
@@ -489,7 +490,7 @@ async def _leftovers(request: Requests, fs: Any, client: _S3Client, base: str, a
             await asyncio.to_thread(fs.rmdir, runs)
     if len(written) > len(stale):
         running = len(written) - len(stale)
-        return "pass", f"removed {len(stale)} object(s) left by killed runs; kept {running} of runs under way"
+        return "pass", f"removed {len(stale)} object(s) left by killed runs; kept {running} object(s) of runs under way"
     return "pass", f"removed {len(stale)} object(s) left by killed runs"
 
 
