@@ -3,10 +3,7 @@
 statuses, a store that ignores conditional writes, and that nothing is left behind.
 """
 
-import contextlib
 import json
-import socket
-import threading
 import time
 import uuid
 from datetime import timedelta
@@ -29,6 +26,7 @@ from haystack_integrations.offload.operations.conformance import (
 )
 from haystack_integrations.offload.testing.faults import Fault, FaultPlan, FaultProxy
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server
+from support.silent_endpoint import SilentEndpoint
 
 CHECKS = [
     "exclusive-create",
@@ -185,31 +183,9 @@ def test_a_refused_store_url_is_named_without_its_credentials(capsys: pytest.Cap
     assert "S3CR3T" not in captured.out + captured.err
 
 
-class _SilentEndpoint:
-    """A TCP port that accepts connections and never answers: an endpoint the doctor cannot reach."""
-
-    def __init__(self) -> None:
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        self.accepted: list[socket.socket] = []
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        with contextlib.suppress(OSError):  # the listener closed
-            while True:
-                self.accepted.append(self._listener.accept()[0])
-
-    def close(self) -> None:
-        self._listener.close()
-        self._thread.join(timeout=5)
-        for connection in self.accepted:
-            connection.close()
-
-
 @pytest.mark.parametrize("engine", ["fsspec", "obstore"])
 def test_doctor_stops_at_the_first_check_that_cannot_reach_the_store_and_reports_each_as_it_ends(engine: str) -> None:
-    silent = _SilentEndpoint()
+    silent = SilentEndpoint()
     try:
         options = {"endpoint_url": f"http://127.0.0.1:{silent.port}", "key": "k", "secret": "s"}
         root = FsspecToolResultStore(

@@ -25,6 +25,7 @@ from haystack_integrations.offload.cli import (
     s3_choices,
     shown_url,
     storage_options_from,
+    stored_at,
     whole_number,
 )
 from offload_haystack_app.server.scripted_model import SCRIPTED_MODEL_LABEL
@@ -267,7 +268,7 @@ def _check_store(settings: Any, workers: int) -> None:
         root = FsspecToolResultStore(settings.store, storage_options=settings.resolved_storage_options())
         root.for_session("offload-haystack", "serve-check").list()
     except Exception as error:
-        raise CommandError(f"Cannot use the store {shown_url(settings.store)}: {error}") from error
+        raise CommandError(f"Cannot use the store {shown_url(settings.store)}: {error}{stored_at(error)}") from error
 
 
 def _serve_s3(settings: Any, arguments: argparse.Namespace) -> Any:

@@ -859,11 +859,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error(str(error))
     except StoragePermissionError as error:
         _error(
-            f"{error} Check the credentials (--profile, --storage-options key/secret, or the AWS_* environment "
-            "variables) and the bucket policy."
+            f"{error}{stored_at(error)} Check the credentials (--profile, --storage-options key/secret, or the AWS_* "
+            "environment variables) and the bucket policy."
         )
     except (ValueError, OSError, ImportError) as error:
-        _error(f"{error}{_cause(error)}")
+        _error(f"{error}{_cause(error)}{stored_at(error)}")
     except Exception as error:
         # Whatever else a backend raises (botocore's own errors, an option s3fs does not take): still one line.
         if os.environ.get("OFFLOAD_HAYSTACK_TRACEBACK"):
@@ -874,6 +874,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _error(message: str) -> None:
     print(f"offload-haystack: error: {_one_line(message)}", file=sys.stderr)
+
+
+def stored_at(error: BaseException) -> str:
+    """
+    Which store a storage error came from, as a sentence to append: `` Store: s3://bucket at http://host:9000.``
+
+    :param error: Any error; only a storage error that names its store (its ``location``) gives a sentence.
+    :returns: The sentence, or ``""``.
+    """
+    location = getattr(error, "location", "")
+    return f" Store: {location}." if isinstance(location, str) and location else ""
 
 
 def _cause(error: BaseException) -> str:

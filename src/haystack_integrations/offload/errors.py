@@ -28,7 +28,14 @@ class InvalidReferenceError(OffloadError, ValueError):
 
 
 class StorageError(OffloadError, OSError):
-    """The storage backend failed for a reason other than a missing object or a refused permission."""
+    """
+    The storage backend failed for a reason other than a missing object or a refused permission.
+
+    The message is safe to show to a model (it names no bucket or endpoint); `location` names the store for operators:
+    its bucket (or root) and endpoint, never credentials, or ``""`` where the failure came before any request.
+    """
+
+    location: str = ""
 
 
 class StorageUnavailableError(StorageError):
@@ -135,4 +142,10 @@ class ResultExpiredError(ResultNotFoundError):
 
 
 class StoragePermissionError(OffloadError, PermissionError):
-    """The storage backend refused the request (missing or wrong credentials, an IAM policy, an ACL)."""
+    """
+    The storage backend refused the request (missing or wrong credentials, an IAM policy, an ACL).
+
+    `location` names the store, as `StorageError.location` does.
+    """
+
+    location: str = ""

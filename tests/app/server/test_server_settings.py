@@ -1,13 +1,16 @@
 """`ServerSettings` (pydantic-settings) and `TokenTable`: configuration from the environment, validated at start-up."""
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 from haystack.components.generators.chat import MockChatGenerator, OpenAIChatGenerator
 from pydantic import ValidationError
 
+from haystack_integrations.offload import FsspecToolResultStore, RetryPolicy, StorageUnavailableError
 from offload_haystack_app.server import ServerSettings, TokenTable, create_app
+from support.silent_endpoint import SilentEndpoint
 
 TOKEN = "a-long-enough-token-0001"  # noqa: S105 - a test token, never used against a real service
 
@@ -172,3 +175,18 @@ def test_the_app_passes_the_engine_and_the_resume_lease_on(tmp_path: Path) -> No
     app = create_app(settings)
     assert (app.state.root.engine, app.state.root.resolved_engine) == ("auto", "fsspec")  # a directory
     assert app.state.service.resume_lease == 7.0
+
+
+def test_the_s3_timeouts_are_settings_the_store_keeps(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OFFLOAD_SERVER_S3_CONNECT_TIMEOUT", "2")
+    monkeypatch.setenv("OFFLOAD_SERVER_S3_READ_TIMEOUT", "0.5")
+    with SilentEndpoint() as silent:
+        settings = ServerSettings(store="s3://bucket/prod", s3_endpoint_url=silent.url, s3_region="us-east-1")
+        options = {**settings.resolved_storage_options(), "key": "k", "secret": "s"}
+        store = FsspecToolResultStore(settings.store, storage_options=options, retry=RetryPolicy(attempts=1))
+        started = time.monotonic()
+        with pytest.raises(StorageUnavailableError):
+            store.list()
+    assert time.monotonic() - started < 5  # the store's default read timeout is 15 s, botocore's 60 s
+    with pytest.raises(ValidationError, match="s3_read_timeout"):
+        ServerSettings(store="s3://bucket/prod", s3_read_timeout=0)

@@ -275,7 +275,10 @@ def _add_error_handlers(app: FastAPI) -> None:
         # The service's refusals, a missing result and storage failures: answered as `error_status` tells them.
         status, code, detail = error_status(error)
         if code == "storage_unavailable":
-            logger.error("Storage failed while serving %s %s", request.method, request.url.path, exc_info=error)
+            where = getattr(error, "location", "") or "the store"
+            logger.error(
+                "Storage (%s) failed while serving %s %s", where, request.method, request.url.path, exc_info=error
+            )
         return _error_response(status, code, detail)
 
     async def http_error(request: Request, error: Exception) -> JSONResponse:

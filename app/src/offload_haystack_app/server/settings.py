@@ -20,7 +20,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from haystack_integrations.offload.approvals.resume import DEFAULT_RESUME_LEASE
 from haystack_integrations.offload.stores import FsspecToolResultStore, Quota
-from haystack_integrations.offload.stores.options import check_region, with_s3_choices
+from haystack_integrations.offload.stores.options import check_region, with_s3_choices, with_timeouts
 from haystack_integrations.offload.stores.scope import validate_scope_id
 from offload_haystack_app.server.model_check import DEFAULT_CHECK_TIMEOUT, check_openai_endpoint
 from offload_haystack_app.server.scripted_model import (
@@ -80,6 +80,20 @@ class ServerSettings(BaseSettings):
     s3_access_key_id: SecretStr | None = None
     s3_secret_access_key: SecretStr | None = None
     s3_region: str | None = None
+    s3_connect_timeout: float | None = Field(
+        default=None, gt=0, description="Seconds to open a connection to S3; None: the store's default (5 s)."
+    )
+    s3_read_timeout: float | None = Field(
+        default=None,
+        gt=0,
+        description="Seconds an S3 answer may stay silent; None: the store's default (15 s). On the obstore engine it "
+        "also bounds sending one request's body (16 MiB at most).",
+    )
+    drain_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        description="On SIGTERM: how long a worker lets its requests and turns run on before stopping them.",
+    )
     tokens: dict[str, str] = Field(default_factory=dict, repr=False, description="Bearer token -> tenant id.")
     tokens_file: Path | None = Field(default=None, description="A JSON file holding more 'token: tenant' pairs.")
     model: Literal["scripted", "openai"] = "scripted"
@@ -317,13 +331,14 @@ class ServerSettings(BaseSettings):
             return dict(self.storage_options)
         credentials = (self.s3_access_key_id, self.s3_secret_access_key)
         key, secret = (value.get_secret_value() if value else None for value in credentials)
-        return with_s3_choices(
+        chosen = with_s3_choices(
             self.storage_options,
             endpoint_url=self.s3_endpoint_url or None,
             region=self.s3_region or None,
             key=key,
             secret=secret,
         )
+        return with_timeouts(chosen, connect_timeout=self.s3_connect_timeout, read_timeout=self.s3_read_timeout)
 
     def environment(self) -> dict[str, str]:
         """

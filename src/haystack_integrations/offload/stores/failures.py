@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
-from haystack_integrations.offload.errors import OffloadError
+from haystack_integrations.offload.errors import OffloadError, StorageError, StoragePermissionError
 
 _TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 _TRANSIENT_CODES = frozenset(
@@ -144,3 +145,31 @@ def status_of(error: BaseException) -> int | None:
     :returns: The status, or None when no answer came (a network failure) or the engine did not classify it.
     """
     return next((link.status for link in causes_of(error) if isinstance(link, StorageRequestError)), None)
+
+
+# Where a backend's own exception carries the store it came from, for the translation to pass on (`location_of`).
+_LOCATION_ATTRIBUTE = "offload_storage_location"
+
+
+def mark_location(error: BaseException, location: str) -> None:
+    """
+    Note on a failed request's exception which store it was sent to (kept where one is noted already).
+
+    :param error: Our storage error (its `location` is set) or a backend's exception (an attribute is added where the
+        exception takes one).
+    :param location: The store's bucket or root and endpoint (`FsspecToolResultStore` builds it, without credentials).
+    """
+    if isinstance(error, StorageError | StoragePermissionError):
+        error.location = error.location or location
+        return
+    if not getattr(error, _LOCATION_ATTRIBUTE, ""):
+        # An exception type without a __dict__ stays unnamed.
+        with contextlib.suppress(AttributeError, TypeError):
+            setattr(error, _LOCATION_ATTRIBUTE, location)
+
+
+def location_of(error: BaseException) -> str:
+    """The store `mark_location` noted on `error`, or ``""``."""
+    if isinstance(error, StorageError | StoragePermissionError):
+        return error.location
+    return str(getattr(error, _LOCATION_ATTRIBUTE, ""))

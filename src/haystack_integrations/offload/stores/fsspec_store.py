@@ -29,6 +29,7 @@ from haystack_integrations.offload.stores.exclusive_creates import (
     check_exclusive_creates,
     checked,
 )
+from haystack_integrations.offload.stores.failures import mark_location
 from haystack_integrations.offload.stores.io import MULTIPART_THRESHOLD, StorageIO
 from haystack_integrations.offload.stores.layout import parse_reference, scope_path
 from haystack_integrations.offload.stores.names import (
@@ -45,6 +46,7 @@ from haystack_integrations.offload.stores.options import (
     redacted_url,
     resolve_secrets,
     serialize_options,
+    with_default_timeouts,
 )
 from haystack_integrations.offload.stores.pending import InFlightWrites, PendingWrite
 from haystack_integrations.offload.stores.quotas import Quota, QuotaTracker, Reservation, SessionUsage, usage_by_session
@@ -992,6 +994,8 @@ class _FilesystemHandle:
             io: StorageIO | None = None
             if fs is None:
                 options = resolve_secrets(self._storage_options)
+                if self._protocol in {"s3", "s3a"}:
+                    options = with_default_timeouts(options)
                 if self._engine == "obstore":
                     io = _obstore_io(options, self._retry, fallback=self._s3fs_fallback(options))
                     fs = io.fs
@@ -1062,11 +1066,25 @@ class _FilesystemHandle:
         :returns: What the call returned.
         """
         io = self.io()
-        if self._retry is None or not io.remote:
-            # Memory and local disk do not fail transiently: a retry would only repeat a real failure, later.
-            with metrics.storage_request(operation, timed=io.remote):
-                return await call(io)
-        return await retried(io, self._retry, self.retry_stats, operation, path, call)
+        try:
+            if self._retry is None or not io.remote:
+                # Memory and local disk do not fail transiently: a retry would only repeat a real failure, later.
+                with metrics.storage_request(operation, timed=io.remote):
+                    return await call(io)
+            return await retried(io, self._retry, self.retry_stats, operation, path, call, location=self.location())
+        except Exception as error:
+            mark_location(error, self.location())  # the error's `location`, once translated
+            raise
+
+    def location(self) -> str:
+        """
+        The store as an operator names it: the bucket and endpoint on S3 (``s3://bucket at http://host:9000``, or
+        ``at AWS``), else the root; never credentials.
+        """
+        if self._protocol in {"s3", "s3a"}:
+            endpoint = self.backend_key()[2]
+            return f"s3://{self._root_path.split('/', 1)[0]} at {redacted_url(endpoint) if endpoint else 'AWS'}"
+        return f"{self._protocol}://{self._root_path}"
 
     def quota_tracker(self) -> QuotaTracker:
         """The quota tracker of every store sharing this handle, created on first use."""

@@ -37,6 +37,11 @@ _CREDENTIAL_NAMES = frozenset(
 _CREDENTIAL_PARAMETER = re.compile(r"key|secret|token|password|signature|credential|sig$", re.IGNORECASE)
 _HIDDEN = "***"
 # The AWS SDKs' endpoint variables, the service-specific one first (what obstore and botocore read).
+# Seconds: to open a connection, and that an answer may stay silent (on the obstore engine this also bounds sending one
+# request's body: a 16 MiB PUT needs about 1.1 MB/s). botocore's own defaults are 60 s each, which made a silent
+# endpoint cost a minute per attempt.
+DEFAULT_CONNECT_TIMEOUT = 5.0
+DEFAULT_READ_TIMEOUT = 15.0
 _ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 _REGION_VARIABLES = ("AWS_REGION", "AWS_DEFAULT_REGION")
 # botocore's own rule for region names, checked so a bad one is named before any connection is tried.
@@ -155,6 +160,36 @@ def with_s3_choices(
     if region is not None:
         merged["client_kwargs"] = {**(options.get("client_kwargs") or {}), "region_name": region}
     return merged
+
+
+def with_timeouts(
+    options: Mapping[str, Any], *, connect_timeout: float | None = None, read_timeout: float | None = None
+) -> dict[str, Any]:
+    """
+    S3 storage options with timeouts where both engines take them (``config_kwargs``, as botocore's), over `options`.
+
+    :param options: The storage options given.
+    :param connect_timeout: Seconds to open a connection, if chosen.
+    :param read_timeout: Seconds an answer may stay silent, if chosen.
+    :returns: A new dictionary; a timeout left None stays as it was (`DEFAULT_CONNECT_TIMEOUT`,
+        `DEFAULT_READ_TIMEOUT` where nothing sets one).
+    """
+    chosen = {"connect_timeout": connect_timeout, "read_timeout": read_timeout}
+    config = {**(options.get("config_kwargs") or {}), **{k: v for k, v in chosen.items() if v is not None}}
+    return {**options, "config_kwargs": config}
+
+
+def with_default_timeouts(options: Mapping[str, Any]) -> dict[str, Any]:
+    """
+    S3 storage options with `DEFAULT_CONNECT_TIMEOUT` and `DEFAULT_READ_TIMEOUT` where ``config_kwargs`` sets none.
+
+    :param options: s3fs storage options (secrets resolved or not).
+    :returns: A new dictionary.
+    """
+    config = dict(options.get("config_kwargs") or {})
+    config.setdefault("connect_timeout", DEFAULT_CONNECT_TIMEOUT)
+    config.setdefault("read_timeout", DEFAULT_READ_TIMEOUT)
+    return {**options, "config_kwargs": config}
 
 
 def _hides(name: str) -> bool:

@@ -127,9 +127,16 @@ class _Attempts:
     """The bookkeeping of one call's attempts: what failed, whether to go on, and how long to wait."""
 
     def __init__(
-        self, policy: RetryPolicy, stats: RetryStats, operation: str, path: str, record: metrics.RequestRecord
+        self,
+        policy: RetryPolicy,
+        stats: RetryStats,
+        operation: str,
+        path: str,
+        record: metrics.RequestRecord,
+        location: str,
     ) -> None:
         self.policy = policy
+        self.location = location
         self.stats = stats
         self.operation = operation
         self.path = path
@@ -159,9 +166,10 @@ class _Attempts:
             stats._failed(cause, retrying=False)
             self.record.outcome = "gave_up"
             logger.warning(
-                "Storage gave up on %s of %s after %d attempt(s) over %.2f s; last failure: %s.",
+                "Storage gave up on %s of %s (%s) after %d attempt(s) over %.2f s; last failure: %s.",
                 verb,
                 self.path,
+                self.location,
                 attempt,
                 elapsed,
                 cause,
@@ -172,6 +180,7 @@ class _Attempts:
                 attempts=attempt,
                 causes=self.causes,
             )
+            unavailable.location = self.location
             for number, earlier in enumerate(self.causes, start=1):
                 unavailable.add_note(f"attempt {number}: {earlier}")
             raise unavailable from error
@@ -179,9 +188,10 @@ class _Attempts:
         self.record.outcome = "retried"
         metrics.storage_retry(self.operation, cause)
         logger.info(
-            "Retrying %s of %s in %.2f s (attempt %d of %d failed: %s).",
+            "Retrying %s of %s (%s) in %.2f s (attempt %d of %d failed: %s).",
             verb,
             self.path,
+            self.location,
             delay,
             attempt,
             policy.attempts,
@@ -201,6 +211,8 @@ async def retried(
     operation: str,
     path: str,
     call: Callable[[StorageIO], Awaitable[T]],
+    *,
+    location: str = "",
 ) -> T:
     """
     Run one engine call, repeating it on a transient failure, under `policy`.
@@ -215,6 +227,7 @@ async def retried(
     :param operation: What the call does, for logs (``"put"``, ``"get"``, ...).
     :param path: The path it concerns, for logs.
     :param call: The engine call.
+    :param location: The store's bucket and endpoint, for logs and `StorageUnavailableError.location`.
     :returns: What the call returned.
     :raises StorageUnavailableError: If the policy ran out; any other failure is raised at once, as the engine
         raised it.
@@ -222,7 +235,7 @@ async def retried(
     limit = policy.attempt_timeout if io.needs_attempt_limit else None
     await io.ready_async()  # a first call from a new loop makes its client here, outside the time limit
     with metrics.storage_request(operation) as record:
-        attempts = _Attempts(policy, stats, operation, path, record)
+        attempts = _Attempts(policy, stats, operation, path, record, location)
         while True:
             try:
                 # Cancelling the wait cancels the request on the filesystem's loop too (asyncio.wrap_future).

@@ -7,11 +7,12 @@ from haystack_integrations.offload.errors import (
     DocumentExistsError,
     InvalidReferenceError,
     InvalidScopeIdError,
+    OffloadError,
     ResultNotFoundError,
     StorageError,
     StoragePermissionError,
 )
-from haystack_integrations.offload.stores.failures import MissingCredentialsError, StorageRequestError
+from haystack_integrations.offload.stores.failures import MissingCredentialsError, StorageRequestError, location_of
 
 _OURS = (
     DocumentExistsError,
@@ -35,7 +36,7 @@ def storage_errors(action: str, *, reference: str | None) -> Iterator[None]:
     Translate backend exceptions raised inside the block into this library's built-in-derived errors.
 
     The new error's message is safe to show to a model (no bucket, prefix or other tenant in it); the backend's
-    exception stays attached as ``__cause__`` for logs.
+    exception stays attached as ``__cause__`` for logs, and the store it was sent to is the error's ``location``.
 
     :param action: What was being done, for the message ("read the result").
     :param reference: The reference involved, if any: a missing object then means "no such result".
@@ -45,21 +46,28 @@ def storage_errors(action: str, *, reference: str | None) -> Iterator[None]:
     except (*_OURS, TypeError):
         # TypeError is a caller's mistake (e.g. a sync call on an asynchronous=True filesystem), not a storage fault.
         raise
-    except FileExistsError as error:
-        # Only conditional creates raise this (each engine maps a 412 to it): somebody else created the object first.
-        raise DocumentExistsError(f"Could not {action}: it already exists.") from error
-    except FileNotFoundError as error:
-        if reference is not None:
-            raise ResultNotFoundError(f"No stored result {reference!r} in this scope.") from error
-        raise StorageError(f"Could not {action}: the bucket or directory does not exist.") from error
-    except MissingCredentialsError as error:
-        # Each engine tells it apart from a refusal (obstore's metadata lookup, botocore's NoCredentialsError).
-        raise StoragePermissionError(f"Could not {action}: {NO_CREDENTIALS}") from error
-    except PermissionError as error:
-        raise StoragePermissionError(f"Storage refused to {action}: permission denied.") from error
-    except StorageRequestError as error:
-        # The engine's description of the failure ("HTTP 503 SlowDown") names no bucket or path.
-        raise StorageError(f"Could not {action}: {error.cause} from the storage backend.") from error
     except Exception as error:
-        # The backend's message may name the bucket and other tenants' paths; it stays on the chained cause.
-        raise StorageError(f"Could not {action}: {type(error).__name__} from the storage backend.") from error
+        translated = _translated(error, action, reference)
+        if isinstance(translated, StorageError | StoragePermissionError):
+            translated.location = location_of(error)
+        raise translated from error
+
+
+def _translated(error: Exception, action: str, reference: str | None) -> OffloadError:
+    if isinstance(error, FileExistsError):
+        # Only conditional creates raise this (each engine maps a 412 to it): somebody else created the object first.
+        return DocumentExistsError(f"Could not {action}: it already exists.")
+    if isinstance(error, FileNotFoundError):
+        if reference is not None:
+            return ResultNotFoundError(f"No stored result {reference!r} in this scope.")
+        return StorageError(f"Could not {action}: the bucket or directory does not exist.")
+    if isinstance(error, MissingCredentialsError):
+        # Each engine tells it apart from a refusal (obstore's metadata lookup, botocore's NoCredentialsError).
+        return StoragePermissionError(f"Could not {action}: {NO_CREDENTIALS}")
+    if isinstance(error, PermissionError):
+        return StoragePermissionError(f"Storage refused to {action}: permission denied.")
+    if isinstance(error, StorageRequestError):
+        # The engine's description of the failure ("HTTP 503 SlowDown") names no bucket or path.
+        return StorageError(f"Could not {action}: {error.cause} from the storage backend.")
+    # The backend's message may name the bucket and other tenants' paths; it stays on the chained cause.
+    return StorageError(f"Could not {action}: {type(error).__name__} from the storage backend.")
