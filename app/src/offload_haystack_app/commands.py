@@ -7,8 +7,10 @@ They reach the library's ``offload-haystack`` command through its ``offload_hays
 
 import argparse
 import json
+import math
 import os
 import secrets
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -216,6 +218,9 @@ def _serve(arguments: argparse.Namespace) -> int:
     # Worker processes build their app from the environment, so every worker gets the same settings and tokens.
     os.environ.update(settings.environment())
     os.environ[WORKERS_VARIABLE] = str(arguments.workers)  # the length of the workers' range of metrics ports
+    # uvicorn raises the stop signal again once it has drained; SIGTERM's default action would then end a clean drain
+    # as "killed by SIGTERM" (-15). Kept here, a drained stop exits 0.
+    signal.signal(signal.SIGTERM, lambda number, frame: None)
     uvicorn.run(
         "offload_haystack_app.server.app:app_from_environment",
         factory=True,
@@ -224,6 +229,8 @@ def _serve(arguments: argparse.Namespace) -> int:
         workers=arguments.workers,
         log_level=arguments.log_level,
         log_config=_log_config(arguments.log_level),
+        # On SIGTERM: running requests get this long, then are cancelled; the app's lifespan drains what is left.
+        timeout_graceful_shutdown=max(1, math.ceil(settings.drain_seconds)),
     )
     return 0
 

@@ -6,6 +6,7 @@ any session: run as many workers and replicas as the load needs (``uvicorn --wor
 ``offload-haystack serve --workers 4``), all pointed at the same store.
 """
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -23,11 +24,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from haystack_integrations.offload.errors import OffloadError, StorageError, StoragePermissionError
 from haystack_integrations.offload.sessions.errors import ApprovalPendingConflict, NotFoundError
 from haystack_integrations.offload.sessions.service import ChatService
+from haystack_integrations.offload.stores import FsspecToolResultStore
 from offload_haystack_app.server.agent import build_agent
 from offload_haystack_app.server.auth import TokenTable
 from offload_haystack_app.server.errors import ERROR_STATUSES, NOT_FOUND_DETAIL, error_status
 from offload_haystack_app.server.events import RunningTurns
 from offload_haystack_app.server.metrics_endpoint import metrics_served
+from offload_haystack_app.server.readiness import DrainingMiddleware, Readiness
 from offload_haystack_app.server.routes import HttpError, router
 from offload_haystack_app.server.settings import ServerSettings
 from offload_haystack_app.server.startup import require_exclusive_creates_async
@@ -97,7 +100,8 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         await root.warm_up_async()
         # Before the first request: on a store that ignores conditional writes no turn or approval could be made
         # exactly once. Free when this process checked already (`app_from_environment`, `serve`): verdicts are cached.
-        app.state.exclusive_creates = await require_exclusive_creates_async(root)
+        readiness.exclusive_creates = (await require_exclusive_creates_async(root)).verdict
+        readiness.watch_signals()  # from the first stop signal on: not ready, new work refused (DrainingMiddleware)
         logger.info(
             "offload-haystack server %s: model: %s; store: %s; %d token(s) for %d tenant(s).",
             service.worker,
@@ -107,22 +111,31 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             len(tokens.tenants()),
         )
         # Once per worker process: its own MeterProvider and its own port (with metrics_port set).
-        with metrics_served(settings, worker=service.worker):
-            yield
-            await app.state.turns.drain()  # streamed turns whose clients left still run: let them end
+        try:
+            with metrics_served(settings, worker=service.worker):
+                yield
+                readiness.drain()  # a shutdown without a signal (an embedding application's) drains too
+                # Streamed turns whose clients left still run, and write-behind uploads may be in flight: both get
+                # what is left of the drain time (the server's own wait for running requests took the rest).
+                await app.state.turns.drain(readiness.remaining())
+                await _settled_writes(root, readiness.remaining())
+        finally:
+            readiness.stop_watching()
 
     app = FastAPI(title="offload-haystack reference server", lifespan=lifespan, docs_url="/api/docs", redoc_url=None)
     app.state.root = root
     app.state.service = service
     app.state.turns = RunningTurns()
+    app.state.readiness = readiness = Readiness(settings.drain_seconds)
     app.state.tokens = tokens
     app.state.model_label = settings.model_label()
     app.state.scripted = settings.scripted
-    app.state.exclusive_creates = None  # the start-up check's verdict, for the health answer
     app.include_router(router)
     _add_error_handlers(app)
     # Outside everything but Starlette's error handler: an oversized body is refused before routing, auth or parsing.
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    # Added last, so it runs first: a draining worker reads no body of a request it refuses.
+    app.add_middleware(DrainingMiddleware, readiness=readiness)
     app.mount("/static", PageFiles(directory=STATIC_DIR), name="static")
 
     @app.get("/", include_in_schema=False)
@@ -247,6 +260,13 @@ def app_from_environment() -> FastAPI:
     settings = ServerSettings()
     settings.check_store()
     return create_app(settings)
+
+
+async def _settled_writes(root: FsspecToolResultStore, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(root.settle_writes_async(), max(seconds, 0.1))
+    except TimeoutError:
+        logger.warning("Write-behind uploads still in flight at shutdown were left: their results stay inline.")
 
 
 def _declared_length(scope: Scope) -> int | None:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from haystack_integrations.offload.errors import InvalidScopeIdError, OffloadError
@@ -216,23 +216,27 @@ TURN_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-@router.get("/health")
-async def health(request: Request) -> dict[str, Any]:
+@router.get("/health", response_model=None)
+async def health(request: Request) -> dict[str, Any] | JSONResponse:
     """
-    Liveness, which model answers (the page shows it; a scripted model is labelled as such), and the start-up check
-    of the store's exclusive creates.
+    Readiness (503 while the worker drains after a stop signal, or before its store's exclusive creates are known to
+    hold), which model answers (the page shows it; a scripted model is labelled as such), and that check's verdict.
 
     Unauthenticated, so the check shows its verdict only: its store and detail name the bucket and the endpoint.
     """
     service = _service(request)
-    check = request.app.state.exclusive_creates
-    return {
-        "status": "ok",
+    readiness = request.app.state.readiness
+    not_ready = readiness.not_ready_because()
+    body = {
+        "status": "ok" if not_ready is None else "draining" if readiness.draining else "not_ready",
         "model": request.app.state.model_label,
         "scripted": request.app.state.scripted,
         "worker": service.worker,
-        "exclusive_creates": {"verdict": check.verdict if check is not None else "unchecked"},
+        "exclusive_creates": {"verdict": readiness.exclusive_creates},
     }
+    if not_ready is not None:
+        return JSONResponse({**body, "detail": f"Not taking new work: {not_ready}."}, status_code=503)
+    return body
 
 
 @router.get("/me")

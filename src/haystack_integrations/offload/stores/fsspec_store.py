@@ -634,6 +634,15 @@ class FsspecToolResultStore(ToolResultStore):
 
     list = synced(list_async)
 
+    async def settle_writes_async(self) -> None:
+        """
+        Wait until every write in flight in this store's scope (a write-behind upload of any store sharing its client)
+        has landed or failed, without raising their errors: what a server calls before its process exits.
+        """
+        await self._handle.in_flight.wait_under(self._scope_path() + "/")
+
+    settle_writes = synced(settle_writes_async)
+
     async def delete_async(self, reference: str) -> None:
         """
         Delete one stored result. Deleting a result that does not exist is not an error.

@@ -175,8 +175,10 @@ def with_timeouts(
         `DEFAULT_READ_TIMEOUT` where nothing sets one).
     """
     chosen = {"connect_timeout": connect_timeout, "read_timeout": read_timeout}
-    config = {**(options.get("config_kwargs") or {}), **{k: v for k, v in chosen.items() if v is not None}}
-    return {**options, "config_kwargs": config}
+    given = {name: value for name, value in chosen.items() if value is not None}
+    if not given:
+        return dict(options)
+    return {**options, "config_kwargs": {**(options.get("config_kwargs") or {}), **given}}
 
 
 def with_default_timeouts(options: Mapping[str, Any]) -> dict[str, Any]:
