@@ -1,0 +1,91 @@
+"""
+Three replicas of the reference server (the container's command, on 127.0.0.2-4) behind HAProxy (``app/deploy``'s
+configuration), sharing one bucket, under concurrent tenants' messages and decisions: a rolling restart of every
+replica and a SIGKILL of one, each while it holds requests (HAProxy's own count says so), lose no answered turn,
+answer none twice, run no approved call twice or never and no denied call, and leave every session usable.
+"""
+
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from server_tenants import TOKENS
+
+from support.replicas import Load, LoadBalancer, Replica, check_sessions, replica_environment
+
+pytestmark = [pytest.mark.s3, pytest.mark.slow]
+
+HOSTS = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
+
+
+@pytest.fixture
+def replicas(s3_endpoint: Any, tmp_path: Path) -> Iterator[tuple[list[Replica], LoadBalancer]]:
+    if shutil.which("haproxy") is None:
+        pytest.fail("haproxy is not installed (.ci/run installs Debian's)")
+    store = f"{s3_endpoint.bucket_url}/replicas-{uuid.uuid4().hex[:8]}"
+    environment = replica_environment(store, s3_endpoint.storage_options(), TOKENS)
+    started = [Replica(f"r{n}", host, environment, tmp_path / f"r{n}.log") for n, host in enumerate(HOSTS, 1)]
+    balancer = LoadBalancer(started, tmp_path)
+    try:
+        for replica in started:
+            replica.start()
+        for replica in started:
+            replica.wait_ready()
+        balancer.start()
+        yield started, balancer
+    finally:
+        for replica in started:
+            replica.kill()
+        balancer.stop()
+
+
+def _when_busy(balancer: LoadBalancer, server: str, patience: float = 10.0) -> int:
+    """Wait until HAProxy has a request open on `server` (so what comes next happens mid-turn); how many."""
+    deadline = time.monotonic() + patience
+    while time.monotonic() < deadline:
+        if (open_now := balancer.in_flight(server)) > 0:
+            return open_now
+        time.sleep(0.01)
+    return 0
+
+
+def test_rolling_restart_and_a_kill_under_load_lose_nothing(replicas: tuple[list[Replica], LoadBalancer]) -> None:
+    servers, balancer = replicas
+    load = Load(balancer.url, TOKENS, sessions_per_tenant=3)
+    sessions = load.run()
+    time.sleep(2)
+    open_at_signal: dict[str, int] = {}
+    for replica in servers:  # rolling restart: one at a time, each back before the next goes
+        open_at_signal[f"stop {replica.name}"] = _when_busy(balancer, replica.name)
+        replica.stop()
+        replica.start()
+        replica.wait_ready()
+        time.sleep(1)
+    victim = servers[1]
+    open_at_signal[f"kill {victim.name}"] = _when_busy(balancer, victim.name)
+    victim.kill()
+    time.sleep(1)
+    victim.start()
+    victim.wait_ready()
+    time.sleep(2)
+    load.finish()
+    stats = balancer.stats()
+    counts = check_sessions(balancer.url, TOKENS, load, sessions)
+    logs = "\n".join(replica.log.read_text()[-1500:] for replica in servers)
+    # The signals came while requests were open on the replica, and HAProxy saw each replica go down.
+    assert sum(open_at_signal.values()) >= 3 and open_at_signal[f"kill {victim.name}"] > 0, open_at_signal
+    assert all(int(stats[replica.name]["chkdown"]) >= 1 for replica in servers), stats
+    # A drained stop is uvicorn re-raising SIGTERM after the lifespan ended (-15); the kill is -9.
+    assert [replica.exits for replica in servers] == [[-15], [-15, -9], [-15]], logs
+    assert all(replica.log.read_text().count("Application shutdown complete.") == 1 for replica in servers), logs
+    assert counts["turns"] > 20 and counts["calls"] > 0, counts
+    must_be_zero = {name: value for name, value in counts.items() if name not in ("turns", "calls")}
+    assert not any(must_be_zero.values()), (
+        counts,
+        load.details,
+        [(s.session, s.text, s.status) for s in load.sent if s.status != 200],
+    )
