@@ -16,7 +16,10 @@ from fastapi.testclient import TestClient
 from server_processes import serve
 from server_tenants import ACME_TOKEN, TOKENS, bearer
 
+from haystack_integrations.offload import FsspecToolResultStore
+from haystack_integrations.offload.stores.pending import PendingWrite
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server
+from haystack_integrations.offload.testing.relay import LatencyProxy
 from offload_haystack_app.server import ServerSettings, create_app
 
 RESEARCH = "Research heat pumps, dump the invoices table and chart revenue"
@@ -85,3 +88,25 @@ def test_sigterm_lets_a_running_turn_finish_within_the_drain_time_and_exits_0(
     else:
         # Cut at the drain time: the client hears nothing (or an error), and the turn's lease lapses as after a crash.
         assert not answers or answers[0].status_code != 200, log
+
+
+@pytest.mark.s3
+@pytest.mark.slow
+def test_shutdown_waits_for_a_write_behind_upload_in_flight(s3_server: LocalS3Server) -> None:
+    url = f"{s3_server.bucket_url}/drain-{uuid.uuid4().hex[:8]}"
+    with LatencyProxy(s3_server.endpoint_url, latency=1.0) as proxy:
+        options = {**s3_server.storage_options(), "endpoint_url": proxy.endpoint_url}
+        app = create_app(ServerSettings(store=url, storage_options=options, tokens=TOKENS))
+        with TestClient(app) as client:
+
+            async def begin() -> PendingWrite:
+                session = client.app.state.root.for_session("acme", "chat-1")  # type: ignore[attr-defined]
+                return await session.begin_write_async(key="call-1", content="still travelling")
+
+            pending = client.portal.call(begin)
+            assert not pending.done()
+        # The lifespan's shutdown waited for the upload to finish (behind 1 s of latency) before the loop closed, which
+        # would have cancelled it.
+        assert pending.done() and pending.error() is None, pending.error()
+    reader = FsspecToolResultStore(url, storage_options=s3_server.storage_options()).for_session("acme", "chat-1")
+    assert reader.read(pending.reference) == "still travelling"
