@@ -5,8 +5,8 @@ own prefix even when the application asks for another tenant's scope.
 The store's own checks cannot help here on purpose: each test builds a store *scoped to the other tenant* with the
 first tenant's credentials (what a bug or a compromised worker would do), so only IAM stands in the way. moto's
 server evaluates IAM user policies (action and resource ARN, wildcards included) once enforcement is on; it does
-not evaluate condition keys such as ``s3:prefix``, and authorises DeleteObjects against the bucket instead of each
-key. Those two deviations are marked ``xfail`` below.
+not evaluate condition keys such as ``s3:prefix`` (marked ``xfail`` below), and authorises DeleteObjects against the
+bucket instead of each key, which the engines meet by deleting key by key once a batch is refused.
 """
 
 import json
@@ -189,11 +189,6 @@ def test_listing_another_tenants_session_is_refused(pair: tuple[TenantPrincipal,
     _refused(lambda: me.results.for_session(other.tenant, theirs.session or "").list())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="moto authorises DeleteObjects (which s3fs uses for every delete) against the bucket ARN, not each key's, "
-    "so a policy scoped to a prefix cannot delete there. AWS checks s3:DeleteObject per key.",
-)
 def test_each_tenant_deletes_and_purges_its_own_results(pair: tuple[TenantPrincipal, ...]) -> None:
     me, _ = pair
     store = me.session_store()

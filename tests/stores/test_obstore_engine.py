@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -190,9 +190,13 @@ class _RefusingS3(BaseHTTPRequestHandler):
 
     # Set to name a key that was never sent instead (an S3-compatible server answering wrongly).
     wrong_key = False
+    # The paths of the single-object DELETEs it was sent.
+    single_deletes: ClassVar[list[str]] = []
 
     def _answer(self) -> None:
         request = self.rfile.read(int(self.headers.get("content-length") or 0))
+        if self.command == "DELETE":
+            self.single_deletes.append(self.path)
         status, body = 403, b"<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"
         if self.command == "POST":
             keys = re.findall(rb"<Key>(.*?)</Key>", request)
@@ -281,6 +285,24 @@ async def test_an_answer_the_client_cannot_handle_is_a_storage_error(wrong_key_e
     with pytest.raises(StorageError) as caught:
         await session.delete_async(A_NAME)
     assert isinstance(caught.value.__cause__, OSError)
+
+
+@pytest.mark.parametrize("engine", ["obstore", "fsspec"])
+def test_a_refused_batch_delete_is_tried_key_by_key_and_never_for_a_key_not_asked(
+    refusing_endpoint: dict[str, Any], wrong_key_endpoint: dict[str, Any], engine: str
+) -> None:
+    # RGW and moto refuse DeleteObjects to a principal allowed only below its prefix: each key gets its own DELETE.
+    _RefusingS3.single_deletes.clear()
+    session = FsspecToolResultStore("s3://bucket/p", storage_options=refusing_endpoint, engine=engine, retry=None)
+    with pytest.raises(StoragePermissionError):
+        session.for_session("acme", "chat-1").delete(A_NAME)
+    assert [path.rsplit("/", 1)[-1] for path in _RefusingS3.single_deletes] == [A_NAME]
+    # A refusal naming a key that was never asked for is a wrong answer: nothing is deleted one by one.
+    _RefusingS3.single_deletes.clear()
+    wrong = FsspecToolResultStore("s3://bucket/p", storage_options=wrong_key_endpoint, engine="fsspec", retry=None)
+    with pytest.raises(StoragePermissionError):
+        wrong.for_session("acme", "chat-1").delete(A_NAME)
+    assert _RefusingS3.single_deletes == []
 
 
 # What obstore cannot do

@@ -108,7 +108,13 @@ class StorageIO:
         raise NotImplementedError
 
     async def delete_async(self, paths: Iterable[str]) -> None:
-        """Delete the objects at `paths`; a missing object is not an error."""
+        """
+        Delete the objects at `paths`; a missing object is not an error.
+
+        On S3, a batch refused as a whole is deleted key by key: Ceph RGW and moto authorise DeleteObjects against the
+        bucket (AWS checks each key), so a principal allowed to delete only below its tenant's prefix is refused the
+        batch and allowed each key's DeleteObject.
+        """
         raise NotImplementedError
 
 

@@ -472,16 +472,23 @@ class ObstoreIO(StorageIO):
         if unparsable and self.fallback is not None:
             await self.fallback().delete_async(unparsable)
             paths = [path for path in paths if _parsable(path)]
-        for store, keys in await self._by_bucket(paths):
-            with _mapped_errors():
-                await obstore.delete_async(store, keys)
+        for bucket, (store, keys) in (await self._by_bucket(paths)).items():
+            try:
+                with _mapped_errors():
+                    await obstore.delete_async(store, keys)
+            except PermissionError:
+                # Refused as a whole (see StorageIO.delete_async). object_store deletes even one key with
+                # DeleteObjects, so the per-key deletes go through s3fs, where it is installed.
+                if self.fallback is None:
+                    raise
+                await self.fallback().delete_async([f"{bucket}/{key}" for key in keys])
 
-    async def _by_bucket(self, paths: Iterable[str]) -> list[tuple[S3Store, list[str]]]:
+    async def _by_bucket(self, paths: Iterable[str]) -> dict[str, tuple[S3Store, list[str]]]:
         batches: dict[str, tuple[S3Store, list[str]]] = {}
         for path in paths:
             store, key = await self._located_async(path)
             batches.setdefault(path.partition("/")[0], (store, []))[1].append(key)
-        return list(batches.values())
+        return batches
 
 
 # Part size and parts in flight: what a multipart upload holds in memory besides the content (obstore's default, 12

@@ -185,8 +185,19 @@ class S3IO(AsyncFilesystemIO):
             bucket = fs.split_path(batch[0])[0]
             objects = [{"Key": fs.split_path(path)[1]} for path in batch]
             # s3fs's `_bulk_delete` drops per-key errors; a purge that silently keeps data is worse than one that fails.
-            response = await fs._call_s3("delete_objects", Bucket=bucket, Delete={"Objects": objects, "Quiet": True})
+            try:
+                response = await fs._call_s3(
+                    "delete_objects", Bucket=bucket, Delete={"Objects": objects, "Quiet": True}
+                )
+            except PermissionError:
+                response = {"Errors": [{"Code": "AccessDenied"}]}  # RGW refuses the whole batch (a 403)
             errors = response.get("Errors") or []
+            refused = _refused_keys(errors, [item["Key"] for item in objects])
+            if refused:
+                # Refused as a whole (see StorageIO.delete_async): one DeleteObject per key, authorised on its own.
+                for key in refused:
+                    await fs._call_s3("delete_object", Bucket=bucket, Key=key)
+                errors = []
             if errors:
                 codes = sorted({str(error.get("Code")) for error in errors})
                 message = f"{len(errors)} of {len(batch)} objects could not be deleted ({', '.join(codes)})."
@@ -195,6 +206,21 @@ class S3IO(AsyncFilesystemIO):
                 raise StorageError(message)
             for path in batch:
                 fs.invalidate_cache(path)
+
+
+def _refused_keys(errors: list[dict[str, Any]], asked: list[str]) -> list[str]:
+    """
+    The keys of a batch delete refused as a whole, to delete one by one; empty when the errors say anything else.
+
+    moto answers 200 with each key refused; RGW answers 403 (here an error without a key): then every key asked. A
+    key named that was not asked for is a wrong answer, never something to delete.
+    """
+    if not errors or any(error.get("Code") != "AccessDenied" for error in errors):
+        return []
+    named = [error.get("Key") for error in errors]
+    if not all(named):
+        return asked
+    return [str(key) for key in named] if set(named) <= set(asked) else []
 
 
 def _parts(chunks: Iterable[Chunk], part_bytes: int) -> Iterator[bytes]:
