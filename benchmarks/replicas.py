@@ -23,9 +23,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from support.replicas import Load, LoadBalancer, Replica, check_sessions, replica_environment
+from support.replicas import Load, check_sessions, deployment
 
-HOSTS = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
 TOKENS = {"acme-bench-token-0123456789": "acme", "globex-bench-token-0123456789": "globex"}
 
 
@@ -43,24 +42,8 @@ def s3_store(kind: str) -> Iterator[tuple[str, dict[str, Any]]]:
         yield server.bucket_url, server.storage_options
 
 
-@contextlib.contextmanager
-def deployment(
-    count: int, bucket_url: str, options: dict[str, Any], workdir: Path
-) -> Iterator[tuple[list[Replica], LoadBalancer]]:
-    environment = replica_environment(f"{bucket_url}/bench-{uuid.uuid4().hex[:8]}", options, TOKENS)
-    replicas = [Replica(f"r{n}", host, environment, workdir / f"r{n}.log") for n, host in enumerate(HOSTS[:count], 1)]
-    balancer = LoadBalancer(replicas, workdir)
-    try:
-        for replica in replicas:
-            replica.start()
-        for replica in replicas:
-            replica.wait_ready()
-        balancer.start()
-        yield replicas, balancer
-    finally:
-        for replica in replicas:
-            replica.kill()
-        balancer.stop()
+def _fresh(bucket_url: str) -> str:
+    return f"{bucket_url}/bench-{uuid.uuid4().hex[:8]}"
 
 
 def _latencies(load: Load) -> list[float]:
@@ -72,7 +55,10 @@ def _percentile(values: list[float], share: float) -> float:
 
 
 def steady(count: int, seconds: float, bucket_url: str, options: dict[str, Any]) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as workdir, deployment(count, bucket_url, options, Path(workdir)) as (_, lb):
+    with (
+        tempfile.TemporaryDirectory() as workdir,
+        deployment(count, _fresh(bucket_url), options, TOKENS, Path(workdir)) as (_, lb),
+    ):
         load = Load(lb.url, TOKENS, sessions_per_tenant=3)
         load.run(seconds)
     latencies = _latencies(load)
@@ -80,7 +66,10 @@ def steady(count: int, seconds: float, bucket_url: str, options: dict[str, Any])
 
 
 def faults(seconds: float, bucket_url: str, options: dict[str, Any]) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as workdir, deployment(3, bucket_url, options, Path(workdir)) as (replicas, lb):
+    with (
+        tempfile.TemporaryDirectory() as workdir,
+        deployment(3, _fresh(bucket_url), options, TOKENS, Path(workdir)) as (replicas, lb),
+    ):
         load = Load(lb.url, TOKENS, sessions_per_tenant=3)
         sessions = load.run()
         started = time.monotonic()

@@ -6,6 +6,7 @@ addresses in place of its DNS discovery. `Load` sends concurrent tenants' messag
 what each request was answered, for the checks and the benchmark.
 """
 
+import contextlib
 import json
 import os
 import random
@@ -17,7 +18,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,39 @@ class LoadBalancer:
     def in_flight(self, server: str) -> int:
         """Requests the balancer has open on `server` now."""
         return int(self.stats()[server].get("scur") or 0)
+
+
+HOSTS = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
+
+
+@contextlib.contextmanager
+def deployment(
+    count: int, store: str, storage_options: Mapping[str, Any], tokens: Mapping[str, str], workdir: Path
+) -> Iterator[tuple[list[Replica], LoadBalancer]]:
+    """
+    `count` replicas (up to 3) on `store`, each ready, behind a started `LoadBalancer`; all killed when it ends.
+
+    :param count: How many replicas.
+    :param store: The store URL they share.
+    :param storage_options: Its options.
+    :param tokens: Bearer token -> tenant.
+    :param workdir: Where the logs and HAProxy's configuration go.
+    :yields: The replicas and the balancer.
+    """
+    environment = replica_environment(store, storage_options, tokens)
+    replicas = [Replica(f"r{n}", host, environment, workdir / f"r{n}.log") for n, host in enumerate(HOSTS[:count], 1)]
+    balancer = LoadBalancer(replicas, workdir)
+    try:
+        for replica in replicas:
+            replica.start()
+        for replica in replicas:
+            replica.wait_ready()
+        balancer.start()
+        yield replicas, balancer
+    finally:
+        for replica in replicas:
+            replica.kill()
+        balancer.stop()
 
 
 def replica_environment(store: str, storage_options: Mapping[str, Any], tokens: Mapping[str, str]) -> dict[str, str]:

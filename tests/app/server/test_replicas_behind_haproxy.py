@@ -15,11 +15,9 @@ from typing import Any
 import pytest
 from server_tenants import TOKENS
 
-from support.replicas import Load, LoadBalancer, Replica, check_sessions, replica_environment
+from support.replicas import Load, LoadBalancer, Replica, check_sessions, deployment
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow]
-
-HOSTS = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
 
 
 @pytest.fixture
@@ -27,20 +25,8 @@ def replicas(s3_endpoint: Any, tmp_path: Path) -> Iterator[tuple[list[Replica], 
     if shutil.which("haproxy") is None:
         pytest.fail("haproxy is not installed (.ci/run installs Debian's)")
     store = f"{s3_endpoint.bucket_url}/replicas-{uuid.uuid4().hex[:8]}"
-    environment = replica_environment(store, s3_endpoint.storage_options(), TOKENS)
-    started = [Replica(f"r{n}", host, environment, tmp_path / f"r{n}.log") for n, host in enumerate(HOSTS, 1)]
-    balancer = LoadBalancer(started, tmp_path)
-    try:
-        for replica in started:
-            replica.start()
-        for replica in started:
-            replica.wait_ready()
-        balancer.start()
-        yield started, balancer
-    finally:
-        for replica in started:
-            replica.kill()
-        balancer.stop()
+    with deployment(3, store, s3_endpoint.storage_options(), TOKENS, tmp_path) as started:
+        yield started
 
 
 def _when_busy(balancer: LoadBalancer, server: str, patience: float = 10.0) -> int:
