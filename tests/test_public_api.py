@@ -136,6 +136,7 @@ SUBPACKAGE_NAMES = {
         "TurnProgress",
     ],
     "stores": [
+        "AssumeRoleCredentials",
         "DEFAULT_S3_MAX_POOL_CONNECTIONS",
         "FsspecToolResultStore",
         "PendingWrite",

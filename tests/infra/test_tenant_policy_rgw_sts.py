@@ -8,6 +8,7 @@ Unlike moto (``test_tenant_policy_iam.py``), RGW evaluates the ``s3:prefix`` con
 a batch delete. Runs in the real-S3 lane (``OFFLOAD_TEST_REAL_S3=rgw``).
 """
 
+import copy
 import json
 import os
 import uuid
@@ -20,6 +21,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from haystack_integrations.offload import FsspecToolResultStore, StoragePermissionError
+from haystack_integrations.offload.stores import AssumeRoleCredentials
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow, pytest.mark.rgw]
 
@@ -149,3 +151,83 @@ def test_temporary_credentials_cannot_assume_the_role_again_to_drop_their_policy
     with pytest.raises(ClientError) as raised:
         _assumed(sts_server, None, base=tenant_options["acme"])
     assert raised.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_store_with_assume_role_credentials_is_held_to_each_tenants_prefix_by_rgw(
+    sts_server: Any, engine: str
+) -> None:
+    source = AssumeRoleCredentials(sts_server.role_arn)
+    root = FsspecToolResultStore(
+        f"s3://{sts_server.bucket}/{PREFIX}-{uuid.uuid4().hex[:6]}",
+        storage_options=sts_server.storage_options(),
+        engine=engine,
+        credentials=source,
+    )
+    session = f"chat-{uuid.uuid4().hex[:8]}"
+    theirs = root.for_session("acme-labs", session)
+    their_result = theirs.write(key="call-1", content="theirs")
+    theirs.documents("approvals").create("request.json", b'{"approved": false}')
+    mine = root.for_session("acme", session)
+    assert mine.read(mine.write(key="call-1", content="mine")) == "mine"
+    mine.documents("approvals").create("request.json", b"{}")  # the exclusive-create probe too, in acme's prefix
+    assert source.calls == 2
+
+    # The test seam: the scope check bypassed, acme's client (its credentials) aimed at acme-labs' scope.
+    misbuilt = copy.copy(mine)
+    misbuilt._scope = ("acme-labs", session)
+    attempts = {
+        "read": lambda: misbuilt.read(their_result),
+        "list": misbuilt.list,
+        "write": lambda: misbuilt.write(key="call-2", content="forged"),
+        "delete": lambda: misbuilt.delete(their_result),
+        "read a document": lambda: misbuilt.documents("approvals").get("request.json"),
+        "overwrite a document": lambda: misbuilt.documents("approvals").put("request.json", b'{"approved": true}'),
+    }
+    for name, attempt in attempts.items():
+        with pytest.raises(StoragePermissionError) as raised:
+            attempt()
+        assert raised.value.location.startswith(f"s3://{sts_server.bucket} at "), name  # RGW's answer, not ours
+    assert theirs.read(their_result) == "theirs"
+    assert theirs.documents("approvals").get("request.json") == b'{"approved": false}'
+    assert mine.purge() == 1 and theirs.purge() == 1
+
+
+def test_the_reference_server_assumes_the_role_per_tenant(sts_server: Any) -> None:
+    from fastapi.testclient import TestClient
+
+    from offload_haystack_app.server import ServerSettings, create_app
+
+    settings = ServerSettings(
+        store=f"s3://{sts_server.bucket}/{PREFIX}-{uuid.uuid4().hex[:6]}",
+        storage_options=sts_server.storage_options(),
+        s3_tenant_role_arn=sts_server.role_arn,
+        tokens={"acme-token-0123456789abcdef": "acme", "labs-token-0123456789abcdef": "acme-labs"},
+    )
+    app = create_app(settings)
+    with TestClient(app) as client:
+        for token in settings.tokens:
+            headers = {"Authorization": f"Bearer {token}"}
+            reply = client.post("/api/sessions/s1/messages", json={"text": "Dump the invoices table"}, headers=headers)
+            assert reply.status_code == 200, reply.text
+            assert client.get("/api/sessions/s1/results", headers=headers).json()["results"]
+        assert app.state.root.credentials.calls == 2  # one per tenant
+
+
+def test_a_role_sts_will_not_give_is_a_permission_error_not_a_storage_failure(sts_server: Any) -> None:
+    trust = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Effect": "Allow", "Principal": {"AWS": ["arn:aws:iam:::user/someone-else"]}, "Action": ["sts:AssumeRole"]}
+        ],
+    }
+    allow = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": ["s3:*"], "Resource": ["*"]}]}
+    role = sts_server.create_role(f"not-ours-{uuid.uuid4().hex[:6]}", trust=trust, policy=allow)
+    root = FsspecToolResultStore(
+        f"s3://{sts_server.bucket}/{PREFIX}",
+        storage_options=sts_server.storage_options(),
+        credentials=AssumeRoleCredentials(role),
+    )
+    with pytest.raises(StoragePermissionError, match="STS answered 403") as raised:
+        root.for_session("acme", "s1").write(key="call-1", content="x")
+    assert role not in str(raised.value) and raised.value.location

@@ -19,7 +19,7 @@ from pydantic import Field, SecretStr, TypeAdapter, ValidationError, field_valid
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from haystack_integrations.offload.approvals.resume import DEFAULT_RESUME_LEASE
-from haystack_integrations.offload.stores import FsspecToolResultStore, Quota
+from haystack_integrations.offload.stores import AssumeRoleCredentials, FsspecToolResultStore, Quota
 from haystack_integrations.offload.stores.options import check_region, with_s3_choices, with_timeouts
 from haystack_integrations.offload.stores.scope import validate_scope_id
 from offload_haystack_app.server.model_check import DEFAULT_CHECK_TIMEOUT, check_openai_endpoint
@@ -88,6 +88,14 @@ class ServerSettings(BaseSettings):
         gt=0,
         description="Seconds an S3 answer may stay silent; None: the store's default (15 s). On the obstore engine it "
         "also bounds sending one request's body (16 MiB at most).",
+    )
+    s3_tenant_role_arn: str | None = Field(
+        default=None,
+        description="A role the server's credentials assume per tenant (STS), each tenant's limited to its prefix; "
+        "None: every tenant's requests sign with the server's own credentials.",
+    )
+    s3_sts_endpoint_url: str | None = Field(
+        default=None, description="The STS endpoint for s3_tenant_role_arn; None: the S3 endpoint, else AWS's."
     )
     drain_seconds: float = Field(
         default=30.0,
@@ -306,8 +314,15 @@ class ServerSettings(BaseSettings):
 
         :returns: The store at `store`, with `engine`, `quota` and the resolved storage options.
         """
+        credentials = None
+        if self.s3_tenant_role_arn:
+            credentials = AssumeRoleCredentials(self.s3_tenant_role_arn, sts_endpoint_url=self.s3_sts_endpoint_url)
         return FsspecToolResultStore(
-            self.store, storage_options=self.resolved_storage_options(), engine=self.engine, quota=self.quota
+            self.store,
+            storage_options=self.resolved_storage_options(),
+            engine=self.engine,
+            quota=self.quota,
+            credentials=credentials,
         )
 
     def check_store(self) -> None:

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 from lazy_imports import LazyImporter
 
 _import_structure = {
+    "credentials": ["AssumeRoleCredentials"],
     "documents": ["SessionDocuments"],
     "fsspec_store": ["DEFAULT_S3_MAX_POOL_CONNECTIONS", "FsspecToolResultStore", "end_session", "end_session_async"],
     "pending": ["PendingWrite"],
@@ -16,6 +17,7 @@ _import_structure = {
 }
 
 if TYPE_CHECKING:
+    from .credentials import AssumeRoleCredentials as AssumeRoleCredentials
     from .documents import SessionDocuments as SessionDocuments
     from .fsspec_store import DEFAULT_S3_MAX_POOL_CONNECTIONS as DEFAULT_S3_MAX_POOL_CONNECTIONS
     from .fsspec_store import FsspecToolResultStore as FsspecToolResultStore

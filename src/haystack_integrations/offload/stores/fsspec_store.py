@@ -22,6 +22,7 @@ from haystack.hooks.tool_result_offloading.types import ToolResultStore
 from haystack_integrations.offload import metrics
 from haystack_integrations.offload.errors import InvalidReferenceError, ResultExpiredError
 from haystack_integrations.offload.stores.chunks import ContentChunks
+from haystack_integrations.offload.stores.credentials import AssumeRoleCredentials, TemporaryCredentials
 from haystack_integrations.offload.stores.documents import DocumentHost, SessionDocuments
 from haystack_integrations.offload.stores.engines import DEFAULT_ENGINE, EngineChoice, choose_engine, storage_io_for
 from haystack_integrations.offload.stores.exclusive_creates import (
@@ -140,6 +141,7 @@ class FsspecToolResultStore(ToolResultStore):
         retention: Retention | None = None,
         retry: RetryPolicy | None = DEFAULT_RETRY,
         engine: str = DEFAULT_ENGINE,
+        credentials: AssumeRoleCredentials | None = None,
     ) -> None:
         """
         Create a store rooted at `url`. No network I/O happens here; the client is created on first use or `warm_up`.
@@ -165,6 +167,10 @@ class FsspecToolResultStore(ToolResultStore):
             ``s3://``). ``"obstore"``, for ``s3://`` only: the same requests through Rust's object_store, far less CPU
             per request; it takes the same `storage_options` (refusing those it cannot honour), profiles through
             botocore, and the environment; each attempt of the `retry` policy is bounded by its request timeout.
+        :param credentials: On S3, credentials per tenant (`AssumeRoleCredentials`): every store derived for a tenant
+            (`for_tenant`, `for_session`), its documents included, signs with credentials that reach only
+            ``<root>/<tenant>/``, so the object store refuses what the scope checks would. This root store keeps
+            signing with the storage options' (or the environment's) credentials, which assume the role.
         :raises ValueError: If the URL has no path (e.g. ``s3://``), is a local path that can only be a mistyped URL
             (``s3:/bucket``, ``s3//bucket``, ``s3:bucket``: the message names the URL meant), `session` is given
             without `tenant`, or `engine` cannot serve the store (unknown; ``"obstore"`` for another protocol, a
@@ -208,7 +214,12 @@ class FsspecToolResultStore(ToolResultStore):
         self.engine = engine
         self.engine_choice: EngineChoice = choice
         self._filesystem = filesystem
-        self._handle = _FilesystemHandle(protocol, root_path, self.storage_options, filesystem, retry, choice.engine)
+        if credentials is not None and (protocol not in ("s3", "s3a") or filesystem is not None):
+            raise ValueError("credentials= applies to s3:// stores built from a URL.")
+        self.credentials = credentials
+        self._handle = _FilesystemHandle(
+            protocol, root_path, self.storage_options, filesystem, retry, choice.engine, credentials=credentials
+        )
         self._scope: tuple[str, ...] = ()
         if session is not None and tenant is None:
             raise ValueError("A session scope needs a tenant: pass tenant= as well.")
@@ -279,6 +290,8 @@ class FsspecToolResultStore(ToolResultStore):
             )
         child = copy.copy(self)
         child._scope = ids
+        if self.credentials is not None:
+            child._handle = self._handle.for_tenant(ids[0])  # the tenant's own client, signing as the tenant
         return child
 
     def documents(self, namespace: str) -> SessionDocuments:
@@ -639,7 +652,8 @@ class FsspecToolResultStore(ToolResultStore):
         Wait until every write in flight in this store's scope (a write-behind upload of any store sharing its client)
         has landed or failed, without raising their errors: what a server calls before its process exits.
         """
-        await self._handle.in_flight.wait_under(self._scope_path() + "/")
+        for handle in (self._handle, *self._handle.tenant_handles()):
+            await handle.in_flight.wait_under(self._scope_path() + "/")
 
     settle_writes = synced(settle_writes_async)
 
@@ -908,6 +922,7 @@ class FsspecToolResultStore(ToolResultStore):
             retention=self.retention.model_dump(mode="json") if self.retention is not None else None,
             retry=self.retry.model_dump(mode="json") if self.retry is not None else None,
             engine=self.engine,
+            credentials=self.credentials.to_dict() if self.credentials is not None else None,
         )
 
     @classmethod
@@ -924,6 +939,8 @@ class FsspecToolResultStore(ToolResultStore):
         for name, model in (("quota", Quota), ("retention", Retention), ("retry", RetryPolicy)):
             if isinstance(init_parameters.get(name), dict):
                 init_parameters[name] = model.model_validate(init_parameters[name])
+        if isinstance(init_parameters.get("credentials"), dict):
+            init_parameters["credentials"] = AssumeRoleCredentials.from_dict(init_parameters["credentials"])
         return default_from_dict(cls, data)
 
     def __repr__(self) -> str:
@@ -981,6 +998,9 @@ class _FilesystemHandle:
         filesystem: AbstractFileSystem | None,
         retry: RetryPolicy | None,
         engine: str,
+        *,
+        credentials: AssumeRoleCredentials | None = None,
+        tenant: str | None = None,
     ) -> None:
         self._protocol = protocol
         self._engine = engine
@@ -994,6 +1014,12 @@ class _FilesystemHandle:
         self.retry_stats = RetryStats()
         self._quota_tracker: QuotaTracker | None = None
         self.in_flight = InFlightWrites()
+        # With per-tenant credentials: the source, this handle's tenant (None: the root's), the credentials its client
+        # signs with, and the root's handles per tenant.
+        self._credentials = credentials
+        self._tenant = tenant
+        self._signing: TemporaryCredentials | None = None
+        self._tenant_handles: dict[str, _FilesystemHandle] = {}
 
     def _create(self) -> None:
         with self._lock:
@@ -1003,6 +1029,8 @@ class _FilesystemHandle:
             io: StorageIO | None = None
             if fs is None:
                 options = resolve_secrets(self._storage_options)
+                if self._tenant is not None:
+                    options = self._signed_options(options)
                 if self._protocol in {"s3", "s3a"}:
                     options = with_default_timeouts(options)
                 if self._engine == "obstore":
@@ -1019,6 +1047,63 @@ class _FilesystemHandle:
                 root = os.path.realpath(root)
             self._resolved_root = root
             self._io = io or storage_io_for(fs)
+
+    def for_tenant(self, tenant: str) -> _FilesystemHandle:
+        """The handle whose client signs with `tenant`'s credentials, made once per tenant."""
+        with self._lock:
+            handle = self._tenant_handles.get(tenant)
+            if handle is None:
+                handle = _FilesystemHandle(
+                    self._protocol,
+                    self._root_path,
+                    self._storage_options,
+                    None,
+                    self._retry,
+                    self._engine,
+                    credentials=self._credentials,
+                    tenant=tenant,
+                )
+                self._tenant_handles[tenant] = handle
+            return handle
+
+    def tenant_handles(self) -> builtins.list[_FilesystemHandle]:
+        """The handles made for tenants so far."""
+        with self._lock:
+            return builtins.list(self._tenant_handles.values())
+
+    def _fetch_credentials(self) -> TemporaryCredentials:
+        assert self._credentials is not None and self._tenant is not None  # noqa: S101 - a tenant handle's only
+        bucket, _, root = self._root_path.partition("/")
+        prefix = f"{root}/{self._tenant}" if root else self._tenant
+        base = resolve_secrets(self._storage_options)
+        try:
+            return self._credentials.credentials_for(self._tenant, bucket=bucket, prefix=prefix, base_options=base)
+        except Exception as error:
+            mark_location(error, self.location())  # a sync first use asks STS outside `request`
+            raise
+
+    async def _renew_credentials_async(self) -> None:
+        # Cached and fresh: nothing to do. Else one STS call in a worker thread, then a client signing with its answer.
+        assert self._credentials is not None and self._tenant is not None  # noqa: S101 - a tenant handle's only
+        current = self._credentials.current(self._tenant)
+        if current is None:
+            current = await asyncio.to_thread(self._fetch_credentials)
+        with self._lock:
+            if current is not self._signing:
+                self._signing = current
+                self._io = None  # made again, with these credentials, on its next use
+
+    def _signed_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        # Called under the lock: the worker's own credentials are left out, the tenant's put in.
+        if self._signing is None:
+            self._signing = self._fetch_credentials()  # a sync first use: the caller's thread waits for STS
+        kept = {name: value for name, value in options.items() if name not in _CREDENTIAL_OPTIONS}
+        client_kwargs = {
+            name: value
+            for name, value in (options.get("client_kwargs") or {}).items()
+            if name not in _CREDENTIAL_CLIENT_KWARGS
+        }
+        return {**kept, "client_kwargs": client_kwargs, **self._signing.storage_options()}
 
     def _s3fs_io(self, options: dict[str, Any]) -> StorageIO:
         options = dict(options)
@@ -1074,8 +1159,10 @@ class _FilesystemHandle:
         :param call: The engine call, given the engine.
         :returns: What the call returned.
         """
-        io = self.io()
         try:
+            if self._tenant is not None:
+                await self._renew_credentials_async()
+            io = self.io()
             if self._retry is None or not io.remote:
                 # Memory and local disk do not fail transiently: a retry would only repeat a real failure, later.
                 with metrics.storage_request(operation, timed=io.remote):
@@ -1125,6 +1212,11 @@ class _FilesystemHandle:
         if self._resolved_root is None:  # pragma: no cover - as in io()
             raise RuntimeError("filesystem handle was not created")
         return self._resolved_root
+
+
+# What carries credentials in s3fs storage options: left out of a tenant's client, which signs with the tenant's.
+_CREDENTIAL_OPTIONS = frozenset({"key", "secret", "token", "username", "password", "profile", "anon"})
+_CREDENTIAL_CLIENT_KWARGS = frozenset({"aws_access_key_id", "aws_secret_access_key", "aws_session_token"})
 
 
 def _strip_protocol(filesystem_class: type[AbstractFileSystem] | None, url: str) -> str:

@@ -1,0 +1,139 @@
+"""
+Per-tenant credentials (`AssumeRoleCredentials`) on moto's S3 and STS: every request of a tenant's store, documents
+included, signs with that tenant's temporary credentials; the root's with the worker's; one STS call per tenant
+however many runs start at once; renewed before expiry; serialized by reference. (The refusals are RGW's to show:
+``tests/infra/test_tenant_policy_rgw_sts.py``.)
+"""
+
+import asyncio
+import re
+import threading
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+
+from haystack_integrations.offload import FsspecToolResultStore
+from haystack_integrations.offload.stores import AssumeRoleCredentials
+from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
+
+pytestmark = pytest.mark.s3
+
+ENGINES = ["obstore", "fsspec"]
+ROLE = "arn:aws:iam::123456789012:role/offload-tenants"
+_SIGNED_BY = re.compile(r"Credential=([A-Z0-9]+)/")
+
+
+def _root(s3_server: LocalS3Server, engine: str, credentials: AssumeRoleCredentials) -> FsspecToolResultStore:
+    url = f"{s3_server.bucket_url}/{uuid.uuid4().hex[:8]}"
+    return FsspecToolResultStore(
+        url, storage_options=s3_server.storage_options(), engine=engine, credentials=credentials
+    )
+
+
+def _keys(requests: RequestLog, path_part: str) -> set[str]:
+    """The access keys that signed the S3 requests whose path or query holds `path_part`."""
+    signed = set()
+    for request in requests.snapshot():
+        if path_part in request.path or path_part in request.query:
+            authorization = dict(request.headers).get("authorization", "")
+            if match := _SIGNED_BY.search(authorization):
+                signed.add(match.group(1))
+    return signed
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_each_tenant_signs_with_its_own_credentials_and_the_root_with_the_workers(
+    s3_server: LocalS3Server, s3_requests: RequestLog, engine: str
+) -> None:
+    source = AssumeRoleCredentials(ROLE)
+    root = _root(s3_server, engine, source)
+    acme, globex = root.for_session("acme", "s1"), root.for_session("globex", "s1")
+    acme.read(acme.write(key="call-1", content="a"))
+    acme.documents("approvals").create("request.json", b"{}")
+    globex.write(key="call-1", content="g")
+    root.list()
+    acme_keys, globex_keys = _keys(s3_requests, "/acme/"), _keys(s3_requests, "/globex/")
+    worker_key = s3_server.storage_options()["key"]
+    assert len(acme_keys) == 1 and len(globex_keys) == 1 and acme_keys != globex_keys
+    assert worker_key not in acme_keys | globex_keys
+    assert source.calls == 2
+    tokens = {dict(r.headers).get("x-amz-security-token") for r in s3_requests.snapshot() if "/acme/" in r.path}
+    assert None not in tokens  # temporary credentials carry their session token on every request
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_one_sts_call_per_tenant_however_many_runs_start_at_once(s3_server: LocalS3Server, engine: str) -> None:
+    source = AssumeRoleCredentials(ROLE)
+    root = _root(s3_server, engine, source)
+    start = threading.Barrier(12)
+    failures: list[BaseException] = []
+
+    def run(number: int) -> None:
+        try:
+            start.wait()
+            session = root.for_session("acme", f"s{number}")
+            session.read(session.write(key="call-1", content=str(number)))
+        except BaseException as error:
+            failures.append(error)
+
+    threads = [threading.Thread(target=run, args=(number,)) for number in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not failures, failures
+    assert source.calls == 1
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_credentials_are_renewed_before_they_expire(
+    s3_server: LocalS3Server, s3_requests: RequestLog, engine: str
+) -> None:
+    # Renewed 899.8 s before a 900 s expiry: due again 0.2 s after each STS answer.
+    source = AssumeRoleCredentials(ROLE, duration=timedelta(seconds=900), renew_before=timedelta(seconds=899.8))
+    session = _root(s3_server, engine, source).for_session("acme", "s1")
+    session.write(key="call-1", content="a")
+    time.sleep(0.3)
+    session.write(key="call-2", content="b")
+    assert source.calls == 2
+    assert len(_keys(s3_requests, "/acme/")) == 2  # the second write signed with the renewed credentials
+
+
+def test_a_store_with_tenant_credentials_serializes_them_by_reference(s3_server: LocalS3Server) -> None:
+    source = AssumeRoleCredentials(ROLE, duration=timedelta(minutes=30), sts_endpoint_url="http://127.0.0.1:1")
+    store = FsspecToolResultStore("s3://bucket/prod", credentials=source)
+    data = store.to_dict()
+    assert data["init_parameters"]["credentials"]["init_parameters"] == {
+        "role_arn": ROLE,
+        "duration": 1800.0,
+        "renew_before": 300.0,
+        "sts_endpoint_url": "http://127.0.0.1:1",
+        "region": None,
+    }
+    again = FsspecToolResultStore.from_dict(data)
+    assert isinstance(again.credentials, AssumeRoleCredentials)
+    assert again.credentials.duration == timedelta(minutes=30) and again.credentials.role_arn == ROLE
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="at least"):
+        AssumeRoleCredentials(ROLE, duration=timedelta(minutes=5))
+    with pytest.raises(ValueError, match="renew_before"):
+        AssumeRoleCredentials(ROLE, duration=timedelta(minutes=15), renew_before=timedelta(minutes=15))
+    with pytest.raises(ValueError, match="s3://"):
+        FsspecToolResultStore("memory://x", credentials=AssumeRoleCredentials(ROLE))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_the_async_path_asks_sts_off_the_event_loop_once_per_tenant(
+    s3_server: LocalS3Server, s3_requests: RequestLog, engine: str
+) -> None:
+    source = AssumeRoleCredentials(ROLE)
+    root = _root(s3_server, engine, source)
+    sessions = [root.for_session("acme", f"a{number}") for number in range(8)]
+    references = await asyncio.gather(*(s.write_async(key="call-1", content="x") for s in sessions))
+    assert [await s.read_async(r) for s, r in zip(sessions, references, strict=True)] == ["x"] * 8
+    assert source.calls == 1
+    assert s3_server.storage_options()["key"] not in _keys(s3_requests, "/acme/")
