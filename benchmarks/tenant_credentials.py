@@ -24,18 +24,6 @@ from haystack_integrations.offload.stores import AssumeRoleCredentials
 from support.ceph_rgw import CephRGWServer
 
 CONTENT = "x" * 20_000
-TRUST = {
-    "Version": "2012-10-17",
-    "Statement": [
-        {
-            "Effect": "Allow",
-            "Principal": {"AWS": ["arn:aws:iam:::user/offload-tests"]},
-            "Action": ["sts:AssumeRole"],
-            "Condition": {"StringEquals": {"sts:authentication": "false"}},
-        }
-    ],
-}
-ROLE_POLICY = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": ["s3:*"], "Resource": ["*"]}]}
 
 
 def one_round(root: FsspecToolResultStore, tenants: int) -> tuple[list[float], float]:
@@ -59,7 +47,7 @@ def main() -> None:
     parser.add_argument("--engine", choices=["obstore", "fsspec"], default="obstore")
     args = parser.parse_args()
     with CephRGWServer(sts=True) as server:
-        role = server.create_role("offload-tenants", trust=TRUST, policy=ROLE_POLICY)
+        role = server.create_tenant_role()
         source = AssumeRoleCredentials(role)
         url = f"s3://{server.bucket}/bench-{uuid.uuid4().hex[:6]}"
         options = server.storage_options()

@@ -41,23 +41,7 @@ def sts_server() -> Iterator[Any]:
     if missing is not None:
         (pytest.fail if os.environ.get("CI") else pytest.skip)(missing)
     with CephRGWServer(sts=True) as server:
-        trust = {
-            "Version": "2012-10-17",
-            "Statement": [
-                {
-                    "Effect": "Allow",
-                    "Principal": {"AWS": ["arn:aws:iam:::user/offload-tests"]},
-                    "Action": ["sts:AssumeRole"],
-                    # Only permanent keys may assume it: temporary ones could otherwise drop their session policy.
-                    "Condition": {"StringEquals": {"sts:authentication": "false"}},
-                }
-            ],
-        }
-        whole_bucket = {
-            "Version": "2012-10-17",
-            "Statement": [{"Effect": "Allow", "Action": ["s3:*"], "Resource": ["arn:aws:s3:::*"]}],
-        }
-        server.role_arn = server.create_role("offload-tenants", trust=trust, policy=whole_bucket)
+        server.role_arn = server.create_tenant_role()
         yield server
 
 

@@ -367,6 +367,28 @@ rgw frontends = beast endpoint=127.0.0.1:{self._rgw_port} tcp_nodelay=1
             "rgw enable apis = s3, s3website, admin, sts, iam\n"
         )
 
+    def create_tenant_role(self, name: str = "offload-tenants") -> str:
+        """
+        A role over the whole bucket that this server's user may assume with its permanent keys only (temporary
+        credentials could otherwise assume it again without their session policy): what `AssumeRoleCredentials` needs.
+
+        :param name: The role's name.
+        :returns: The role's ARN.
+        """
+        trust = {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Principal": {"AWS": [f"arn:aws:iam:::user/{_USER_ID}"]},
+                    "Action": ["sts:AssumeRole"],
+                    "Condition": {"StringEquals": {"sts:authentication": "false"}},
+                }
+            ],
+        }
+        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": ["s3:*"], "Resource": ["*"]}]}
+        return self.create_role(name, trust=trust, policy=policy)
+
     def create_role(self, name: str, *, trust: Mapping[str, Any], policy: Mapping[str, Any]) -> str:
         """
         Create an IAM role that principals may assume (``trust``) with its rights (``policy``), on a server started
