@@ -137,3 +137,11 @@ async def test_the_async_path_asks_sts_off_the_event_loop_once_per_tenant(
     assert [await s.read_async(r) for s, r in zip(sessions, references, strict=True)] == ["x"] * 8
     assert source.calls == 1
     assert s3_server.storage_options()["key"] not in _keys(s3_requests, "/acme/")
+
+
+def test_one_source_serving_two_roots_asks_for_each_roots_prefix(s3_server: LocalS3Server) -> None:
+    source = AssumeRoleCredentials(ROLE)
+    first, second = _root(s3_server, "obstore", source), _root(s3_server, "obstore", source)
+    first.for_session("acme", "s1").write(key="call-1", content="a")
+    second.for_session("acme", "s1").write(key="call-1", content="b")
+    assert source.calls == 2  # acme's credentials for one root's prefix would be refused under the other's

@@ -108,9 +108,9 @@ class AssumeRoleCredentials:
         self._guard = threading.Lock()
         self._client: Any = None
 
-    def current(self, tenant: str) -> TemporaryCredentials | None:
-        """The tenant's cached credentials, while they are not due for renewal."""
-        cached = self._cache.get(tenant)
+    def current(self, bucket: str, prefix: str) -> TemporaryCredentials | None:
+        """The cached credentials for ``<bucket>/<prefix>``, while they are not due for renewal."""
+        cached = self._cache.get(f"{bucket}/{prefix}")
         if cached is not None and datetime.now(UTC) < cached.expires_at - self.renew_before:
             return cached
         return None
@@ -133,14 +133,16 @@ class AssumeRoleCredentials:
         :raises StorageError: If STS could not be reached or failed otherwise (botocore has retried what is
             transient).
         """
+        # Cached by the prefix the policy names, not the tenant alone: one source may serve stores of several roots.
+        scope = f"{bucket}/{prefix}"
         with self._guard:
-            lock = self._locks.setdefault(tenant, threading.Lock())
+            lock = self._locks.setdefault(scope, threading.Lock())
         with lock:
-            cached = self.current(tenant)
+            cached = self.current(bucket, prefix)
             if cached is not None:
                 return cached
             fresh = self._assume(tenant, tenant_session_policy(bucket, prefix), base_options)
-            self._cache[tenant] = fresh
+            self._cache[scope] = fresh
             return fresh
 
     def _assume(self, tenant: str, policy: dict[str, Any], base_options: Mapping[str, Any]) -> TemporaryCredentials:

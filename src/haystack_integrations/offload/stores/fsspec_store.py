@@ -1071,10 +1071,14 @@ class _FilesystemHandle:
         with self._lock:
             return builtins.list(self._tenant_handles.values())
 
+    def _tenant_prefix(self) -> tuple[str, str]:
+        # The bucket, and the tenant's prefix inside it: what its credentials may reach.
+        bucket, _, root = self._root_path.partition("/")
+        return bucket, f"{root}/{self._tenant}" if root else str(self._tenant)
+
     def _fetch_credentials(self) -> TemporaryCredentials:
         assert self._credentials is not None and self._tenant is not None  # noqa: S101 - a tenant handle's only
-        bucket, _, root = self._root_path.partition("/")
-        prefix = f"{root}/{self._tenant}" if root else self._tenant
+        bucket, prefix = self._tenant_prefix()
         base = resolve_secrets(self._storage_options)
         try:
             return self._credentials.credentials_for(self._tenant, bucket=bucket, prefix=prefix, base_options=base)
@@ -1085,7 +1089,7 @@ class _FilesystemHandle:
     async def _renew_credentials_async(self) -> None:
         # Cached and fresh: nothing to do. Else one STS call in a worker thread, then a client signing with its answer.
         assert self._credentials is not None and self._tenant is not None  # noqa: S101 - a tenant handle's only
-        current = self._credentials.current(self._tenant)
+        current = self._credentials.current(*self._tenant_prefix())
         if current is None:
             current = await asyncio.to_thread(self._fetch_credentials)
         with self._lock:
