@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -145,3 +146,25 @@ def test_one_source_serving_two_roots_asks_for_each_roots_prefix(s3_server: Loca
     first.for_session("acme", "s1").write(key="call-1", content="a")
     second.for_session("acme", "s1").write(key="call-1", content="b")
     assert source.calls == 2  # acme's credentials for one root's prefix would be refused under the other's
+
+
+class _ThreadNoting(AssumeRoleCredentials):
+    """The real source, noting which thread each STS round trip ran on."""
+
+    threads: list[int]
+
+    def credentials_for(self, tenant: str, **scope: Any) -> Any:
+        self.threads.append(threading.get_ident())
+        return super().credentials_for(tenant, **scope)
+
+
+@pytest.mark.parametrize("first", ["warm_up_async", "check_exclusive_creates_async", "write_async"])
+async def test_a_tenants_first_async_call_never_asks_sts_on_the_event_loop(
+    s3_server: LocalS3Server, first: str
+) -> None:
+    source = _ThreadNoting(ROLE)
+    source.threads = []
+    session = _root(s3_server, "obstore", source).for_session("acme", f"first-{first}")
+    call = getattr(session, first)
+    await (call(key="call-1", content="x") if first == "write_async" else call())
+    assert source.threads and threading.get_ident() not in source.threads

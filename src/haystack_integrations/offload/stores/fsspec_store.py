@@ -884,7 +884,7 @@ class FsspecToolResultStore(ToolResultStore):
             f"The object store {redacted_url(self.url)!r} (engine {self.resolved_engine!r}"
             f"{f', endpoint {endpoint}' if endpoint else ''})"
         )
-        if not self._handle.io().remote:
+        if not (await self._handle.io_async()).remote:
             # Memory and local disk: the exclusive create is this library's own (a lock, a hard link), nothing to ask.
             return ExclusiveCreateCheck("enforced", described, "makes exclusive creates in this process")
         return await check_exclusive_creates(self._handle.request, self._scope_path(), backend=backend, store=described)
@@ -897,7 +897,7 @@ class FsspecToolResultStore(ToolResultStore):
 
     async def warm_up_async(self) -> None:
         """Create the filesystem client now (and, on S3, its session) instead of on the first request."""
-        await self._handle.io().warm_up_async()
+        await (await self._handle.io_async()).warm_up_async()
 
     warm_up = synced(warm_up_async)
 
@@ -1041,11 +1041,6 @@ class _FilesystemHandle:
                     fs = io.fs
                 else:
                     fs = fsspec.filesystem(self._protocol, **options)
-            root = self._root_path
-            if self._protocol in {"file", "local"}:
-                # Compare real paths later: a symlink anywhere below the real root is refused.
-                root = os.path.realpath(root)
-            self._resolved_root = root
             self._io = io or storage_io_for(fs)
 
     def for_tenant(self, tenant: str) -> _FilesystemHandle:
@@ -1154,6 +1149,12 @@ class _FilesystemHandle:
             raise RuntimeError("filesystem handle was not created")
         return self._io
 
+    async def io_async(self) -> StorageIO:
+        """`io`, from a coroutine: a tenant's credentials are asked for in a worker thread, never on the loop."""
+        if self._tenant is not None:
+            await self._renew_credentials_async()
+        return self.io()
+
     async def request(self, operation: str, path: str, call: Callable[[StorageIO], Awaitable[T]]) -> T:
         """
         Send one engine call, retried under the store's policy when its storage is remote (`retry.retried`).
@@ -1164,9 +1165,7 @@ class _FilesystemHandle:
         :returns: What the call returned.
         """
         try:
-            if self._tenant is not None:
-                await self._renew_credentials_async()
-            io = self.io()
+            io = await self.io_async()
             if self._retry is None or not io.remote:
                 # Memory and local disk do not fail transiently: a retry would only repeat a real failure, later.
                 with metrics.storage_request(operation, timed=io.remote):
@@ -1211,10 +1210,13 @@ class _FilesystemHandle:
         return (self._engine, self._protocol, str(endpoint or ""), place, given)
 
     def root_path(self) -> str:
+        # Known without a client (a tenant's would need its credentials first).
         if self._resolved_root is None:
-            self._create()
-        if self._resolved_root is None:  # pragma: no cover - as in io()
-            raise RuntimeError("filesystem handle was not created")
+            root = self._root_path
+            if self._protocol in {"file", "local"}:
+                # Compare real paths later: a symlink anywhere below the real root is refused.
+                root = os.path.realpath(root)
+            self._resolved_root = root
         return self._resolved_root
 
 
