@@ -9,7 +9,9 @@ their stores from ``url, storage_options = backend`` alone, which would quietly 
 Modules marked ``real_s3`` also run on a real S3 server, on both engines (``rgw``, ``rgw-obstore``), when the lane is
 on: ``OFFLOAD_TEST_REAL_S3=rgw`` starts a one-node Ceph RGW per worker (`support.ceph_rgw`), ``OFFLOAD_TEST_REAL_S3=
 external`` uses your own bucket (see `real_s3_server`). Tests that need a server of their own ask for ``s3_endpoint``:
-moto, and the real server when the lane is on.
+moto, and the real server when the lane is on. Modules marked ``isolated`` run on RGW once more, on both engines
+(``rgw-isolated``, ``rgw-obstore-isolated``): every tenant's requests signed with its own STS credentials and
+encrypted with its own SSE-C key (`IsolatedBackend`).
 """
 
 import os
@@ -48,11 +50,38 @@ class ObstoreBackend(Backend):
     engine = "obstore"
 
 
+def isolated_backend(engine: str, role_arn: str) -> type[Backend]:
+    """A backend kind whose stores sign each tenant's requests as that tenant (STS) and encrypt with its SSE-C key."""
+
+    class IsolatedBackend(Backend):
+        @property
+        def store_kwargs(self) -> dict[str, Any]:
+            from haystack.utils import Secret
+
+            from haystack_integrations.offload.stores import AssumeRoleCredentials, TenantKeys
+
+            return {
+                "engine": engine,
+                "credentials": AssumeRoleCredentials(role_arn),
+                "encryption": TenantKeys(Secret.from_token(TEST_MASTER_SECRET)),
+            }
+
+    IsolatedBackend.engine = engine
+    return IsolatedBackend
+
+
 BACKENDS = ["memory", "local", pytest.param("s3", marks=pytest.mark.s3)]
 ENGINES = [pytest.param("s3-obstore", marks=pytest.mark.s3)]
 # The real-S3 lane: "rgw" (a Ceph RGW started here) or "external" (OFFLOAD_TEST_S3_* below); empty: off.
 REAL_S3 = os.environ.get("OFFLOAD_TEST_REAL_S3", "").strip().lower()
 REAL_BACKENDS = [pytest.param(name, marks=pytest.mark.rgw) for name in ("rgw", "rgw-obstore")] if REAL_S3 else []
+# Tenant isolation enforced by the object store needs RGW's STS (an external bucket has no role to assume here).
+ISOLATED_BACKENDS = (
+    [pytest.param(name, marks=pytest.mark.rgw) for name in ("rgw-isolated", "rgw-obstore-isolated")]
+    if REAL_S3 == "rgw"
+    else []
+)
+TEST_MASTER_SECRET = "offload-haystack tests' SSE-C master secret, not a real one"  # noqa: S105
 S3_ENDPOINTS = [pytest.param("moto", marks=pytest.mark.s3)]
 if REAL_S3:
     S3_ENDPOINTS.append(pytest.param("rgw", marks=pytest.mark.rgw))
@@ -75,6 +104,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "engines: the module's backend tests also run on every S3 engine (s3-obstore)")
     config.addinivalue_line("markers", "real_s3: the module's backend tests also run on the real S3 server's lane")
     config.addinivalue_line("markers", "rgw: runs on the real S3 server (OFFLOAD_TEST_REAL_S3)")
+    config.addinivalue_line(
+        "markers", "isolated: the module's backend tests also run on RGW with credentials and keys per tenant"
+    )
     if REAL_S3 not in {"", "rgw", "external"}:
         raise pytest.UsageError(f"OFFLOAD_TEST_REAL_S3 must be 'rgw' or 'external', got {REAL_S3!r}.")
 
@@ -105,6 +137,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     extra = [*ENGINES] if metafunc.definition.get_closest_marker("engines") is not None else []
     if metafunc.definition.get_closest_marker("real_s3") is not None:
         extra += REAL_BACKENDS
+    if metafunc.definition.get_closest_marker("isolated") is not None:
+        extra += ISOLATED_BACKENDS
     if not extra:
         return
     for mark in metafunc.definition.iter_markers("parametrize"):
@@ -164,8 +198,14 @@ def real_s3_server() -> Iterator[Any]:
     missing = ceph_available()
     if missing is not None:
         (pytest.fail if os.environ.get("CI") else pytest.skip)(missing)
-    with CephRGWServer() as server:
+    with CephRGWServer(sts=True) as server:  # STS for the isolated backends
         yield server
+
+
+@pytest.fixture(scope="session")
+def real_s3_tenant_role(real_s3_server: Any) -> str:
+    """The RGW lane's role for tenants' STS credentials, made once per worker session."""
+    return str(real_s3_server.create_tenant_role())
 
 
 @pytest.fixture(params=S3_ENDPOINTS)
@@ -221,7 +261,10 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     # Only S3 runs start the server.
     real = request.param.startswith("rgw")
     server = request.getfixturevalue("real_s3_server" if real else "s3_server")
-    kind = ObstoreBackend if request.param.endswith("-obstore") else Backend
+    engine = "obstore" if "-obstore" in request.param else "fsspec"
+    kind: type[Backend] = ObstoreBackend if engine == "obstore" else Backend
+    if request.param.endswith("-isolated"):
+        kind = isolated_backend(engine, request.getfixturevalue("real_s3_tenant_role"))
     return kind(f"{server.bucket_url}/{uuid.uuid4().hex}", server.storage_options())
 
 

@@ -146,6 +146,7 @@ SUBPACKAGE_NAMES = {
         "RetryStats",
         "SessionDocuments",
         "StoredResult",
+        "TenantKeys",
         "end_session",
         "end_session_async",
     ],

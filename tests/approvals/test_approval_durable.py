@@ -51,7 +51,8 @@ from haystack_integrations.offload.approvals import (
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 from haystack_integrations.offload.testing.relay import LatencyProxy
 
-pytestmark = pytest.mark.real_s3  # also on the real S3 server's lane, both engines (tests/conftest.py)
+# Also on the real S3 server's lane, both engines, and there with STS credentials and SSE-C keys per tenant.
+pytestmark = [pytest.mark.real_s3, pytest.mark.isolated]
 
 INVOICE = ("send_invoice", {"customer": "acme", "amount": 120}, "call_inv")
 SEARCH = ("web_search", {"query": "acme"}, "call_search")

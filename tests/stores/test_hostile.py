@@ -14,7 +14,7 @@ from haystack_integrations.offload import (
 )
 
 # Also on the obstore engine (tests/conftest.py). The sync methods wait for the async ones (test_sync_twins.py).
-pytestmark = [pytest.mark.real_s3, pytest.mark.engines]
+pytestmark = [pytest.mark.real_s3, pytest.mark.engines, pytest.mark.isolated]  # isolated: RGW with STS and SSE-C
 
 A_NAME = "20261129T213400123456Z-5f3a9c1e.t.search.1_search_call.txt"
 

@@ -17,6 +17,7 @@ import pytest
 
 from haystack_integrations.offload import FsspecToolResultStore
 from haystack_integrations.offload.stores import AssumeRoleCredentials
+from haystack_integrations.offload.stores.credentials import role_session_name
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 
 pytestmark = pytest.mark.s3
@@ -168,3 +169,16 @@ async def test_a_tenants_first_async_call_never_asks_sts_on_the_event_loop(
     call = getattr(session, first)
     await (call(key="call-1", content="x") if first == "write_async" else call())
     assert source.threads and threading.get_ident() not in source.threads
+
+
+@pytest.mark.parametrize(
+    ("tenant", "expected"),
+    [("acme", "offload-acme"), ("a.b@c=d", "offload-a.b@c=d"), ("a+b", None), ("x" * 80, None)],
+)
+def test_a_tenants_sts_session_name_is_one_sts_takes(tenant: str, expected: str | None) -> None:
+    name = role_session_name(tenant)
+    assert re.fullmatch(r"[A-Za-z0-9_=,.@-]{2,64}", name)
+    if expected is not None:
+        assert name == expected
+    else:  # spelled differently: a hash keeps it apart from every other tenant's
+        assert name != role_session_name(tenant + "x") and name.startswith("offload-")

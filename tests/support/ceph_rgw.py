@@ -355,6 +355,7 @@ paxos min wait = 0.001
 [{_RGW_NAME}]
 rgw data = {directory}/rgw
 rgw frontends = beast endpoint=127.0.0.1:{self._rgw_port} tcp_nodelay=1
+rgw crypt require ssl = false
 {self._sts_config()}"""
 
     def _sts_config(self) -> str:

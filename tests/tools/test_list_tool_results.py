@@ -2,12 +2,16 @@
 
 from pathlib import Path
 
+import pytest
 from haystack.components.agents.state.state import State
 from haystack.hooks.tool_result_offloading import FileSystemToolResultStore
 from haystack.tools import Tool
 from read_back_helpers import state_for
 
 from haystack_integrations.offload import FsspecToolResultStore, ListToolResults, list_tool_results, offload_context
+
+# Also on RGW with STS credentials and an SSE-C key per tenant (tests/conftest.py, "isolated").
+pytestmark = pytest.mark.isolated
 
 
 def _tool(name: str) -> Tool:

@@ -37,6 +37,9 @@ from haystack_integrations.offload import (
     read_tool_result,
 )
 
+# Also on RGW with STS credentials and an SSE-C key per tenant (tests/conftest.py, "isolated").
+pytestmark = pytest.mark.isolated
+
 
 def _hook(kind: str) -> Any:
     if kind == "stock":

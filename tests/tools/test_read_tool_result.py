@@ -29,6 +29,9 @@ from read_back_helpers import (
 
 from haystack_integrations.offload import FsspecToolResultStore, ReadToolResult, read_tool_result
 
+# Also on RGW with STS credentials and an SSE-C key per tenant (tests/conftest.py, "isolated").
+pytestmark = pytest.mark.isolated
+
 TEXT = multilingual(40_000, seed=7)
 
 

@@ -4,6 +4,9 @@ import pytest
 
 from haystack_integrations.offload import FsspecToolResultStore, InvalidReferenceError, ResultNotFoundError
 
+# Also on RGW with STS credentials and an SSE-C key per tenant (tests/conftest.py, "isolated").
+pytestmark = pytest.mark.isolated
+
 
 def test_a_range_comes_with_the_total_size(session: FsspecToolResultStore) -> None:
     reference = session.write(key="r.txt", content="0123456789")

@@ -8,6 +8,7 @@ from lazy_imports import LazyImporter
 _import_structure = {
     "credentials": ["AssumeRoleCredentials"],
     "documents": ["SessionDocuments"],
+    "encryption": ["TenantKeys"],
     "fsspec_store": ["DEFAULT_S3_MAX_POOL_CONNECTIONS", "FsspecToolResultStore", "end_session", "end_session_async"],
     "pending": ["PendingWrite"],
     "quotas": ["Quota"],
@@ -19,6 +20,7 @@ _import_structure = {
 if TYPE_CHECKING:
     from .credentials import AssumeRoleCredentials as AssumeRoleCredentials
     from .documents import SessionDocuments as SessionDocuments
+    from .encryption import TenantKeys as TenantKeys
     from .fsspec_store import DEFAULT_S3_MAX_POOL_CONNECTIONS as DEFAULT_S3_MAX_POOL_CONNECTIONS
     from .fsspec_store import FsspecToolResultStore as FsspecToolResultStore
     from .fsspec_store import end_session as end_session

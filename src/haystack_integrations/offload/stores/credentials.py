@@ -5,8 +5,10 @@ tenant and renewed before they expire.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -61,6 +63,18 @@ def tenant_session_policy(bucket: str, prefix: str) -> dict[str, Any]:
             },
         ],
     }
+
+
+def role_session_name(tenant: str) -> str:
+    """
+    The STS session name for a tenant, as audit logs show it: ``offload-<tenant>``, within STS's 64 characters of
+    ``[A-Za-z0-9_=,.@-]``. A tenant id that does not fit (too long, or other characters: Ceph RGW also refuses ``+``)
+    is shortened or spelled with ``-`` and ends with a hash of the id, so two tenants never share a name.
+    """
+    safe = re.sub(r"[^A-Za-z0-9_=,.@-]", "-", tenant)
+    if safe == tenant and len(tenant) <= 56:
+        return f"offload-{tenant}"
+    return f"offload-{safe[:46]}-{hashlib.sha256(tenant.encode()).hexdigest()[:8]}"
 
 
 class AssumeRoleCredentials:
@@ -152,7 +166,7 @@ class AssumeRoleCredentials:
         try:
             answer = self._sts(base_options).assume_role(
                 RoleArn=self.role_arn,
-                RoleSessionName=f"offload-{tenant}"[:64],
+                RoleSessionName=role_session_name(tenant),
                 DurationSeconds=int(self.duration.total_seconds()),
                 # Compact: Ceph RGW refuses a policy with spaces in it.
                 Policy=json.dumps(policy, separators=(",", ":")),

@@ -53,6 +53,13 @@ class StorageRequestError(OffloadError, OSError):
         self.status = status
 
 
+class EncryptionKeyRefusedError(OffloadError, PermissionError):
+    """
+    The object store refused a request that sent a tenant's SSE-C key: the object was written with another key or
+    none, or the endpoint takes SSE-C over HTTPS only. A `PermissionError`, as a refusal is, but told apart from one.
+    """
+
+
 class MissingCredentialsError(OffloadError, PermissionError):
     """
     No credentials could be found for the storage backend: none given, none in the environment or a profile, and no

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import copy
+import errno
 import importlib.util
 import os
 import threading
@@ -24,13 +25,14 @@ from haystack_integrations.offload.errors import InvalidReferenceError, ResultEx
 from haystack_integrations.offload.stores.chunks import ContentChunks
 from haystack_integrations.offload.stores.credentials import AssumeRoleCredentials, TemporaryCredentials
 from haystack_integrations.offload.stores.documents import DocumentHost, SessionDocuments
+from haystack_integrations.offload.stores.encryption import TenantKeys
 from haystack_integrations.offload.stores.engines import DEFAULT_ENGINE, EngineChoice, choose_engine, storage_io_for
 from haystack_integrations.offload.stores.exclusive_creates import (
     ExclusiveCreateCheck,
     check_exclusive_creates,
     checked,
 )
-from haystack_integrations.offload.stores.failures import mark_location
+from haystack_integrations.offload.stores.failures import EncryptionKeyRefusedError, StorageRequestError, mark_location
 from haystack_integrations.offload.stores.io import MULTIPART_THRESHOLD, StorageIO
 from haystack_integrations.offload.stores.layout import parse_reference, scope_path
 from haystack_integrations.offload.stores.names import (
@@ -65,6 +67,13 @@ from haystack_integrations.offload.stores.retry import RetryPolicy, RetryStats, 
 from haystack_integrations.offload.stores.s3fs_io import s3_io_with_loop_clients
 from haystack_integrations.offload.stores.scope import check_local_path, check_object_store_path, validate_scope_id
 from haystack_integrations.offload.stores.sync_api import run_on_io_loop, run_on_own_loop, synced
+from haystack_integrations.offload.stores.tenant_access import (
+    ENCRYPTION_KWARGS,
+    TenantIsolation,
+    TenantSigner,
+    tenant_of_path,
+    tenant_options,
+)
 from haystack_integrations.offload.stores.translate import storage_errors
 
 # botocore's default pool of 10 connections would cap a busy server at 10 S3 requests in flight.
@@ -142,6 +151,7 @@ class FsspecToolResultStore(ToolResultStore):
         retry: RetryPolicy | None = DEFAULT_RETRY,
         engine: str = DEFAULT_ENGINE,
         credentials: AssumeRoleCredentials | None = None,
+        encryption: TenantKeys | None = None,
     ) -> None:
         """
         Create a store rooted at `url`. No network I/O happens here; the client is created on first use or `warm_up`.
@@ -171,6 +181,10 @@ class FsspecToolResultStore(ToolResultStore):
             (`for_tenant`, `for_session`), its documents included, signs with credentials that reach only
             ``<root>/<tenant>/``, so the object store refuses what the scope checks would. This root store keeps
             signing with the storage options' (or the environment's) credentials, which assume the role.
+        :param encryption: On S3, an encryption key per tenant (`TenantKeys`, SSE-C): every request inside a tenant's
+            scope, from whichever store (this root's operator requests included), sends that tenant's key, and the
+            object store encrypts with it and keeps none. Start it on an empty root: objects written without a key
+            are not readable with one.
         :raises ValueError: If the URL has no path (e.g. ``s3://``), is a local path that can only be a mistyped URL
             (``s3:/bucket``, ``s3//bucket``, ``s3:bucket``: the message names the URL meant), `session` is given
             without `tenant`, or `engine` cannot serve the store (unknown; ``"obstore"`` for another protocol, a
@@ -214,11 +228,16 @@ class FsspecToolResultStore(ToolResultStore):
         self.engine = engine
         self.engine_choice: EngineChoice = choice
         self._filesystem = filesystem
-        if credentials is not None and (protocol not in ("s3", "s3a") or filesystem is not None):
-            raise ValueError("credentials= applies to s3:// stores built from a URL.")
+        isolation = TenantIsolation(credentials, encryption)
+        if isolation and (protocol not in ("s3", "s3a") or filesystem is not None):
+            raise ValueError("credentials= and encryption= apply to s3:// stores built from a URL.")
+        clashing = sorted(ENCRYPTION_KWARGS & set(self.storage_options.get("s3_additional_kwargs") or {}))
+        if encryption is not None and clashing:
+            raise ValueError(f"encryption= (SSE-C per tenant) cannot be combined with s3_additional_kwargs {clashing}.")
         self.credentials = credentials
+        self.encryption = encryption
         self._handle = _FilesystemHandle(
-            protocol, root_path, self.storage_options, filesystem, retry, choice.engine, credentials=credentials
+            protocol, root_path, self.storage_options, filesystem, retry, choice.engine, isolation=isolation
         )
         self._scope: tuple[str, ...] = ()
         if session is not None and tenant is None:
@@ -290,8 +309,8 @@ class FsspecToolResultStore(ToolResultStore):
             )
         child = copy.copy(self)
         child._scope = ids
-        if self.credentials is not None:
-            child._handle = self._handle.for_tenant(ids[0])  # the tenant's own client, signing as the tenant
+        if self.credentials is not None or self.encryption is not None:
+            child._handle = self._handle.for_tenant(ids[0])  # the tenant's own client: its credentials, its key
         return child
 
     def documents(self, namespace: str) -> SessionDocuments:
@@ -652,8 +671,7 @@ class FsspecToolResultStore(ToolResultStore):
         Wait until every write in flight in this store's scope (a write-behind upload of any store sharing its client)
         has landed or failed, without raising their errors: what a server calls before its process exits.
         """
-        for handle in (self._handle, *self._handle.tenant_handles()):
-            await handle.in_flight.wait_under(self._scope_path() + "/")
+        await self._handle.in_flight.wait_under(self._scope_path() + "/")  # shared with the tenants' handles
 
     settle_writes = synced(settle_writes_async)
 
@@ -923,7 +941,18 @@ class FsspecToolResultStore(ToolResultStore):
             retry=self.retry.model_dump(mode="json") if self.retry is not None else None,
             engine=self.engine,
             credentials=self.credentials.to_dict() if self.credentials is not None else None,
+            encryption=self._encryption_dict(),
         )
+
+    def _encryption_dict(self) -> dict[str, Any] | None:
+        if self.encryption is None:
+            return None
+        try:
+            return self.encryption.to_dict()
+        except ValueError as error:  # a token Secret: the master secret itself would go into the dictionary
+            raise SerializationError(
+                "The store's SSE-C master secret is a token Secret; use Secret.from_env_var to serialize the store."
+            ) from error
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FsspecToolResultStore:
@@ -941,6 +970,8 @@ class FsspecToolResultStore(ToolResultStore):
                 init_parameters[name] = model.model_validate(init_parameters[name])
         if isinstance(init_parameters.get("credentials"), dict):
             init_parameters["credentials"] = AssumeRoleCredentials.from_dict(init_parameters["credentials"])
+        if isinstance(init_parameters.get("encryption"), dict):
+            init_parameters["encryption"] = TenantKeys.from_dict(init_parameters["encryption"])
         return default_from_dict(cls, data)
 
     def __repr__(self) -> str:
@@ -999,8 +1030,10 @@ class _FilesystemHandle:
         retry: RetryPolicy | None,
         engine: str,
         *,
-        credentials: AssumeRoleCredentials | None = None,
+        isolation: TenantIsolation | None = None,
         tenant: str | None = None,
+        signs_as_tenant: bool = False,
+        root: _FilesystemHandle | None = None,
     ) -> None:
         self._protocol = protocol
         self._engine = engine
@@ -1011,15 +1044,22 @@ class _FilesystemHandle:
         self._resolved_root: str | None = None
         self._lock = threading.Lock()
         self._retry = retry
-        self.retry_stats = RetryStats()
+        # A tenant's handle counts retries, quotas and writes in flight with its root's.
+        self._root = root
+        self.retry_stats: RetryStats = root.retry_stats if root is not None else RetryStats()
         self._quota_tracker: QuotaTracker | None = None
-        self.in_flight = InFlightWrites()
-        # With per-tenant credentials: the source, this handle's tenant (None: the root's), the credentials its client
-        # signs with, and the root's handles per tenant.
-        self._credentials = credentials
+        self.in_flight: InFlightWrites = root.in_flight if root is not None else InFlightWrites()
+        # With tenant isolation: the tenant whose key this handle's client sends (None: the root's), whether it signs
+        # as that tenant too (a store's tenant scope) or with the worker's credentials (the root's operator requests),
+        # and the root's handles per tenant, made on first use.
+        self._isolation = isolation or TenantIsolation()
         self._tenant = tenant
-        self._signing: TemporaryCredentials | None = None
-        self._tenant_handles: dict[str, _FilesystemHandle] = {}
+        self._signer = (
+            TenantSigner(self._isolation.credentials, tenant, root_path, lambda: resolve_secrets(storage_options))
+            if signs_as_tenant and self._isolation.credentials is not None and tenant is not None
+            else None
+        )
+        self._tenant_handles: dict[tuple[str, bool], _FilesystemHandle] = {}
 
     def _create(self) -> None:
         with self._lock:
@@ -1030,7 +1070,11 @@ class _FilesystemHandle:
             if fs is None:
                 options = resolve_secrets(self._storage_options)
                 if self._tenant is not None:
-                    options = self._signed_options(options)
+                    options = tenant_options(
+                        options,
+                        signing=self._signing_credentials(),
+                        key=self._isolation.keys.storage_options(self._tenant) if self._isolation.keys else None,
+                    )
                 if self._protocol in {"s3", "s3a"}:
                     options = with_default_timeouts(options)
                 if self._engine == "obstore":
@@ -1044,9 +1088,12 @@ class _FilesystemHandle:
             self._io = io or storage_io_for(fs)
 
     def for_tenant(self, tenant: str) -> _FilesystemHandle:
-        """The handle whose client signs with `tenant`'s credentials, made once per tenant."""
+        """The handle of a store scoped to `tenant`: its client signs as the tenant and sends its key, as configured."""
+        return self._tenant_handle(tenant, signs_as_tenant=True)
+
+    def _tenant_handle(self, tenant: str, *, signs_as_tenant: bool) -> _FilesystemHandle:
         with self._lock:
-            handle = self._tenant_handles.get(tenant)
+            handle = self._tenant_handles.get((tenant, signs_as_tenant))
             if handle is None:
                 handle = _FilesystemHandle(
                     self._protocol,
@@ -1055,54 +1102,35 @@ class _FilesystemHandle:
                     None,
                     self._retry,
                     self._engine,
-                    credentials=self._credentials,
+                    isolation=self._isolation,
                     tenant=tenant,
+                    signs_as_tenant=signs_as_tenant,
+                    root=self,
                 )
-                self._tenant_handles[tenant] = handle
+                self._tenant_handles[(tenant, signs_as_tenant)] = handle
             return handle
 
-    def tenant_handles(self) -> builtins.list[_FilesystemHandle]:
-        """The handles made for tenants so far."""
-        with self._lock:
-            return builtins.list(self._tenant_handles.values())
-
-    def _tenant_prefix(self) -> tuple[str, str]:
-        # The bucket, and the tenant's prefix inside it: what its credentials may reach.
-        bucket, _, root = self._root_path.partition("/")
-        return bucket, f"{root}/{self._tenant}" if root else str(self._tenant)
-
-    def _fetch_credentials(self) -> TemporaryCredentials:
-        assert self._credentials is not None and self._tenant is not None  # noqa: S101 - a tenant handle's only
-        bucket, prefix = self._tenant_prefix()
-        base = resolve_secrets(self._storage_options)
+    def _signing_credentials(self) -> TemporaryCredentials | None:
+        # Called under the lock, so a sync first use waits for STS in the caller's thread.
+        if self._signer is None:
+            return None
         try:
-            return self._credentials.credentials_for(self._tenant, bucket=bucket, prefix=prefix, base_options=base)
+            return self._signer.signing_now()
         except Exception as error:
             mark_location(error, self.location())  # a sync first use asks STS outside `request`
             raise
 
     async def _renew_credentials_async(self) -> None:
         # Cached and fresh: nothing to do. Else one STS call in a worker thread, then a client signing with its answer.
-        assert self._credentials is not None and self._tenant is not None  # noqa: S101 - a tenant handle's only
-        current = self._credentials.current(*self._tenant_prefix())
-        if current is None:
-            current = await asyncio.to_thread(self._fetch_credentials)
-        with self._lock:
-            if current is not self._signing:
-                self._signing = current
+        assert self._signer is not None  # noqa: S101 - only a handle signing as a tenant renews
+        try:
+            renewed = await self._signer.renew_async()
+        except Exception as error:
+            mark_location(error, self.location())
+            raise
+        if renewed:
+            with self._lock:
                 self._io = None  # made again, with these credentials, on its next use
-
-    def _signed_options(self, options: dict[str, Any]) -> dict[str, Any]:
-        # Called under the lock: the worker's own credentials are left out, the tenant's put in.
-        if self._signing is None:
-            self._signing = self._fetch_credentials()  # a sync first use: the caller's thread waits for STS
-        kept = {name: value for name, value in options.items() if name not in _CREDENTIAL_OPTIONS}
-        client_kwargs = {
-            name: value
-            for name, value in (options.get("client_kwargs") or {}).items()
-            if name not in _CREDENTIAL_CLIENT_KWARGS
-        }
-        return {**kept, "client_kwargs": client_kwargs, **self._signing.storage_options()}
 
     def _s3fs_io(self, options: dict[str, Any]) -> StorageIO:
         options = dict(options)
@@ -1151,7 +1179,7 @@ class _FilesystemHandle:
 
     async def io_async(self) -> StorageIO:
         """`io`, from a coroutine: a tenant's credentials are asked for in a worker thread, never on the loop."""
-        if self._tenant is not None:
+        if self._signer is not None:
             await self._renew_credentials_async()
         return self.io()
 
@@ -1164,6 +1192,11 @@ class _FilesystemHandle:
         :param call: The engine call, given the engine.
         :returns: What the call returned.
         """
+        if self._isolation.keys is not None and self._tenant is None:
+            # The root's request inside a tenant's scope: that tenant's key, the worker's credentials.
+            tenant = tenant_of_path(self._root_path, path)
+            if tenant is not None:
+                return await self._tenant_handle(tenant, signs_as_tenant=False).request(operation, path, call)
         try:
             io = await self.io_async()
             if self._retry is None or not io.remote:
@@ -1171,6 +1204,14 @@ class _FilesystemHandle:
                 with metrics.storage_request(operation, timed=io.remote):
                     return await call(io)
             return await retried(io, self._retry, self.retry_stats, operation, path, call, location=self.location())
+        except StorageRequestError as error:
+            if error.status == 400 and self._isolation.keys is not None and self._tenant is not None:
+                # S3 answers a wrong or missing SSE-C key with a bare 400 (to a HEAD, with no body at all).
+                refused = EncryptionKeyRefusedError(errno.EACCES, f"SSE-C key refused: {error.cause}")
+                mark_location(refused, self.location())
+                raise refused from error
+            mark_location(error, self.location())
+            raise
         except Exception as error:
             mark_location(error, self.location())  # the error's `location`, once translated
             raise
@@ -1182,11 +1223,15 @@ class _FilesystemHandle:
         """
         if self._protocol in {"s3", "s3a"}:
             endpoint = self.backend_key()[2]
-            return f"s3://{self._root_path.split('/', 1)[0]} at {redacted_url(endpoint) if endpoint else 'AWS'}"
+            where = f"s3://{self._root_path.split('/', 1)[0]} at {redacted_url(endpoint) if endpoint else 'AWS'}"
+            # Only ever this handle's own tenant: a store signing as a tenant reaches no other.
+            return f"{where}, signed as tenant {self._tenant!r}" if self._signer is not None else where
         return f"{self._protocol}://{self._root_path}"
 
     def quota_tracker(self) -> QuotaTracker:
-        """The quota tracker of every store sharing this handle, created on first use."""
+        """The quota tracker of every store sharing this handle or its root, created on first use."""
+        if self._root is not None:
+            return self._root.quota_tracker()
         with self._lock:
             if self._quota_tracker is None:
                 self._quota_tracker = QuotaTracker()
@@ -1194,7 +1239,9 @@ class _FilesystemHandle:
 
     def invalidate(self, scope: tuple[str, ...]) -> None:
         """Make quota checks list `scope` again (after deletes and purges)."""
-        if self._quota_tracker is not None:
+        if self._root is not None:
+            self._root.invalidate(scope)
+        elif self._quota_tracker is not None:
             self._quota_tracker.invalidate(scope)
 
     def backend_key(self) -> tuple[str, ...]:
@@ -1218,11 +1265,6 @@ class _FilesystemHandle:
                 root = os.path.realpath(root)
             self._resolved_root = root
         return self._resolved_root
-
-
-# What carries credentials in s3fs storage options: left out of a tenant's client, which signs with the tenant's.
-_CREDENTIAL_OPTIONS = frozenset({"key", "secret", "token", "username", "password", "profile", "anon"})
-_CREDENTIAL_CLIENT_KWARGS = frozenset({"aws_access_key_id", "aws_secret_access_key", "aws_session_token"})
 
 
 def _strip_protocol(filesystem_class: type[AbstractFileSystem] | None, url: str) -> str:

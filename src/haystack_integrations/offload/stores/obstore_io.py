@@ -8,6 +8,7 @@ It serves the storage options s3fs takes where it can (`obstore_settings`) and c
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import errno
 import os
@@ -94,6 +95,8 @@ _CLIENT_KWARGS_NAMES = {
 }
 # s3_additional_kwargs entry -> S3Config key.
 _ADDITIONAL_NAMES = {"ServerSideEncryption": "server_side_encryption", "SSEKMSKeyId": "sse_kms_key_id"}
+# SSE-C, as botocore takes it (the algorithm, the raw key): object_store wants "sse-c" and the key in base64.
+_SSE_C_NAMES = frozenset({"SSECustomerAlgorithm", "SSECustomerKey"})
 # config_kwargs (botocore Config) entries understood: timeouts, retries, region, addressing style, pool size (reqwest's
 # pool is not capped: the size bounds the idle connections kept per host, never the requests in flight).
 # Where object_store asks for credentials when none are configured: the EC2 metadata service (its token, then the
@@ -129,10 +132,20 @@ def unsupported_options(storage_options: Mapping[str, Any]) -> list[str]:
     for section, known in (
         ("client_kwargs", set(_CLIENT_KWARGS_NAMES) | {"verify"}),
         ("config_kwargs", set(_CONFIG_KWARGS)),
-        ("s3_additional_kwargs", set(_ADDITIONAL_NAMES)),
+        ("s3_additional_kwargs", set(_ADDITIONAL_NAMES) | _SSE_C_NAMES),
     ):
         unknown += [f"{section}[{name!r}]" for name in storage_options.get(section) or {} if name not in known]
     return unknown
+
+
+def _sse_c_config(additional: Mapping[str, Any]) -> dict[str, str]:
+    key = additional.get("SSECustomerKey")
+    if key is None:
+        return {}
+    if additional.get("SSECustomerAlgorithm", "AES256") != "AES256":
+        raise ValueError("s3_additional_kwargs['SSECustomerAlgorithm'] must be 'AES256' (the only SSE-C algorithm).")
+    raw = key.encode() if isinstance(key, str) else bytes(key)
+    return {"server_side_encryption": "sse-c", "sse_customer_key_base64": base64.b64encode(raw).decode()}
 
 
 def obstore_settings(
@@ -145,7 +158,8 @@ def obstore_settings(
     ``endpoint_url``, ``use_ssl``, ``requester_pays``; ``client_kwargs``: ``region_name``, ``endpoint_url``, the
     ``aws_*`` credentials, ``verify=False``; ``config_kwargs``: ``connect_timeout``, ``read_timeout``, ``retries``,
     ``region_name``, ``s3={"addressing_style": ...}``, ``max_pool_connections`` (idle connections kept per host);
-    ``s3_additional_kwargs``: ``ServerSideEncryption``, ``SSEKMSKeyId``; ``profile`` (through botocore, as is
+    ``s3_additional_kwargs``: ``ServerSideEncryption``, ``SSEKMSKeyId``, ``SSECustomerAlgorithm`` and
+    ``SSECustomerKey`` (SSE-C, the raw key as botocore takes it); ``profile`` (through botocore, as is
     ``AWS_PROFILE`` when no keys are given). s3fs's caching options are accepted and have no effect. What is left out
     comes from the environment, as obstore reads it.
 
@@ -177,10 +191,11 @@ def obstore_settings(
             raise ValueError(f"Storage option client_kwargs['verify'] as a CA bundle path: {_UNSUPPORTED_HINT}.")
     elif verify is False:
         client["allow_invalid_certificates"] = True
+    additional = storage_options.get("s3_additional_kwargs") or {}
     for name, target in _ADDITIONAL_NAMES.items():
-        value = (storage_options.get("s3_additional_kwargs") or {}).get(name)
-        if value is not None:
-            config[target] = value
+        if additional.get(name) is not None:
+            config[target] = additional[name]
+    config.update(_sse_c_config(additional))
     if storage_options.get("anon"):
         config["skip_signature"] = True
     if isinstance(storage_options.get("requester_pays"), bool):

@@ -12,7 +12,12 @@ from haystack_integrations.offload.errors import (
     StorageError,
     StoragePermissionError,
 )
-from haystack_integrations.offload.stores.failures import MissingCredentialsError, StorageRequestError, location_of
+from haystack_integrations.offload.stores.failures import (
+    EncryptionKeyRefusedError,
+    MissingCredentialsError,
+    StorageRequestError,
+    location_of,
+)
 
 _OURS = (
     DocumentExistsError,
@@ -64,6 +69,11 @@ def _translated(error: Exception, action: str, reference: str | None) -> Offload
     if isinstance(error, MissingCredentialsError):
         # Each engine tells it apart from a refusal (obstore's metadata lookup, botocore's NoCredentialsError).
         return StoragePermissionError(f"Could not {action}: {NO_CREDENTIALS}")
+    if isinstance(error, EncryptionKeyRefusedError):
+        return StoragePermissionError(
+            f"Storage refused to {action} with this tenant's encryption key (SSE-C): the object was written with "
+            "another key or none, or the endpoint takes SSE-C over HTTPS only."
+        )
     if isinstance(error, PermissionError):
         return StoragePermissionError(f"Storage refused to {action}: permission denied.")
     if isinstance(error, StorageRequestError):

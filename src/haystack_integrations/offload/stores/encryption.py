@@ -1,0 +1,88 @@
+"""Encryption keys per tenant (S3 SSE-C): one 256-bit key per tenant, derived from one master secret with HKDF."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from typing import Any
+
+from haystack.core.serialization import default_from_dict, default_to_dict
+from haystack.utils import Secret, deserialize_secrets_inplace
+
+# Domain separation: the same master secret used elsewhere derives unrelated keys.
+HKDF_SALT = b"offload-haystack/sse-c/v1"
+KEY_BYTES = 32
+MIN_MASTER_SECRET_CHARACTERS = 32
+
+
+def hkdf_sha256(secret: bytes, *, salt: bytes, info: bytes, length: int = KEY_BYTES) -> bytes:
+    """
+    HKDF with SHA-256 (RFC 5869): extract a pseudorandom key from `secret`, then expand it to `length` bytes.
+
+    :param secret: The input keying material.
+    :param salt: The extract step's salt.
+    :param info: What the key is for (here: the tenant id).
+    :param length: How many bytes to derive (at most 255 * 32).
+    :returns: The derived key.
+    """
+    pseudorandom = hmac.new(salt, secret, hashlib.sha256).digest()
+    derived, block, counter = b"", b"", 1
+    while len(derived) < length:
+        block = hmac.new(pseudorandom, block + info + bytes([counter]), hashlib.sha256).digest()
+        derived += block
+        counter += 1
+    return derived[:length]
+
+
+class TenantKeys:
+    """
+    SSE-C keys per tenant: AES-256 keys the object store encrypts each tenant's objects with and keeps none of.
+
+    Give it to a store (``FsspecToolResultStore(url, encryption=TenantKeys(Secret.from_env_var("MASTER_KEY")))``):
+    every request in a tenant's scope (its results and documents, whichever store sends it, the root's operator
+    commands included) carries that tenant's key, so the tenant's objects cannot be read without it, even with read
+    access to the whole bucket. Each key is ``HKDF-SHA256(master secret, salt=HKDF_SALT, info=tenant id)``: nothing is
+    stored, and anyone holding the master secret can derive every tenant's key. Losing the master secret makes every
+    tenant's data unreadable; see docs/security.md for what forgetting keys means for versions and backups.
+
+    :param master_secret: The master secret: at least 32 characters, e.g. ``secrets.token_urlsafe(48)``. A `Secret`
+        from an environment variable serializes by name; a token `Secret` cannot be serialized.
+    """
+
+    def __init__(self, master_secret: Secret) -> None:
+        if not isinstance(master_secret, Secret):
+            raise TypeError("master_secret must be a haystack Secret, e.g. Secret.from_env_var('OFFLOAD_MASTER_KEY').")
+        self.master_secret = master_secret
+
+    def key_for(self, tenant: str) -> bytes:
+        """
+        The tenant's 32-byte key.
+
+        :param tenant: The tenant id, as the store's scope names it.
+        :returns: The key.
+        :raises ValueError: If the master secret is missing or shorter than 32 characters.
+        """
+        master = self.master_secret.resolve_value()
+        if not isinstance(master, str) or len(master) < MIN_MASTER_SECRET_CHARACTERS:
+            raise ValueError(
+                f"The SSE-C master secret must be at least {MIN_MASTER_SECRET_CHARACTERS} characters "
+                "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(48))')."
+            )
+        return hkdf_sha256(master.encode(), salt=HKDF_SALT, info=tenant.encode())
+
+    def storage_options(self, tenant: str) -> dict[str, Any]:
+        """The s3fs ``s3_additional_kwargs`` that send the tenant's key (the obstore engine reads the same names)."""
+        return {"SSECustomerAlgorithm": "AES256", "SSECustomerKey": self.key_for(tenant)}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize by reference: the master secret's environment variable, never a key."""
+        return default_to_dict(self, master_secret=self.master_secret.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TenantKeys:
+        """Deserialize what `to_dict` made."""
+        deserialize_secrets_inplace(data.get("init_parameters", {}), keys=["master_secret"])
+        return default_from_dict(cls, data)
+
+    def __repr__(self) -> str:
+        return f"TenantKeys(master_secret={self.master_secret.type.value} secret)"

@@ -1,0 +1,110 @@
+"""What a tenant's requests sign and encrypt with: its STS credentials and its SSE-C key, in its client's options."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from haystack_integrations.offload.stores.credentials import AssumeRoleCredentials, TemporaryCredentials
+from haystack_integrations.offload.stores.encryption import TenantKeys
+
+# What carries credentials in s3fs storage options: left out of a client signing as a tenant.
+_CREDENTIAL_OPTIONS = frozenset({"key", "secret", "token", "username", "password", "profile", "anon"})
+_CREDENTIAL_CLIENT_KWARGS = frozenset({"aws_access_key_id", "aws_secret_access_key", "aws_session_token"})
+# Server-side encryption settings SSE-C cannot be combined with.
+ENCRYPTION_KWARGS = frozenset({"ServerSideEncryption", "SSEKMSKeyId", "SSECustomerAlgorithm", "SSECustomerKey"})
+
+
+@dataclass(frozen=True)
+class TenantIsolation:
+    """How a store keeps tenants apart in the object store itself: credentials per tenant, keys per tenant, or both."""
+
+    credentials: AssumeRoleCredentials | None = None
+    keys: TenantKeys | None = None
+
+    def __bool__(self) -> bool:
+        return self.credentials is not None or self.keys is not None
+
+
+def tenant_prefix(root_path: str, tenant: str) -> tuple[str, str]:
+    """The bucket, and the tenant's prefix inside it (``("bucket", "prod/acme")``): what its credentials may reach."""
+    bucket, _, root = root_path.partition("/")
+    return bucket, f"{root}/{tenant}" if root else tenant
+
+
+def tenant_of_path(root_path: str, path: str) -> str | None:
+    """The tenant whose scope `path` (a full path, as engine calls take) lies in; None for the root's own paths."""
+    inside = path.removeprefix(root_path.rstrip("/") + "/")
+    if inside == path or "/" not in inside:
+        return None
+    return inside.split("/", 1)[0]
+
+
+class TenantSigner:
+    """One tenant's STS credentials for the client that signs as the tenant: asked for once, renewed before expiry."""
+
+    def __init__(
+        self, source: AssumeRoleCredentials, tenant: str, root_path: str, base_options: Callable[[], Mapping[str, Any]]
+    ) -> None:
+        self._source = source
+        self._tenant = tenant
+        self._bucket, self._prefix = tenant_prefix(root_path, tenant)
+        self._base_options = base_options
+        self._lock = threading.Lock()
+        self.signing: TemporaryCredentials | None = None
+
+    def fetch(self) -> TemporaryCredentials:
+        """The tenant's credentials, cached or from STS (blocking: the async path calls it in a worker thread)."""
+        return self._source.credentials_for(
+            self._tenant, bucket=self._bucket, prefix=self._prefix, base_options=self._base_options()
+        )
+
+    def signing_now(self) -> TemporaryCredentials:
+        """The credentials the client signs with, asked for in the caller's thread on a sync first use."""
+        with self._lock:
+            if self.signing is None:
+                self.signing = self.fetch()
+            return self.signing
+
+    async def renew_async(self) -> bool:
+        """
+        Make sure the credentials are fresh, asking STS in a worker thread if not.
+
+        :returns: Whether they changed (the tenant's client must then be made again).
+        """
+        current = self._source.current(self._bucket, self._prefix)
+        if current is None:
+            current = await asyncio.to_thread(self.fetch)
+        with self._lock:
+            if current is self.signing:
+                return False
+            self.signing = current
+            return True
+
+
+def tenant_options(
+    options: Mapping[str, Any], *, signing: TemporaryCredentials | None, key: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """
+    A tenant client's storage options: the worker's credentials replaced by the tenant's, its SSE-C key added.
+
+    :param options: The store's storage options, secrets resolved.
+    :param signing: The tenant's credentials; None keeps the worker's (the root's operator requests).
+    :param key: The tenant's ``s3_additional_kwargs`` for SSE-C (`TenantKeys.storage_options`), if any.
+    :returns: The options.
+    """
+    result = dict(options)
+    if signing is not None:
+        result = {name: value for name, value in result.items() if name not in _CREDENTIAL_OPTIONS}
+        result["client_kwargs"] = {
+            name: value
+            for name, value in (options.get("client_kwargs") or {}).items()
+            if name not in _CREDENTIAL_CLIENT_KWARGS
+        }
+        result.update(signing.storage_options())
+    if key is not None:
+        result["s3_additional_kwargs"] = {**(options.get("s3_additional_kwargs") or {}), **key}
+    return result
