@@ -177,15 +177,17 @@ def test_a_store_with_assume_role_credentials_is_held_to_each_tenants_prefix_by_
     assert mine.purge() == 1 and theirs.purge() == 1
 
 
-def test_the_reference_server_assumes_the_role_per_tenant(sts_server: Any) -> None:
+def test_the_reference_server_assumes_the_role_and_encrypts_per_tenant(sts_server: Any) -> None:
     from fastapi.testclient import TestClient
 
     from offload_haystack_app.server import ServerSettings, create_app
 
+    prefix = f"{PREFIX}-{uuid.uuid4().hex[:6]}"
     settings = ServerSettings(
-        store=f"s3://{sts_server.bucket}/{PREFIX}-{uuid.uuid4().hex[:6]}",
+        store=f"s3://{sts_server.bucket}/{prefix}",
         storage_options=sts_server.storage_options(),
         s3_tenant_role_arn=sts_server.role_arn,
+        s3_sse_c_master_key="the reference server's master secret, for this test",
         tokens={"acme-token-0123456789abcdef": "acme", "labs-token-0123456789abcdef": "acme-labs"},
     )
     app = create_app(settings)
@@ -194,8 +196,24 @@ def test_the_reference_server_assumes_the_role_per_tenant(sts_server: Any) -> No
             headers = {"Authorization": f"Bearer {token}"}
             reply = client.post("/api/sessions/s1/messages", json={"text": "Dump the invoices table"}, headers=headers)
             assert reply.status_code == 200, reply.text
-            assert client.get("/api/sessions/s1/results", headers=headers).json()["results"]
+            results = client.get("/api/sessions/s1/results", headers=headers).json()["results"]
+            assert results
+            page = client.get(f"/api/sessions/s1/results/{results[0]['reference']}", headers=headers)
+            assert page.status_code == 200, page.text
         assert app.state.root.credentials.calls == 2  # one per tenant
+    # Everything the server wrote (results, history, turns) is encrypted with its tenant's key.
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=sts_server.endpoint_url,
+        aws_access_key_id=sts_server.storage_options()["key"],
+        aws_secret_access_key=sts_server.storage_options()["secret"],
+        region_name="us-east-1",
+    )
+    written = [item["Key"] for item in s3.list_objects_v2(Bucket=sts_server.bucket, Prefix=f"{prefix}/")["Contents"]]
+    assert any("/acme/" in key for key in written) and any("/acme-labs/" in key for key in written)
+    for key in written:
+        with pytest.raises(ClientError):
+            s3.get_object(Bucket=sts_server.bucket, Key=key)
 
 
 def test_a_role_sts_will_not_give_is_a_permission_error_not_a_storage_failure(sts_server: Any) -> None:

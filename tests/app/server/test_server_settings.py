@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from haystack.components.generators.chat import MockChatGenerator, OpenAIChatGenerator
+from haystack.utils import Secret
 from pydantic import ValidationError
 
 from haystack_integrations.offload import FsspecToolResultStore, RetryPolicy, StorageUnavailableError
@@ -190,3 +191,20 @@ def test_the_s3_timeouts_are_settings_the_store_keeps(monkeypatch: pytest.Monkey
     assert time.monotonic() - started < 5  # the store's default read timeout is 15 s, botocore's 60 s
     with pytest.raises(ValidationError, match="s3_read_timeout"):
         ServerSettings(store="s3://bucket/prod", s3_read_timeout=0)
+
+
+def test_a_master_key_gives_the_store_a_key_per_tenant_serialized_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    from haystack_integrations.offload.stores import TenantKeys
+
+    master = "a master secret for these tests, 40 chars"
+    monkeypatch.setenv("OFFLOAD_SERVER_STORE", "s3://bucket/prod")
+    monkeypatch.setenv("OFFLOAD_SERVER_S3_SSE_C_MASTER_KEY", master)
+    store = ServerSettings().results_store()
+    assert isinstance(store.encryption, TenantKeys)
+    assert store.encryption.key_for("acme") == TenantKeys(Secret.from_token(master)).key_for("acme")
+    assert master not in json.dumps(store.to_dict())
+    assert master not in repr(ServerSettings())
+    with pytest.raises(ValidationError, match="at least 32 characters"):
+        ServerSettings(store="s3://bucket/prod", s3_sse_c_master_key="short")
+    with pytest.raises(ValidationError, match="s3:// stores only"):
+        ServerSettings(store="./results", s3_sse_c_master_key=master)

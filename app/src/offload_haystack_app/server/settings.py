@@ -19,7 +19,8 @@ from pydantic import Field, SecretStr, TypeAdapter, ValidationError, field_valid
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from haystack_integrations.offload.approvals.resume import DEFAULT_RESUME_LEASE
-from haystack_integrations.offload.stores import AssumeRoleCredentials, FsspecToolResultStore, Quota
+from haystack_integrations.offload.stores import AssumeRoleCredentials, FsspecToolResultStore, Quota, TenantKeys
+from haystack_integrations.offload.stores.encryption import MIN_MASTER_SECRET_CHARACTERS
 from haystack_integrations.offload.stores.options import check_region, with_s3_choices, with_timeouts
 from haystack_integrations.offload.stores.scope import validate_scope_id
 from offload_haystack_app.server.model_check import DEFAULT_CHECK_TIMEOUT, check_openai_endpoint
@@ -33,6 +34,7 @@ from offload_haystack_app.server.startup import require_exclusive_creates
 DEFAULT_SERVER_STORE = "./offload-server-results"
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 MIN_TOKEN_LENGTH = 16
+_MASTER_KEY_VARIABLE = "OFFLOAD_SERVER_S3_SSE_C_MASTER_KEY"
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant with tools. Large tool results are stored outside the conversation and replaced by "
     "a pointer like \"Tool result offloaded to ... at '<reference>'\": call read_tool_result with that reference to "
@@ -96,6 +98,11 @@ class ServerSettings(BaseSettings):
     )
     s3_sts_endpoint_url: str | None = Field(
         default=None, description="The STS endpoint for s3_tenant_role_arn; None: the S3 endpoint, else AWS's."
+    )
+    s3_sse_c_master_key: SecretStr | None = Field(
+        default=None,
+        description="A master secret (32 characters or more) each tenant's SSE-C key is derived from; None: no keys "
+        "per tenant. Every replica needs the same one: without it, nothing written under it can be read.",
     )
     drain_seconds: float = Field(
         default=30.0,
@@ -170,6 +177,21 @@ class ServerSettings(BaseSettings):
         if value:  # the same rule as the store's and the CLI's, named by its variable
             check_region(value, "OFFLOAD_SERVER_S3_REGION")
         return value
+
+    @field_validator("s3_sse_c_master_key")
+    @classmethod
+    def _is_a_master_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < MIN_MASTER_SECRET_CHARACTERS:
+            raise ValueError(f"{_MASTER_KEY_VARIABLE} must be at least {MIN_MASTER_SECRET_CHARACTERS} characters")
+        return value
+
+    @model_validator(mode="after")
+    def _keys_need_s3(self) -> "ServerSettings":
+        if self.s3_sse_c_master_key is not None and split_protocol(self.store)[0] not in {"s3", "s3a"}:
+            raise ValueError(
+                f"{_MASTER_KEY_VARIABLE} (SSE-C) applies to s3:// stores only, and {self.store!r} is not one"
+            )
+        return self
 
     @model_validator(mode="after")
     def _engine_serves_the_store(self) -> "ServerSettings":
@@ -323,7 +345,16 @@ class ServerSettings(BaseSettings):
             engine=self.engine,
             quota=self.quota,
             credentials=credentials,
+            encryption=self._tenant_keys(),
         )
+
+    def _tenant_keys(self) -> TenantKeys | None:
+        if self.s3_sse_c_master_key is None:
+            return None
+        value = self.s3_sse_c_master_key.get_secret_value()
+        # By name when it came from the environment, so the store serializes without the secret in it.
+        from_environment = os.environ.get(_MASTER_KEY_VARIABLE) == value
+        return TenantKeys(Secret.from_env_var(_MASTER_KEY_VARIABLE) if from_environment else Secret.from_token(value))
 
     def check_store(self) -> None:
         """
