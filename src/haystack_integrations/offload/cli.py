@@ -188,7 +188,7 @@ def _root(arguments: argparse.Namespace) -> Any:
     if engine == "obstore":
         _check_obstore(url)
     try:
-        root = FsspecToolResultStore(url, storage_options=options, engine=engine)
+        root = FsspecToolResultStore(url, storage_options=options, engine=engine, **_tenant_isolation(arguments))
     except ValueError as error:
         what = "Cannot use --engine obstore for" if engine == "obstore" else "Cannot open the store"
         raise CommandError(f"{what} {shown_url(url)!r}: {error}") from error
@@ -197,6 +197,27 @@ def _root(arguments: argparse.Namespace) -> Any:
         if not Path(directory).is_dir():
             raise CommandError(f"No store at {shown_url(directory)}: the directory does not exist.")
     return root
+
+
+def _tenant_isolation(arguments: argparse.Namespace) -> dict[str, Any]:
+    """The store's credentials and keys per tenant, for the commands that take them (`doctor`)."""
+    isolation: dict[str, Any] = {}
+    if getattr(arguments, "tenant_role_arn", None):
+        from haystack_integrations.offload.stores import AssumeRoleCredentials
+
+        isolation["credentials"] = AssumeRoleCredentials(
+            arguments.tenant_role_arn, sts_endpoint_url=arguments.sts_endpoint_url
+        )
+    variable = getattr(arguments, "sse_c_master_key_env", None)
+    if variable:
+        from haystack.utils import Secret
+
+        from haystack_integrations.offload.stores import TenantKeys
+
+        if not os.environ.get(variable):
+            raise CommandError(f"--sse-c-master-key-env names {variable}, which is not set.")
+        isolation["encryption"] = TenantKeys(Secret.from_env_var(variable))
+    return isolation
 
 
 def _check_obstore(url: str) -> None:
@@ -819,13 +840,23 @@ def _add_operator_commands(commands: Any) -> None:
         help="check that an object store keeps the promises this library relies on",
         description="Check, below one fresh prefix of the store (removed after), that a second exclusive create is "
         "refused, ranged reads carry the size, delimited listings page completely, batch deletes take missing keys, "
-        "multipart writes read back, and a conditional multipart completion is refused. Exit status: 0 every check "
+        "multipart writes read back, a conditional multipart completion is refused, and, given credentials or keys per "
+        "tenant, that the store refuses one tenant's objects to another's credentials and an SSE-C object to a read "
+        "without its key. Exit status: 0 every check "
         "passed, warned or was skipped; 1 a check failed (a store that does not refuse a second exclusive create, "
         "which approvals and serve refuse, a missing bucket or refused credentials: each check names why); 2 the "
         "doctor could not run (a bad argument, no store URL, a local directory that does not exist); 3 no check "
         "failed but one could not tell (a transient error): run it again.",
     )
     _store_arguments(doctor, url_flag=True)
+    isolation = doctor.add_argument_group(
+        "tenant isolation", "the tenant-isolation check: the store's credentials and keys per tenant, as the server has"
+    )
+    isolation.add_argument("--tenant-role-arn", help="the role assumed per tenant (AssumeRoleCredentials)")
+    isolation.add_argument("--sts-endpoint-url", help="its STS endpoint (default: the S3 endpoint, else AWS's)")
+    isolation.add_argument(
+        "--sse-c-master-key-env", metavar="VARIABLE", help="the environment variable holding the SSE-C master secret"
+    )
     doctor.set_defaults(handler=_doctor)
 
 

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from haystack_integrations.offload.errors import StorageUnavailableError
 from haystack_integrations.offload.stores import FsspecToolResultStore
 from haystack_integrations.offload.stores.chunks import ContentChunks
-from haystack_integrations.offload.stores.failures import no_answer_cause, transient_cause
+from haystack_integrations.offload.stores.failures import StorageRequestError, no_answer_cause, transient_cause
 from haystack_integrations.offload.stores.io import MULTIPART_THRESHOLD, Requests, StorageIO
 from haystack_integrations.offload.stores.options import redacted_url
 from haystack_integrations.offload.stores.retention import storage_times_async
@@ -121,6 +121,7 @@ CHECK_NAMES = (
     "batch-delete",
     "multipart-write",
     "conditional-multipart",
+    "tenant-isolation",
     "cleanup",
     "leftovers",
 )
@@ -190,6 +191,7 @@ async def _run_all(
         "batch-delete": lambda: _batch_delete(request, f"{base}/delete"),
         "multipart-write": lambda: _multipart_write(request, client, f"{base}/multipart"),
         "conditional-multipart": lambda: _conditional_multipart(request, client, base),
+        "tenant-isolation": lambda: tenant_isolation(root, probe),
         "cleanup": lambda: _cleanup(request, io.fs, client, base),
         "leftovers": lambda: _leftovers(request, io.fs, client, base, leftover_age),
     }
@@ -455,6 +457,73 @@ def _refused_completion(name: str, error: Exception) -> CheckResult:
             finding="unsupported",
         )
     raise error
+
+
+ISOLATION_TENANTS = ("doctor-tenant-a", "doctor-tenant-b")
+"""The two tenants the isolation check writes as, below the run's prefix."""
+
+
+async def tenant_isolation(root: FsspecToolResultStore, probe: FsspecToolResultStore) -> tuple[Verdict, str]:
+    """
+    With credentials per tenant: one tenant's client is refused another tenant's objects (read, overwrite, list,
+    delete) by the store itself, the scope check bypassed. With keys per tenant: an object written with a tenant's
+    key is refused to a read without it. Skipped without either.
+    """
+    if root.credentials is None and root.encryption is None:
+        return "skipped", "no credentials or keys per tenant configured"
+    store = FsspecToolResultStore(
+        f"{probe.url}/isolation",
+        storage_options=root.storage_options,
+        engine=root.engine,
+        retry=None,  # a refusal is the answer looked for: nothing to retry
+        credentials=root.credentials,
+        encryption=root.encryption,
+    )
+    base = store._handle.root_path()
+    mine, theirs = (store._handle.for_tenant(tenant) for tenant in ISOLATION_TENANTS)
+    own, other = (f"{base}/{tenant}/session/object" for tenant in ISOLATION_TENANTS)
+    try:
+        await mine.request("put", own, lambda io: io.put_async(own, b"mine"))
+        await theirs.request("put", other, lambda io: io.put_async(other, b"theirs"))
+        found: list[str] = []
+        if root.credentials is not None:
+            attempts: dict[str, Callable[[StorageIO], Awaitable[object]]] = {
+                "read": lambda io: io.get_async(other),
+                "overwrite": lambda io: io.put_async(other, b"planted"),
+                "list": lambda io: io.find_async(other.rpartition("/")[0]),
+                "delete": lambda io: io.delete_async([other]),
+            }
+            allowed = [name for name, call in attempts.items() if not await _refused(mine.request(name, other, call))]
+            if allowed:
+                return "fail", (
+                    f"a tenant's credentials reached another tenant's objects ({', '.join(allowed)}): the role's "
+                    "session policy is not enforced"
+                )
+            found.append("a tenant's credentials are refused another tenant's objects (read, overwrite, list, delete)")
+        if root.encryption is not None:
+            plain = FsspecToolResultStore(
+                store.url, storage_options=root.storage_options, engine=root.engine, retry=None
+            )._handle
+            if not await _refused(plain.request("get", own, lambda io: io.get_async(own)), without_key=True):
+                return "fail", "an object written with a tenant's SSE-C key was returned without it: SSE-C is ignored"
+            found.append("an object written with a tenant's key is refused without it")
+        return "pass", "; ".join(found)
+    finally:
+        with contextlib.suppress(Exception):  # the cleanup check removes whatever is left
+            await store._handle.request("delete", base, lambda io: io.delete_async([own, other]))
+
+
+async def _refused(attempt: Awaitable[object], *, without_key: bool = False) -> bool:
+    """Whether the store refused: 403 (or, to a request without an SSE-C object's key, S3's 400); else it raises."""
+    try:
+        await attempt
+    except PermissionError:
+        return True
+    except StorageRequestError as error:
+        if without_key and error.status == 400:
+            return True
+        raise
+    return False
 
 
 async def _cleanup(request: Requests, fs: Any, client: _S3Client, base: str) -> tuple[Verdict, str]:
