@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from haystack_integrations.offload import FsspecToolResultStore
+from haystack_integrations.offload import FsspecToolResultStore, StorageError, StoragePermissionError
 from haystack_integrations.offload.stores import AssumeRoleCredentials
-from haystack_integrations.offload.stores.credentials import role_session_name
+from haystack_integrations.offload.stores.credentials import STS_ATTEMPTS, role_session_name
+from haystack_integrations.offload.testing.faults import Fault, FaultPlan, FaultProxy
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 
 pytestmark = pytest.mark.s3
@@ -182,3 +183,38 @@ def test_a_tenants_sts_session_name_is_one_sts_takes(tenant: str, expected: str 
         assert name == expected
     else:  # spelled differently: a hash keeps it apart from every other tenant's
         assert name != role_session_name(tenant + "x") and name.startswith("offload-")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("faults", [[Fault.SLOW_DOWN, Fault.RESET_AFTER], [Fault.INTERNAL_ERROR, Fault.RESET]])
+def test_a_transient_sts_failure_is_retried_and_the_tenant_gets_its_credentials(
+    s3_server: LocalS3Server, s3_requests: RequestLog, engine: str, faults: list[Fault]
+) -> None:
+    with FaultProxy(s3_server.endpoint_url) as sts:
+        sts.inject(*faults, method="POST")  # AssumeRole is a POST; S3's requests do not go through this proxy
+        source = AssumeRoleCredentials(ROLE, sts_endpoint_url=sts.endpoint_url)
+        session = _root(s3_server, engine, source).for_session("acme", "s1")
+        assert session.read(session.write(key="call-1", content="kept")) == "kept"
+        injected = [entry.kind for entry in sts.faults.snapshot()]
+    assert injected == faults  # the injector did inject each, in order, and nothing more
+    assert source.calls == 1  # one call of ours; botocore's attempts inside it
+    assert _keys(s3_requests, "/acme/") and s3_server.storage_options()["key"] not in _keys(s3_requests, "/acme/")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_sts_failing_throughout_is_a_storage_error_loses_nothing_and_is_asked_again(
+    s3_server: LocalS3Server, engine: str
+) -> None:
+    with FaultProxy(s3_server.endpoint_url, plan=FaultPlan(rate=1.0, kinds=[Fault.SLOW_DOWN])) as sts:
+        source = AssumeRoleCredentials(ROLE, sts_endpoint_url=sts.endpoint_url)
+        root = _root(s3_server, engine, source)
+        session = root.for_session("acme", "s1")
+        with pytest.raises(StorageError, match="credentials: STS answered 503") as failed:
+            await session.write_async(key="call-1", content="not lost")
+        assert not isinstance(failed.value, StoragePermissionError)  # told apart from a refusal
+        assert failed.value.location is not None and "acme" in failed.value.location
+        assert [entry.kind for entry in sts.faults.snapshot()] == [Fault.SLOW_DOWN] * STS_ATTEMPTS
+        sts.plan.rate = 0.0
+        # Nothing was cached: the next request asks STS again, and the caller's retry of the write lands.
+        reference = await session.write_async(key="call-1", content="not lost")
+    assert await session.read_async(reference) == "not lost" and source.calls == 2

@@ -18,11 +18,14 @@ from typing import Any
 from haystack.core.serialization import default_from_dict, default_to_dict
 
 from haystack_integrations.offload.errors import StorageError, StoragePermissionError
+from haystack_integrations.offload.stores.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_READ_TIMEOUT
 
 logger = logging.getLogger(__name__)
 
 # STS refuses shorter sessions; AWS allows up to the role's maximum (one hour by default).
 MIN_DURATION = timedelta(seconds=900)
+# Attempts per STS call: botocore retries 5xx, throttling, resets and timeouts (never a refusal), with backoff.
+STS_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -144,8 +147,8 @@ class AssumeRoleCredentials:
         :returns: The credentials.
         :raises StoragePermissionError: If STS refused (the role's trust policy, wrong base credentials); the role and
             tenant are logged, not put in the message.
-        :raises StorageError: If STS could not be reached or failed otherwise (botocore has retried what is
-            transient).
+        :raises StorageError: If STS could not be reached or failed otherwise, after `STS_ATTEMPTS` attempts for
+            what is transient (5xx, throttling, resets, timeouts); nothing is cached, so the next request asks again.
         """
         # Cached by the prefix the policy names, not the tenant alone: one source may serve stores of several roots.
         scope = f"{bucket}/{prefix}"
@@ -192,11 +195,18 @@ class AssumeRoleCredentials:
     def _sts(self, options: Mapping[str, Any]) -> Any:
         with self._guard:
             if self._client is None:
+                from botocore.config import Config
                 from botocore.session import Session  # s3fs's dependency, through aiobotocore
 
                 client_kwargs = options.get("client_kwargs") or {}
                 self._client = Session(profile=options.get("profile")).create_client(
                     "sts",
+                    # As the store's S3 requests: a silent STS must not hold a tenant's first request for minutes.
+                    config=Config(
+                        connect_timeout=DEFAULT_CONNECT_TIMEOUT,
+                        read_timeout=DEFAULT_READ_TIMEOUT,
+                        retries={"mode": "standard", "total_max_attempts": STS_ATTEMPTS},
+                    ),
                     endpoint_url=self.sts_endpoint_url
                     or options.get("endpoint_url")
                     or client_kwargs.get("endpoint_url"),
