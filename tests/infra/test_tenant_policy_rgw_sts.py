@@ -171,7 +171,10 @@ def test_a_store_with_assume_role_credentials_is_held_to_each_tenants_prefix_by_
     for name, attempt in attempts.items():
         with pytest.raises(StoragePermissionError) as raised:
             attempt()
-        assert raised.value.location.startswith(f"s3://{sts_server.bucket} at "), name  # RGW's answer, not ours
+        location = raised.value.location
+        assert location.startswith(f"s3://{sts_server.bucket} at "), name  # RGW's answer, not ours
+        # The scope the refused credentials were issued for: the caller's own tenant, never the other one.
+        assert location.endswith("signed as tenant 'acme'") and "acme-labs" not in str(raised.value), name
     assert theirs.read(their_result) == "theirs"
     assert theirs.documents("approvals").get("request.json") == b'{"approved": false}'
     assert mine.purge() == 1 and theirs.purge() == 1
