@@ -6,10 +6,12 @@ however many runs start at once; renewed before expiry; serialized by reference.
 """
 
 import asyncio
+import gc
 import re
 import threading
 import time
 import uuid
+import weakref
 from datetime import timedelta
 from typing import Any
 
@@ -218,3 +220,32 @@ async def test_sts_failing_throughout_is_a_storage_error_loses_nothing_and_is_as
         # Nothing was cached: the next request asks STS again, and the caller's retry of the write lands.
         reference = await session.write_async(key="call-1", content="not lost")
     assert await session.read_async(reference) == "not lost" and source.calls == 2
+
+
+# A dropped client's aiohttp session is closed by the garbage collector (aiohttp closes its connector in __del__,
+# saying so); closing it before then could cut a request still using it.
+@pytest.mark.filterwarnings("ignore:Unclosed client session:ResourceWarning")
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_renewing_credentials_leaves_no_client_behind(s3_server: LocalS3Server, engine: str) -> None:
+    source = AssumeRoleCredentials(ROLE)
+    session = _root(s3_server, engine, source).for_session("acme", "s1")
+    replaced = []
+    for number in range(4):
+        session.write(key=f"sync-{number}", content="a")  # the sync path's client (fsspec's loop)
+        await session.write_async(key=f"async-{number}", content="b")  # this loop's own client
+        replaced.append(weakref.ref(session._handle.io()))
+        source._cache.clear()  # as if they were due: the next request renews them
+    assert source.calls == 4
+    gc.collect()
+    await asyncio.sleep(0.1)  # the loop closes the dropped clients' connection pools
+    gc.collect()
+    assert [ref() is None for ref in replaced[:-1]] == [True, True, True]  # only the current client is alive
+    s3fs = pytest.importorskip("s3fs")
+    temporary = {fs.key for fs in s3fs.S3FileSystem._cache.values()} & _keys_issued(session)
+    assert temporary == set()  # and fsspec's instance cache keeps none of the tenant's clients
+
+
+def _keys_issued(session: FsspecToolResultStore) -> set[str]:
+    signer = session._handle._signer
+    assert signer is not None and signer.signing is not None
+    return {signer.signing.key}

@@ -1164,7 +1164,9 @@ class _FilesystemHandle:
             # Never from fsspec's instance cache: an asynchronous instance belongs to the loop it was made on.
             fs = fsspec.filesystem(self._protocol, asynchronous=True, skip_instance_cache=True, **options)
         else:
-            fs = fsspec.filesystem(self._protocol, **options)
+            # A tenant's client is made again with each renewal of its credentials: fsspec's instance cache would keep
+            # every one (and its connection pool) for the life of the process.
+            fs = fsspec.filesystem(self._protocol, skip_instance_cache=self._tenant is not None, **options)
         if self._retry is not None:
             # s3fs retries on top of botocore (a class attribute, not an option): one attempt, ours retry.
             fs.retries = 1
