@@ -116,6 +116,7 @@ def test_a_store_with_tenant_credentials_serializes_them_by_reference(s3_server:
         "renew_before": 300.0,
         "sts_endpoint_url": "http://127.0.0.1:1",
         "region": None,
+        "tenant_tag": None,
     }
     again = FsspecToolResultStore.from_dict(data)
     assert isinstance(again.credentials, AssumeRoleCredentials)
@@ -249,3 +250,23 @@ def _keys_issued(session: FsspecToolResultStore) -> set[str]:
     signer = session._handle._signer
     assert signer is not None and signer.signing is not None
     return {signer.signing.key}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_tenant_tag_carries_the_tenant_id_as_a_session_tag(s3_server: LocalS3Server, engine: str) -> None:
+    source = AssumeRoleCredentials(ROLE, tenant_tag="tenant")
+    root = _root(s3_server, engine, source)
+    sent: list[dict[str, Any]] = []
+    client = source._sts(s3_server.storage_options())
+    client.meta.events.register("before-call.sts.AssumeRole", lambda params, **_: sent.append(params["body"]))
+    for tenant in ("acme", "globex"):
+        session = root.for_session(tenant, "s1")
+        session.read(session.write(key="call-1", content=tenant))
+    assert [(body["Tags.member.1.Key"], body["Tags.member.1.Value"]) for body in sent] == [
+        ("tenant", "acme"),
+        ("tenant", "globex"),
+    ]
+    again = AssumeRoleCredentials.from_dict(source.to_dict())
+    assert again.tenant_tag == "tenant"
+    with pytest.raises(ValueError, match="not an STS tag key"):
+        AssumeRoleCredentials(ROLE, tenant_tag="tenant*")

@@ -99,6 +99,11 @@ class ServerSettings(BaseSettings):
     s3_sts_endpoint_url: str | None = Field(
         default=None, description="The STS endpoint for s3_tenant_role_arn; None: the S3 endpoint, else AWS's."
     )
+    s3_tenant_tag: str | None = Field(
+        default=None,
+        description="A session tag key carrying the tenant id in each tenant's STS session, for ABAC role policies "
+        "(aws:PrincipalTag); None: no tags.",
+    )
     s3_sse_c_master_key: SecretStr | None = Field(
         default=None,
         description="A master secret (32 characters or more) each tenant's SSE-C key is derived from; None: no keys "
@@ -338,7 +343,9 @@ class ServerSettings(BaseSettings):
         """
         credentials = None
         if self.s3_tenant_role_arn:
-            credentials = AssumeRoleCredentials(self.s3_tenant_role_arn, sts_endpoint_url=self.s3_sts_endpoint_url)
+            credentials = AssumeRoleCredentials(
+                self.s3_tenant_role_arn, sts_endpoint_url=self.s3_sts_endpoint_url, tenant_tag=self.s3_tenant_tag
+            )
         return FsspecToolResultStore(
             self.store,
             storage_options=self.resolved_storage_options(),
