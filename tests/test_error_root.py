@@ -53,6 +53,7 @@ BUILT_IN_BASES: dict[str, type[Exception]] = {
     "sessions.errors.InvalidMessageError": ValueError,
     "stores.failures.StorageRequestError": OSError,
     "stores.failures.MissingCredentialsError": PermissionError,
+    "stores.failures.EncryptionKeyRefusedError": PermissionError,
     "cli.CommandError": Exception,
     "sessions.history.SessionBusyError": RuntimeError,
     "sessions.history.TurnAbandonedError": RuntimeError,
