@@ -120,3 +120,21 @@ def test_the_roots_operator_requests_use_each_tenants_key(real_s3_server: Any, e
     assert set(root.activity_times(activity).values()) == {datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)}
     root.delete(f"acme/chat-1/{written['acme']}")
     assert [record.reference for record in root.list()] == [f"globex/chat-1/{written['globex']}"]
+
+
+def test_the_operator_commands_read_with_each_tenants_key(
+    real_s3_server: Any, tmp_path: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from haystack_integrations.offload.cli import main
+
+    monkeypatch.setenv("OFFLOAD_TEST_MASTER_KEY", MASTER)
+    root = _root(real_s3_server, "obstore", MASTER)
+    reference = root.for_session("acme", "chat-1").write(key="call-1", content="acme's result")
+    store = [root.url, "--storage-options", json.dumps(real_s3_server.storage_options())]
+    out = tmp_path / "result.txt"
+    assert main(["cat", *store, f"acme/chat-1/{reference}", "-o", str(out)]) == 2
+    assert "Could not read the result" in capsys.readouterr().err  # without the key: a clear error, nothing written
+    assert not out.exists()
+    keyed = ["--sse-c-master-key-env", "OFFLOAD_TEST_MASTER_KEY"]
+    assert main(["cat", *store, *keyed, f"acme/chat-1/{reference}", "-o", str(out)]) == 0
+    assert out.read_text() == "acme's result"

@@ -748,6 +748,12 @@ def _store_arguments(parser: argparse.ArgumentParser, *, url_flag: bool = False)
         default="auto",
         help="S3 client for s3:// stores: auto (the default: obstore where it serves the options), fsspec or obstore",
     )
+    parser.add_argument(
+        "--sse-c-master-key-env",
+        metavar="VARIABLE",
+        help="the environment variable holding the SSE-C master secret of a store with keys per tenant (the server's "
+        "OFFLOAD_SERVER_S3_SSE_C_MASTER_KEY): each tenant's objects are read with its key",
+    )
 
 
 def _operator(commands: Any, name: str, handler: Handler, **texts: str) -> argparse.ArgumentParser:
@@ -850,13 +856,10 @@ def _add_operator_commands(commands: Any) -> None:
     )
     _store_arguments(doctor, url_flag=True)
     isolation = doctor.add_argument_group(
-        "tenant isolation", "the tenant-isolation check: the store's credentials and keys per tenant, as the server has"
+        "tenant isolation", "the tenant-isolation check's credentials per tenant (keys: --sse-c-master-key-env)"
     )
     isolation.add_argument("--tenant-role-arn", help="the role assumed per tenant (AssumeRoleCredentials)")
     isolation.add_argument("--sts-endpoint-url", help="its STS endpoint (default: the S3 endpoint, else AWS's)")
-    isolation.add_argument(
-        "--sse-c-master-key-env", metavar="VARIABLE", help="the environment variable holding the SSE-C master secret"
-    )
     doctor.set_defaults(handler=_doctor)
 
 
