@@ -39,6 +39,9 @@ from haystack_integrations.offload import (
 from haystack_integrations.offload.approvals import ApprovalClaimedError
 from haystack_integrations.offload.approvals.resume import current_idempotency_key
 
+# Also on RGW with STS credentials and an SSE-C key per tenant (tests/conftest.py, "isolated").
+pytestmark = pytest.mark.isolated
+
 INVOICE = ("send_invoice", {"customer": "acme", "amount": 120}, "call_inv")
 DELETE = ("delete_file", {"path": "a.txt"}, "call_del")
 WIPE = ("wipe", {"path": "/"}, "call_wipe")

@@ -20,7 +20,8 @@ from haystack_integrations.offload.sessions.history import (
     TurnAbandonedError,
 )
 
-pytestmark = pytest.mark.real_s3  # also on the real S3 server's lane, both engines (tests/conftest.py)
+# Also on the real S3 server's lane, both engines, and there with STS credentials and SSE-C keys per tenant.
+pytestmark = [pytest.mark.real_s3, pytest.mark.isolated]
 
 
 def _history(store: FsspecToolResultStore, worker: str = "w1", lease: float = 300.0) -> SessionHistory:
