@@ -467,50 +467,70 @@ async def tenant_isolation(root: FsspecToolResultStore, probe: FsspecToolResultS
     """
     With credentials per tenant: one tenant's client is refused another tenant's objects (read, overwrite, list,
     delete) by the store itself, the scope check bypassed. With keys per tenant: an object written with a tenant's
-    key is refused to a read without it. Skipped without either.
+    key is refused to a read without it. Each is checked on its own, so one cannot pass for the other. Skipped
+    without either.
     """
     if root.credentials is None and root.encryption is None:
         return "skipped", "no credentials or keys per tenant configured"
-    store = FsspecToolResultStore(
-        f"{probe.url}/isolation",
-        storage_options=root.storage_options,
-        engine=root.engine,
-        retry=None,  # a refusal is the answer looked for: nothing to retry
-        credentials=root.credentials,
-        encryption=root.encryption,
-    )
+    found = []
+    for isolation in ({"credentials": root.credentials}, {"encryption": root.encryption}):
+        if next(iter(isolation.values())) is None:
+            continue
+        store = FsspecToolResultStore(
+            f"{probe.url}/isolation",
+            storage_options=root.storage_options,
+            engine=root.engine,
+            retry=None,  # a refusal is the answer looked for: nothing to retry
+            **isolation,
+        )
+        verdict, detail = await (_credentials_isolate(store) if "credentials" in isolation else _keys_isolate(store))
+        if verdict != "pass":
+            return verdict, detail
+        found.append(detail)
+    return "pass", "; ".join(found)
+
+
+async def _credentials_isolate(store: FsspecToolResultStore) -> tuple[Verdict, str]:
     base = store._handle.root_path()
     mine, theirs = (store._handle.for_tenant(tenant) for tenant in ISOLATION_TENANTS)
-    own, other = (f"{base}/{tenant}/session/object" for tenant in ISOLATION_TENANTS)
+    other = f"{base}/{ISOLATION_TENANTS[1]}/session/object"
     try:
-        await mine.request("put", own, lambda io: io.put_async(own, b"mine"))
         await theirs.request("put", other, lambda io: io.put_async(other, b"theirs"))
-        found: list[str] = []
-        if root.credentials is not None:
-            attempts: dict[str, Callable[[StorageIO], Awaitable[object]]] = {
-                "read": lambda io: io.get_async(other),
-                "overwrite": lambda io: io.put_async(other, b"planted"),
-                "list": lambda io: io.find_async(other.rpartition("/")[0]),
-                "delete": lambda io: io.delete_async([other]),
-            }
-            allowed = [name for name, call in attempts.items() if not await _refused(mine.request(name, other, call))]
-            if allowed:
-                return "fail", (
-                    f"a tenant's credentials reached another tenant's objects ({', '.join(allowed)}): the role's "
-                    "session policy is not enforced"
-                )
-            found.append("a tenant's credentials are refused another tenant's objects (read, overwrite, list, delete)")
-        if root.encryption is not None:
-            plain = FsspecToolResultStore(
-                store.url, storage_options=root.storage_options, engine=root.engine, retry=None
-            )._handle
-            if not await _refused(plain.request("get", own, lambda io: io.get_async(own)), without_key=True):
-                return "fail", "an object written with a tenant's SSE-C key was returned without it: SSE-C is ignored"
-            found.append("an object written with a tenant's key is refused without it")
-        return "pass", "; ".join(found)
+        attempts: dict[str, Callable[[StorageIO], Awaitable[object]]] = {
+            "read": lambda io: io.get_async(other),
+            "overwrite": lambda io: io.put_async(other, b"planted"),
+            "list": lambda io: io.find_async(other.rpartition("/")[0]),
+            "delete": lambda io: io.delete_async([other]),
+        }
+        allowed = [name for name, call in attempts.items() if not await _refused(mine.request(name, other, call))]
     finally:
-        with contextlib.suppress(Exception):  # the cleanup check removes whatever is left
-            await store._handle.request("delete", base, lambda io: io.delete_async([own, other]))
+        await _remove(store, [other])
+    if allowed:
+        return "fail", (
+            f"a tenant's credentials reached another tenant's objects ({', '.join(allowed)}): the role's session "
+            "policy is not enforced"
+        )
+    return "pass", "a tenant's credentials are refused another tenant's objects (read, overwrite, list, delete)"
+
+
+async def _keys_isolate(store: FsspecToolResultStore) -> tuple[Verdict, str]:
+    base = store._handle.root_path()
+    own = f"{base}/{ISOLATION_TENANTS[0]}/session/object"
+    plain = FsspecToolResultStore(store.url, storage_options=store.storage_options, engine=store.engine, retry=None)
+    try:
+        await store._handle.for_tenant(ISOLATION_TENANTS[0]).request("put", own, lambda io: io.put_async(own, b"m"))
+        read = plain._handle.request("get", own, lambda io: io.get_async(own))
+        refused = await _refused(read, without_key=True)
+    finally:
+        await _remove(store, [own])
+    if not refused:
+        return "fail", "an object written with a tenant's SSE-C key was returned without it: SSE-C is ignored"
+    return "pass", "an object written with a tenant's key is refused without it"
+
+
+async def _remove(store: FsspecToolResultStore, paths: list[str]) -> None:
+    with contextlib.suppress(Exception):  # the cleanup check removes whatever is left
+        await store._handle.request("delete", store._handle.root_path(), lambda io: io.delete_async(paths))
 
 
 async def _refused(attempt: Awaitable[object], *, without_key: bool = False) -> bool:
