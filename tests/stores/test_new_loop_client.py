@@ -93,6 +93,26 @@ def test_concurrent_new_loops_build_their_clients_on_one_session(s3_server: Loca
 
 
 @pytest.mark.s3
+@pytest.mark.parametrize("tenant_credentials", [False, True])
+def test_skip_instance_cache_in_the_storage_options_is_taken_on_every_loop(
+    s3_server: LocalS3Server, tenant_credentials: bool
+) -> None:
+    # The store asks fsspec for uncached instances itself (a loop's client; a tenant's): an option saying the same
+    # must not collide with its own.
+    from haystack_integrations.offload.stores import AssumeRoleCredentials
+
+    credentials = AssumeRoleCredentials("arn:aws:iam::123456789012:role/t") if tenant_credentials else None
+    store = FsspecToolResultStore(
+        f"{s3_server.bucket_url}/{uuid.uuid4().hex}",
+        storage_options={**s3_server.storage_options(), "skip_instance_cache": True},
+        engine="fsspec",
+        credentials=credentials,
+    ).for_session("acme", "chat-1")
+    reference = store.write(key="sync", content="on fsspec's loop")  # the sync client
+    assert asyncio.run(store.read_async(reference)) == "on fsspec's loop"  # a new loop's client
+
+
+@pytest.mark.s3
 def test_a_session_given_in_storage_options_is_used_as_given(s3_server: LocalS3Server) -> None:
     from aiobotocore.session import AioSession
 

@@ -1162,11 +1162,13 @@ class _FilesystemHandle:
     def _s3_filesystem(self, options: dict[str, Any], *, asynchronous: bool = False) -> AbstractFileSystem:
         if asynchronous:
             # Never from fsspec's instance cache: an asynchronous instance belongs to the loop it was made on.
-            fs = fsspec.filesystem(self._protocol, asynchronous=True, skip_instance_cache=True, **options)
-        else:
+            fs = fsspec.filesystem(self._protocol, **{**options, "asynchronous": True, "skip_instance_cache": True})
+        elif self._tenant is not None:
             # A tenant's client is made again with each renewal of its credentials: fsspec's instance cache would keep
             # every one (and its connection pool) for the life of the process.
-            fs = fsspec.filesystem(self._protocol, skip_instance_cache=self._tenant is not None, **options)
+            fs = fsspec.filesystem(self._protocol, **{**options, "skip_instance_cache": True})
+        else:
+            fs = fsspec.filesystem(self._protocol, **options)
         if self._retry is not None:
             # s3fs retries on top of botocore (a class attribute, not an option): one attempt, ours retry.
             fs.retries = 1
