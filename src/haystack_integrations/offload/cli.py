@@ -200,7 +200,7 @@ def _root(arguments: argparse.Namespace) -> Any:
 
 
 def _tenant_isolation(arguments: argparse.Namespace) -> dict[str, Any]:
-    """The store's credentials and keys per tenant, for the commands that take them (`doctor`)."""
+    """The store's keys per tenant (every command over a store takes them) and credentials per tenant (`doctor`)."""
     isolation: dict[str, Any] = {}
     if getattr(arguments, "tenant_role_arn", None):
         from haystack_integrations.offload.stores import AssumeRoleCredentials
