@@ -56,15 +56,9 @@ def isolated_backend(engine: str, role_arn: str) -> type[Backend]:
     class IsolatedBackend(Backend):
         @property
         def store_kwargs(self) -> dict[str, Any]:
-            from haystack.utils import Secret
+            from support.isolation import isolation_kwargs
 
-            from haystack_integrations.offload.stores import AssumeRoleCredentials, TenantKeys
-
-            return {
-                "engine": engine,
-                "credentials": AssumeRoleCredentials(role_arn),
-                "encryption": TenantKeys(Secret.from_token(TEST_MASTER_SECRET)),
-            }
+            return {"engine": engine, **isolation_kwargs(role_arn)}
 
     IsolatedBackend.engine = engine
     return IsolatedBackend
@@ -81,7 +75,6 @@ ISOLATED_BACKENDS = (
     if REAL_S3 == "rgw"
     else []
 )
-TEST_MASTER_SECRET = "offload-haystack tests' SSE-C master secret, not a real one"  # noqa: S105
 S3_ENDPOINTS = [pytest.param("moto", marks=pytest.mark.s3)]
 if REAL_S3:
     S3_ENDPOINTS.append(pytest.param("rgw", marks=pytest.mark.rgw))

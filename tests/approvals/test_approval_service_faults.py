@@ -6,6 +6,7 @@ create, and a worker that dies while it resumes. Run through `ChatService`, the 
 import asyncio
 import contextlib
 import json
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,28 +34,49 @@ from haystack_integrations.offload.sessions.history import SessionBusyError, Ses
 from haystack_integrations.offload.sessions.service import ChatService
 from haystack_integrations.offload.testing.faults import Fault, FaultPlan, FaultProxy, ProxiedRequest
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server
+from support.isolation import isolation_kwargs
 
 FAST_RETRY = RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05, attempt_timeout=2.0)
 
 
+# The faults go between the store and moto, and, in the RGW lane, between the store and RGW with STS credentials and
+# an SSE-C key per tenant (STS itself is asked directly: these faults are the object store's).
+FAULTY_SERVERS = ["moto"]
+if os.environ.get("OFFLOAD_TEST_REAL_S3", "").strip().lower() == "rgw":
+    FAULTY_SERVERS.append(pytest.param("rgw-isolated", marks=pytest.mark.rgw))
+
+
+@pytest.fixture(scope="module", params=FAULTY_SERVERS)
+def faulty_server(request: pytest.FixtureRequest) -> Any:
+    return request.getfixturevalue("s3_server" if request.param == "moto" else "real_s3_server")
+
+
 @pytest.fixture(scope="module")
-def fault_proxy(s3_server: LocalS3Server) -> Iterator[FaultProxy]:
-    with FaultProxy(s3_server.endpoint_url, slow_seconds=0.3, hold_seconds=5.0) as proxy:
+def fault_proxy(faulty_server: Any) -> Iterator[FaultProxy]:
+    with FaultProxy(faulty_server.endpoint_url, slow_seconds=0.3, hold_seconds=5.0) as proxy:
         yield proxy
 
 
 @pytest.fixture(params=["fsspec", "obstore"])
 def faulty_session(
-    s3_server: LocalS3Server, fault_proxy: FaultProxy, request: pytest.FixtureRequest
+    faulty_server: Any, fault_proxy: FaultProxy, request: pytest.FixtureRequest
 ) -> FsspecToolResultStore:
     options = {
-        **s3_server.storage_options(),
+        **faulty_server.storage_options(),
         "endpoint_url": fault_proxy.endpoint_url,
         # No fault delays a connect: it may take an attempt's time on a loaded machine (see tests/operations).
         "config_kwargs": {"read_timeout": 0.5, "connect_timeout": 2},
     }
+    isolation: dict[str, Any] = {}
+    if not isinstance(faulty_server, LocalS3Server):
+        role = request.getfixturevalue("real_s3_tenant_role")
+        isolation = isolation_kwargs(role, sts_endpoint_url=faulty_server.endpoint_url)
     root = FsspecToolResultStore(
-        f"{s3_server.bucket_url}/{uuid.uuid4().hex}", storage_options=options, retry=FAST_RETRY, engine=request.param
+        f"{faulty_server.bucket_url}/{uuid.uuid4().hex}",
+        storage_options=options,
+        retry=FAST_RETRY,
+        engine=request.param,
+        **isolation,
     )
     return root.for_session("acme", "chat-1")
 
