@@ -4,7 +4,7 @@ A worker process for the approval tests: decides or resumes against a shared sto
 It reads one JSON command per line on stdin and answers one JSON line on stdout. A resume is two-phase, so a test can
 line several workers up before letting them race: ``{"op": "prepare", ...}`` builds everything and answers
 ``{"status": "ready"}``; ``{"op": "go"}`` resumes and answers ``resumed`` (with the final answer) or ``claimed``.
-Run as ``python approval_worker.py`` with ``src`` and this directory on ``PYTHONPATH``.
+Run as ``python approval_worker.py`` with ``src``, this directory and ``tests`` on ``PYTHONPATH``.
 """
 
 import asyncio
@@ -25,6 +25,7 @@ from haystack_integrations.offload import (
     resume_async,
 )
 from haystack_integrations.offload.approvals import ApprovalClaimedError
+from support.isolation import isolation_kwargs
 
 
 def _answer(payload: dict[str, Any]) -> None:
@@ -44,8 +45,12 @@ def main() -> None:
         if op in {"prepare", "decide"}:
             root = roots.get(command["url"])
             if root is None:
+                role_arn = command.get("role_arn")  # given: the store isolates tenants (support.isolation)
                 root = roots[command["url"]] = FsspecToolResultStore(
-                    command["url"], storage_options=command["storage_options"], engine=command.get("engine", "fsspec")
+                    command["url"],
+                    storage_options=command["storage_options"],
+                    engine=command.get("engine", "fsspec"),
+                    **(isolation_kwargs(role_arn) if role_arn else {}),
                 )
                 root.warm_up()
             store = root.for_session(command["tenant"], command["session"])

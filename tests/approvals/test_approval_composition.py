@@ -7,6 +7,7 @@ A resumed step goes through the Agent's whole ``before_tool`` chain again: every
 
 import asyncio
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -359,13 +360,18 @@ def test_the_runs_state_survives_the_stop(session: FsspecToolResultStore, ledger
     assert final["budget"] == 500
 
 
-# memory:// lives in one process: a killed worker's storage must be one another process sees.
-@pytest.mark.parametrize("backend", ["local", pytest.param("s3", marks=pytest.mark.s3)], indirect=True)
+# memory:// lives in one process: a killed worker's storage must be one another process sees. In the RGW lane, also
+# RGW with STS credentials and SSE-C keys per tenant in both processes.
+KILLED_WORKER_BACKENDS = ["local", pytest.param("s3", marks=pytest.mark.s3)]
+if os.environ.get("OFFLOAD_TEST_REAL_S3", "").strip().lower() == "rgw":
+    KILLED_WORKER_BACKENDS.append(pytest.param("rgw-isolated", marks=pytest.mark.rgw))
+
+
+@pytest.mark.parametrize("backend", KILLED_WORKER_BACKENDS, indirect=True)
 @pytest.mark.slow
 def test_a_worker_process_killed_mid_call_leaves_a_may_have_run_request(
     backend: Any, ledger: Path, tmp_path: Path
 ) -> None:
-    import os
     import signal
     import subprocess
     import sys
@@ -381,10 +387,16 @@ def test_a_worker_process_killed_mid_call_leaves_a_may_have_run_request(
     decide(session, request.request_id, Decision.approve())
 
     here = Path(__file__).parent
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent.parent / "src"), str(here)])}
+    paths = [str(here.parent.parent / "src"), str(here), str(here.parent)]
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     messages = json.dumps([message.to_dict() for message in reply["messages"]])
+    credentials = backend.store_kwargs.get("credentials")
+    role = [credentials.role_arn] if credentials is not None else []
     worker = subprocess.Popen(
-        [sys.executable, str(here / "resume_worker.py"), url, json.dumps(options), "acme", "chat-kill", messages, "2"],
+        [
+            *(sys.executable, str(here / "resume_worker.py"), url, json.dumps(options)),
+            *("acme", "chat-kill", messages, "2", *role),
+        ],
         env=environment,
     )
     try:

@@ -30,6 +30,7 @@ from haystack_integrations.offload import (
     read_audit,
     resume,
 )
+from support.isolation import isolation_kwargs
 
 HERE = Path(__file__).parent
 SRC = HERE.parent.parent / "src"
@@ -42,7 +43,7 @@ class Worker:
     def __init__(self, ledger: Path) -> None:
         environment = {
             **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(SRC), str(HERE)]),
+            "PYTHONPATH": os.pathsep.join([str(SRC), str(HERE), str(HERE.parent)]),
             LEDGER_ENV: str(ledger),
             "HAYSTACK_TELEMETRY_ENABLED": "False",
         }
@@ -99,8 +100,23 @@ def test_three_workers_racing_to_resume_run_the_call_exactly_once(
     s3_endpoint: Any, workers: list[Worker], ledger: Path, engine: str
 ) -> None:
     # On moto and, in the real-S3 lane, on Ceph RGW: the claim's exclusive create is the real server's.
-    url, options = f"{s3_endpoint.bucket_url}/{uuid.uuid4().hex}", s3_endpoint.storage_options()
-    root = FsspecToolResultStore(url, storage_options=options, engine=engine)
+    _race(s3_endpoint, workers, ledger, engine, role_arn=None)
+
+
+@pytest.mark.slow
+@pytest.mark.rgw
+@pytest.mark.parametrize("engine", ["fsspec", "obstore"])
+def test_three_workers_racing_with_isolation_per_tenant_run_the_call_exactly_once(
+    real_s3_server: Any, real_s3_tenant_role: str, workers: list[Worker], ledger: Path, engine: str
+) -> None:
+    # Every process signs as the tenant (STS) and sends its SSE-C key: claims and decisions included.
+    _race(real_s3_server, workers, ledger, engine, role_arn=real_s3_tenant_role)
+
+
+def _race(server: Any, workers: list[Worker], ledger: Path, engine: str, *, role_arn: str | None) -> None:
+    url, options = f"{server.bucket_url}/{uuid.uuid4().hex}", server.storage_options()
+    isolation = isolation_kwargs(role_arn) if role_arn else {}
+    root = FsspecToolResultStore(url, storage_options=options, engine=engine, **isolation)
     for round_ in range(ROUNDS):
         session = root.for_session("acme", f"chat-{round_}")
         messages = _held(session, customer=f"customer-{round_}")
@@ -113,6 +129,7 @@ def test_three_workers_racing_to_resume_run_the_call_exactly_once(
                 url=url,
                 storage_options=options,
                 engine=engine,
+                role_arn=role_arn,
                 tenant="acme",
                 session=f"chat-{round_}",
                 messages=messages,
