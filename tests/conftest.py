@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
+from support.isolation import RGW_LANE
+
 if TYPE_CHECKING:
     from haystack_integrations.offload import FsspecToolResultStore
     from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
@@ -71,9 +73,7 @@ REAL_S3 = os.environ.get("OFFLOAD_TEST_REAL_S3", "").strip().lower()
 REAL_BACKENDS = [pytest.param(name, marks=pytest.mark.rgw) for name in ("rgw", "rgw-obstore")] if REAL_S3 else []
 # Tenant isolation enforced by the object store needs RGW's STS (an external bucket has no role to assume here).
 ISOLATED_BACKENDS = (
-    [pytest.param(name, marks=pytest.mark.rgw) for name in ("rgw-isolated", "rgw-obstore-isolated")]
-    if REAL_S3 == "rgw"
-    else []
+    [pytest.param(name, marks=pytest.mark.rgw) for name in ("rgw-isolated", "rgw-obstore-isolated")] if RGW_LANE else []
 )
 S3_ENDPOINTS = [pytest.param("moto", marks=pytest.mark.s3)]
 if REAL_S3:

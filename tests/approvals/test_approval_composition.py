@@ -39,6 +39,7 @@ from haystack_integrations.offload import (
 )
 from haystack_integrations.offload.approvals import ApprovalClaimedError
 from haystack_integrations.offload.approvals.resume import current_idempotency_key
+from support.isolation import RGW_LANE
 
 # Also on RGW with STS credentials and an SSE-C key per tenant (tests/conftest.py, "isolated").
 pytestmark = pytest.mark.isolated
@@ -363,7 +364,7 @@ def test_the_runs_state_survives_the_stop(session: FsspecToolResultStore, ledger
 # memory:// lives in one process: a killed worker's storage must be one another process sees. In the RGW lane, also
 # RGW with STS credentials and SSE-C keys per tenant in both processes.
 KILLED_WORKER_BACKENDS = ["local", pytest.param("s3", marks=pytest.mark.s3)]
-if os.environ.get("OFFLOAD_TEST_REAL_S3", "").strip().lower() == "rgw":
+if RGW_LANE:
     KILLED_WORKER_BACKENDS.append(pytest.param("rgw-isolated", marks=pytest.mark.rgw))
 
 

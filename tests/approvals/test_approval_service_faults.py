@@ -6,7 +6,6 @@ create, and a worker that dies while it resumes. Run through `ChatService`, the 
 import asyncio
 import contextlib
 import json
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,7 +33,7 @@ from haystack_integrations.offload.sessions.history import SessionBusyError, Ses
 from haystack_integrations.offload.sessions.service import ChatService
 from haystack_integrations.offload.testing.faults import Fault, FaultPlan, FaultProxy, ProxiedRequest
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server
-from support.isolation import isolation_kwargs
+from support.isolation import RGW_LANE, isolation_kwargs
 
 FAST_RETRY = RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05, attempt_timeout=2.0)
 
@@ -42,7 +41,7 @@ FAST_RETRY = RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05, attempt_ti
 # The faults go between the store and moto, and, in the RGW lane, between the store and RGW with STS credentials and
 # an SSE-C key per tenant (STS itself is asked directly: these faults are the object store's).
 FAULTY_SERVERS = ["moto"]
-if os.environ.get("OFFLOAD_TEST_REAL_S3", "").strip().lower() == "rgw":
+if RGW_LANE:
     FAULTY_SERVERS.append(pytest.param("rgw-isolated", marks=pytest.mark.rgw))
 
 

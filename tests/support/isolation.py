@@ -1,7 +1,10 @@
 """Isolation per tenant for tests on RGW: STS credentials from the lane's role and an SSE-C key per tenant."""
 
+import os
 from typing import Any
 
+# Isolation needs RGW's STS: an external bucket of the real-S3 lane has no role to assume here.
+RGW_LANE = os.environ.get("OFFLOAD_TEST_REAL_S3", "").strip().lower() == "rgw"
 TEST_MASTER_SECRET = "offload-haystack tests' SSE-C master secret, not a real one"  # noqa: S105
 
 
