@@ -133,13 +133,13 @@ def main() -> None:
     print("\nRolling restart of all 3 and a SIGKILL of one, mid-load:\n")
     print(
         "| turns | turns/s | p50 s | p99 s | no answer / 5xx | lost | twice | approved never | approved twice "
-        "| denied ran | stuck | decisions checked |"
+        "| denied ran | stuck | asked again | decisions checked |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     print(
         f"| {faulted['turns']} | {faulted['per_second']:.1f} | {p50:.2f} | {p99:.2f} | {faulted['no_answer']} "
         f"| {counts['lost']} | {counts['twice']} | {counts['approved_never']} | {counts['approved_twice']} "
-        f"| {counts['denied_ran']} | {counts['stuck']} | {counts['calls']} |"
+        f"| {counts['denied_ran']} | {counts['stuck']} | {counts['asked_again']} | {counts['calls']} |"
     )
     print(
         f"\nHAProxy: requests open on the replica at each signal {faulted['in_flight']} (3 SIGTERMs, then the "

@@ -6,6 +6,7 @@ A resumed step goes through the Agent's whole ``before_tool`` chain again: every
 """
 
 import asyncio
+import importlib
 import json
 import os
 import time
@@ -314,6 +315,39 @@ def test_a_recorded_result_is_reused_by_a_takeover_never_run_again(
     assert [m.text for m in again["messages"] if m.tool_call_result] == [
         m.text for m in first["messages"] if m.tool_call_result
     ]
+
+
+def test_a_call_whose_worker_died_before_its_audit_append_is_audited_once_by_the_takeover(
+    session: FsspecToolResultStore, ledger: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The module, not the package's `resume` function of the same name.
+    resume_module = importlib.import_module("haystack_integrations.offload.approvals.resume")
+    invoice_hook, _ = approvals()
+    agent = agent_with([invoice_hook])
+    reply = agent.run([plan(INVOICE)], hook_context=durable(session))
+    [request] = pending_approvals(session)
+    decide(session, request.request_id, Decision.approve())
+    # The worker ran and recorded the call, then died before it appended the step's audit events (its last write)
+    # and before its done record was read by anyone: simulated by stopping at that append, and losing the record.
+    appends = resume_module.append_audit_async
+
+    async def dies_at_the_audit(*args: Any, **kwargs: Any) -> None:
+        monkeypatch.setattr(resume_module, "append_audit_async", appends)
+        raise Stop
+
+    monkeypatch.setattr(resume_module, "append_audit_async", dies_at_the_audit)
+    with pytest.raises(Stop):
+        resume(agent, reply["messages"], session, lease=0.1)
+    assert len(ran(ledger)) == 1
+    assert [e.event for e in read_audit(session)].count("approval.executed") == 0  # the dead worker's was lost
+    documents = session.documents("approvals")
+    for name in [name for name in documents.list() if name.startswith("done.")]:
+        documents.delete(name)
+    time.sleep(0.2)
+    again = resume(agent, reply["messages"], session)
+    assert [o.outcome for o in again["approval_outcomes"]] == ["recorded"] and len(ran(ledger)) == 1
+    executed = [e for e in read_audit(session) if e.event == "approval.executed"]
+    assert [(e.request_id, e.detail["attempt"]) for e in executed] == [(request.request_id, 1)]
 
 
 @pytest.mark.slow

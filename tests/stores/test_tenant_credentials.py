@@ -9,10 +9,10 @@ import asyncio
 import gc
 import re
 import threading
-import time
 import uuid
 import weakref
-from datetime import timedelta
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -96,12 +96,15 @@ def test_one_sts_call_per_tenant_however_many_runs_start_at_once(s3_server: Loca
 def test_credentials_are_renewed_before_they_expire(
     s3_server: LocalS3Server, s3_requests: RequestLog, engine: str
 ) -> None:
-    # Renewed 899.8 s before a 900 s expiry: due again 0.2 s after each STS answer.
-    source = AssumeRoleCredentials(ROLE, duration=timedelta(seconds=900), renew_before=timedelta(seconds=899.8))
+    source = AssumeRoleCredentials(ROLE, duration=timedelta(seconds=900), renew_before=timedelta(minutes=5))
     session = _root(s3_server, engine, source).for_session("acme", "s1")
     session.write(key="call-1", content="a")
-    time.sleep(0.3)
-    session.write(key="call-2", content="b")
+    session.write(key="call-2", content="a")
+    assert source.calls == 1  # fresh: reused
+    # Let the clock reach the renewal point: the cached credentials now expire within `renew_before`.
+    [(scope, cached)] = source._cache.items()
+    source._cache[scope] = replace(cached, expires_at=datetime.now(UTC) + timedelta(minutes=5) - timedelta(seconds=1))
+    session.write(key="call-3", content="b")
     assert source.calls == 2
     assert len(_keys(s3_requests, "/acme/")) == 2  # the second write signed with the renewed credentials
 

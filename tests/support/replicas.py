@@ -327,12 +327,14 @@ class Load:
 def check_sessions(url: str, tokens: Mapping[str, str], load: Load, sessions: list[tuple[str, str]]) -> dict[str, int]:
     """
     What the load left, from the server's own answers: turns lost or answered twice, approved calls run never or
-    twice, denied calls run, and sessions that cannot take a message afterwards (waiting out any lease).
+    twice, denied calls run, and sessions that cannot take a message afterwards (waiting out any lease). An approved
+    call whose worker was killed after claiming it, before its result was recorded, is neither run nor lost: the
+    audit says it may have run and a person is asked again (``asked_again``), as the design promises.
 
-    :returns: Counts by name; every one but ``turns`` and ``calls`` must be 0.
+    :returns: Counts by name; every one but ``turns``, ``calls`` and ``asked_again`` must be 0.
     """
     counts = {"turns": 0, "lost": 0, "twice": 0, "approved_never": 0, "approved_twice": 0, "denied_ran": 0}
-    counts |= {"stuck": 0, "calls": 0}
+    counts |= {"stuck": 0, "calls": 0, "asked_again": 0}
     details: list[str] = []
     for token, session in sessions:
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as client:
@@ -350,21 +352,34 @@ def check_sessions(url: str, tokens: Mapping[str, str], load: Load, sessions: li
             events = client.get(f"/api/sessions/{session}/audit").json()["events"]
             ran: dict[str, int] = {}
             verdicts: dict[str, bool] = {}
+            calls: dict[str, str] = {}
+            asked_again = {event["tool_call_id"] for event in events if event["event"] == "approval.may_have_run"}
             for event in events:
                 if event["event"] == "approval.executed" and event["request_id"]:
                     ran[event["request_id"]] = ran.get(event["request_id"], 0) + 1
                 if event["event"] == "approval.decided" and event["request_id"]:
                     verdicts[event["request_id"]] = bool(event["detail"].get("approved"))
+                    calls[event["request_id"]] = event["tool_call_id"]
             for request_id, approved in verdicts.items():
                 times = ran.get(request_id, 0)
                 counts["calls"] += 1
+                if approved and times == 0 and calls[request_id] in asked_again:
+                    counts["asked_again"] += 1
+                    continue
                 if approved:
                     counts["approved_never"] += times == 0
                     counts["approved_twice"] += times > 1
                 else:
                     counts["denied_ran"] += times > 0
                 if times != int(approved):
-                    details.append(f"{session}: {request_id} {'approved' if approved else 'denied'}, ran {times}")
+                    # With the call's whole audit trail, so a failure can be read without running it again.
+                    trail = [
+                        (event["event"], event["request_id"], event["actor"], event["at"])
+                        for event in events
+                        if event["tool_call_id"] == calls[request_id]
+                    ]
+                    verdict = "approved" if approved else "denied"
+                    details.append(f"{session}: {request_id} {verdict}, ran {times}; audit {trail}")
             if not usable:
                 details.append(f"{session}: stuck, {transcript.get('status')}")
     load.details = details

@@ -437,7 +437,10 @@ class _Resumed:
             record = await self.ledger.call_record_async(item.key)
             if record is not None:
                 self.ran[str(call.id)] = ("recorded", item.idempotency, record.attempt)
-                return ChatMessage.from_dict(record.result)
+                reused = ChatMessage.from_dict(record.result)
+                # Restated: the worker that ran it may have died before its audit append (the same document if not).
+                self.events.append(self._executed_event(item, reused, record))
+                return reused
         if item.denial is not None and item.denial.denial is not None:
             request = item.denial.request
             return denial_result(
@@ -483,27 +486,37 @@ class _Resumed:
         except Exception:  # the result is in the conversation this returns; a takeover would ask, never re-run
             logger.warning("Could not record the result of call %s; it stays in the conversation.", item.key)
         self.ran[str(call.id)] = ("executed", item.idempotency, item.attempt)
-        self._executed(item, result)
+        if self.rulings.request_of(call) is not None:  # calls that need no approval run here too: not counted
+            approval("executed", tenant=self.step.tenant)
+        self.events.append(self._executed_event(item, result, record))
         return result
 
-    def _executed(self, item: "_Call", result: ChatMessage) -> None:
-        """Audit a call this worker ran (it won the call's claim), and count it if a person's approval let it run."""
+    def _executed_event(self, item: "_Call", result: ChatMessage, record: CallRecord) -> AuditEvent:
+        """
+        The audit of a call that ran. For an approved call it restates the call's record (`RecordedEvent`): the
+        worker that ran it and a takeover reusing its result write the same document, so it is there once.
+        """
         call = item.call
         request = self.rulings.request_of(call)
-        if request is not None:  # calls that need no approval wait with the step and run here too: not counted
-            approval("executed", tenant=self.step.tenant)
         error = bool(result.tool_call_result is not None and result.tool_call_result.error)
-        self.events.append(
-            _event(
-                self.step,
-                "approval.executed",
-                self.worker,
-                {"error": error, "attempt": item.attempt, "idempotency_key": item.idempotency},
-                request_id=request,
-                tool_call_id=call.id,
-                tool_name=call.tool_name,
-                arguments_digest=arguments_digest(call.arguments),
-            )
+        detail = {"error": error, "attempt": record.attempt, "idempotency_key": item.idempotency}
+        ids = {
+            "request_id": request,
+            "tool_call_id": call.id,
+            "tool_name": call.tool_name,
+            "arguments_digest": arguments_digest(call.arguments),
+        }
+        if request is None:  # no request to name the document after
+            return _event(self.step, "approval.executed", self.worker, detail, **ids)
+        return RecordedEvent(
+            at=record.recorded_at,
+            event="approval.executed",
+            actor=record.recorded_by,
+            tenant=self.step.tenant,
+            session=self.step.session,
+            step_id=self.step.step_id,
+            detail=detail,
+            **ids,
         )
 
     async def _hold_may_have_run(
