@@ -3,6 +3,7 @@
 import contextlib
 import socket
 import threading
+import time
 from types import TracebackType
 
 
@@ -14,13 +15,34 @@ class SilentEndpoint:
         self.port: int = self._listener.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.accepted: list[socket.socket] = []
+        self._arrived = threading.Condition()
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()
 
     def _accept(self) -> None:
         with contextlib.suppress(OSError):  # the listener closed
             while True:
-                self.accepted.append(self._listener.accept()[0])
+                connection = self._listener.accept()[0]
+                with self._arrived:
+                    self.accepted.append(connection)
+                    self._arrived.notify_all()
+
+    def wait_for_connections(self, count: int, patience: float = 10.0) -> int:
+        """
+        Wait until `count` connections were accepted, or `patience` seconds passed.
+
+        The kernel completes a connection before this endpoint's thread accepts it, so a client can time out on a
+        connection not yet in `accepted`: count them after waiting here, not straight after the client gave up.
+
+        :param count: The connections expected.
+        :param patience: The longest wait, in seconds: a bound, never the measure of the test.
+        :returns: How many were accepted by then (more than `count` if more came).
+        """
+        deadline = time.monotonic() + patience
+        with self._arrived:
+            while len(self.accepted) < count and (left := deadline - time.monotonic()) > 0:
+                self._arrived.wait(left)
+            return len(self.accepted)
 
     def close(self) -> None:
         """Stop listening and drop every connection."""

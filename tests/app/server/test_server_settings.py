@@ -1,7 +1,6 @@
 """`ServerSettings` (pydantic-settings) and `TokenTable`: configuration from the environment, validated at start-up."""
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -184,11 +183,13 @@ def test_the_s3_timeouts_are_settings_the_store_keeps(monkeypatch: pytest.Monkey
     with SilentEndpoint() as silent:
         settings = ServerSettings(store="s3://bucket/prod", s3_endpoint_url=silent.url, s3_region="us-east-1")
         options = {**settings.resolved_storage_options(), "key": "k", "secret": "s"}
-        store = FsspecToolResultStore(settings.store, storage_options=options, retry=RetryPolicy(attempts=1))
-        started = time.monotonic()
-        with pytest.raises(StorageUnavailableError):
+        # Counted in attempts, not wall time (see tests/stores/test_timeouts_and_location.py): no attempt starts past
+        # the deadline, which a 0.5 s read timeout leaves room for twice over and the default 15 s does not.
+        policy = RetryPolicy(attempts=2, base_delay=0, max_delay=0, deadline=10, attempt_timeout=20)
+        store = FsspecToolResultStore(settings.store, storage_options=options, retry=policy)
+        with pytest.raises(StorageUnavailableError) as raised:
             store.list()
-    assert time.monotonic() - started < 5  # the store's default read timeout is 15 s, botocore's 60 s
+    assert raised.value.attempts == 2
     with pytest.raises(ValidationError, match="s3_read_timeout"):
         ServerSettings(store="s3://bucket/prod", s3_read_timeout=0)
 
