@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -15,9 +16,9 @@ from fsspec.core import split_protocol
 from haystack_integrations.offload.stores.async_fsspec_io import AsyncFilesystemIO
 from haystack_integrations.offload.stores.io import StorageIO, SyncFilesystemIO, protocols_of
 from haystack_integrations.offload.stores.local_io import LocalIO, PathCheckedLocalIO, descriptor_calls_available
-from haystack_integrations.offload.stores.s3fs_io import S3IO
+from haystack_integrations.offload.stores.s3fs_io import S3IO, close_s3_io_async
 
-__all__ = ["DEFAULT_ENGINE", "ENGINES", "EngineChoice", "choose_engine", "storage_io_for"]
+__all__ = ["DEFAULT_ENGINE", "ENGINES", "EngineChoice", "choose_engine", "close_io_async", "storage_io_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -118,3 +119,24 @@ def storage_io_for(fs: AbstractFileSystem) -> StorageIO:
     if "file" in protocols or "local" in protocols:
         return LocalIO(fs) if descriptor_calls_available() else PathCheckedLocalIO(fs)
     return SyncFilesystemIO(fs)
+
+
+async def close_io_async(io: StorageIO) -> None:
+    """
+    Close an engine its store is done with (a tenant's client, evicted or replaced by renewed credentials), so its
+    connection pools go now rather than whenever the garbage collector finds them (s3fs's then warn, unclosed).
+
+    s3fs's clients are closed (`close_s3_io_async`); obstore's buckets are dropped (object_store has no close: a store
+    goes with its last reference), with the s3fs fallback it may have made. Other engines hold nothing to close.
+
+    :param io: The engine, with no request of its store still using it.
+    """
+    if isinstance(io, S3IO):
+        await close_s3_io_async(io)
+        return
+    obstore_io = sys.modules.get("haystack_integrations.offload.stores.obstore_io")  # loaded if `io` is obstore's
+    if obstore_io is not None and isinstance(io, obstore_io.ObstoreIO):
+        made = getattr(io.fallback, "made", None)  # `_FilesystemHandle`'s lazily made s3fs fallback
+        if isinstance(made, StorageIO):
+            await close_io_async(made)
+        io.drop_stores()

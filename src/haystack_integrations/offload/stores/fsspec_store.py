@@ -7,8 +7,10 @@ import builtins
 import copy
 import errno
 import importlib.util
+import logging
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
@@ -26,7 +28,13 @@ from haystack_integrations.offload.stores.chunks import ContentChunks
 from haystack_integrations.offload.stores.credentials import AssumeRoleCredentials, TemporaryCredentials
 from haystack_integrations.offload.stores.documents import DocumentHost, SessionDocuments
 from haystack_integrations.offload.stores.encryption import TenantKeys
-from haystack_integrations.offload.stores.engines import DEFAULT_ENGINE, EngineChoice, choose_engine, storage_io_for
+from haystack_integrations.offload.stores.engines import (
+    DEFAULT_ENGINE,
+    EngineChoice,
+    choose_engine,
+    close_io_async,
+    storage_io_for,
+)
 from haystack_integrations.offload.stores.exclusive_creates import (
     ExclusiveCreateCheck,
     check_exclusive_creates,
@@ -64,7 +72,7 @@ from haystack_integrations.offload.stores.retention import (
     storage_times_async,
 )
 from haystack_integrations.offload.stores.retry import RetryPolicy, RetryStats, retried, s3_client_options
-from haystack_integrations.offload.stores.s3fs_io import s3_io_with_loop_clients
+from haystack_integrations.offload.stores.s3fs_io import SharedSessions, s3_io_with_loop_clients
 from haystack_integrations.offload.stores.scope import check_local_path, check_object_store_path, validate_scope_id
 from haystack_integrations.offload.stores.sync_api import run_on_io_loop, run_on_own_loop, synced
 from haystack_integrations.offload.stores.tenant_access import (
@@ -1013,12 +1021,24 @@ def _require_session(store: FsspecToolResultStore) -> None:
         raise ValueError("end_session needs a session store: pass root.for_session(tenant, session).")
 
 
+# How many tenants' clients a root store keeps, with credentials or keys per tenant (the least recently used go).
+DEFAULT_TENANT_CLIENTS = 64
+
+_logger = logging.getLogger(__name__)
+
+
 class _FilesystemHandle:
     """
     The filesystem and I/O strategy shared by a root store and every store derived from it.
 
     Created on first use, once, so constructors do no I/O and every request reuses one client and connection pool.
     Creating it does no network I/O either (s3fs connects on its first request), so it is safe on an event loop.
+
+    With credentials or keys per tenant, each tenant has a handle of its own, with its own client. The root keeps the
+    `tenant_clients` most recently used; the one it lets go (evicted) has its client closed once the requests using
+    it are done, and forwards any later request of a store still holding it to the tenant's current handle. A client
+    replaced by renewed credentials is closed the same way. Requests count their client's users (`_lease_async`) so
+    no client is closed under a request; what is due to close is closed by the next request's task, on its loop.
     """
 
     def __init__(
@@ -1059,12 +1079,24 @@ class _FilesystemHandle:
             if signs_as_tenant and self._isolation.credentials is not None and tenant is not None
             else None
         )
-        self._tenant_handles: dict[tuple[str, bool], _FilesystemHandle] = {}
+        self._signs_as_tenant = signs_as_tenant
+        # The root's tenant handles, least recently used first, and how many it keeps.
+        self._tenant_handles: OrderedDict[tuple[str, bool], _FilesystemHandle] = OrderedDict()
+        self.tenant_clients = DEFAULT_TENANT_CLIENTS
+        self._evicted = False
+        # Requests using each of this handle's clients (by id), and the replaced ones some request still uses.
+        self._users: dict[int, int] = {}
+        self._retiring: dict[int, StorageIO] = {}
+        # Clients no request uses any more, closed by the next request of the root or any of its tenants.
+        self._to_close: list[StorageIO] = root._to_close if root is not None else []
+        self._closing_lock: threading.Lock = root._closing_lock if root is not None else threading.Lock()
+        # On s3fs, the root's tenant clients share one botocore session (and loader: the S3 model, loaded once), one
+        # for clients signing as their tenant, one for those signing as the worker (whose session may hold a profile).
+        self._s3_sessions: dict[bool, SharedSessions] = {}
 
-    def _create(self) -> None:
-        with self._lock:
-            if self._io is not None:
-                return
+    def _create_locked(self) -> None:
+        # Called with the lock held.
+        if self._io is None:
             fs = self._filesystem
             io: StorageIO | None = None
             if fs is None:
@@ -1092,23 +1124,107 @@ class _FilesystemHandle:
         return self._tenant_handle(tenant, signs_as_tenant=True)
 
     def _tenant_handle(self, tenant: str, *, signs_as_tenant: bool) -> _FilesystemHandle:
+        key = (tenant, signs_as_tenant)
+        evicted = []
         with self._lock:
-            handle = self._tenant_handles.get((tenant, signs_as_tenant))
-            if handle is None:
-                handle = _FilesystemHandle(
-                    self._protocol,
-                    self._root_path,
-                    self._storage_options,
-                    None,
-                    self._retry,
-                    self._engine,
-                    isolation=self._isolation,
-                    tenant=tenant,
-                    signs_as_tenant=signs_as_tenant,
-                    root=self,
-                )
-                self._tenant_handles[(tenant, signs_as_tenant)] = handle
-            return handle
+            handle = self._tenant_handles.get(key)
+            if handle is not None:
+                self._tenant_handles.move_to_end(key)
+                return handle
+            handle = _FilesystemHandle(
+                self._protocol,
+                self._root_path,
+                self._storage_options,
+                None,
+                self._retry,
+                self._engine,
+                isolation=self._isolation,
+                tenant=tenant,
+                signs_as_tenant=signs_as_tenant,
+                root=self,
+            )
+            self._tenant_handles[key] = handle
+            while len(self._tenant_handles) > max(1, self.tenant_clients):
+                evicted.append(self._tenant_handles.popitem(last=False)[1])
+        for old in evicted:
+            old._evict()
+        return handle
+
+    def live_tenant_handles(self) -> int:
+        """How many tenant handles the root keeps (at most `tenant_clients`)."""
+        return len(self._tenant_handles)
+
+    def _touch(self, handle: _FilesystemHandle) -> None:
+        # A tenant store held across requests uses its handle without asking the root: each request keeps it recent.
+        key = (handle._tenant or "", handle._signs_as_tenant)
+        with self._lock:
+            if self._tenant_handles.get(key) is handle:
+                self._tenant_handles.move_to_end(key)
+
+    def _current(self) -> _FilesystemHandle:
+        """An evicted handle's successor: the root's handle for the same tenant (made again if need be)."""
+        if self._root is None or self._tenant is None:  # pragma: no cover - only tenant handles are evicted
+            raise RuntimeError("only a tenant's handle is evicted")
+        return self._root._tenant_handle(self._tenant, signs_as_tenant=self._signs_as_tenant)
+
+    def _evict(self) -> None:
+        self._evicted = True
+        self._retire_io()
+
+    def _retire_io(self) -> None:
+        """Let the current client go: closed now if no request uses it, else when its last request ends."""
+        with self._lock:
+            io, self._io = self._io, None
+            if io is None:
+                return
+            if self._users.get(id(io)):
+                self._retiring[id(io)] = io
+                return
+        self._close_later(io)
+
+    def _close_later(self, io: StorageIO) -> None:
+        with self._closing_lock:
+            self._to_close.append(io)
+
+    async def _lease_async(self) -> StorageIO:
+        """The client for one request, counted as in use until `_release`."""
+        if self._signer is not None:
+            await self._renew_credentials_async()
+        with self._lock:
+            self._create_locked()
+            io = self._io
+            if io is None:  # pragma: no cover - _create_locked always sets it; this narrows the type
+                raise RuntimeError("filesystem handle was not created")
+            self._users[id(io)] = self._users.get(id(io), 0) + 1
+        if self._root is not None:
+            self._root._touch(self)
+        return io
+
+    def _release(self, io: StorageIO) -> bool:
+        """End one request's use of `io`; True if that was the last use of a client let go meanwhile."""
+        with self._lock:
+            users = self._users[id(io)] - 1
+            if users:
+                self._users[id(io)] = users
+                return False
+            del self._users[id(io)]
+            retired = self._retiring.pop(id(io), None)
+        if retired is None:
+            return False
+        self._close_later(retired)
+        return True
+
+    async def _close_retired_async(self) -> None:
+        if not self._to_close:
+            return
+        with self._closing_lock:
+            doomed = list(self._to_close)
+            self._to_close.clear()
+        for io in doomed:
+            try:
+                await close_io_async(io)
+            except Exception:  # closing must never fail a request: the pool then goes with the garbage collector
+                _logger.warning("Could not close a tenant's storage client.", exc_info=True)
 
     def _signing_credentials(self) -> TemporaryCredentials | None:
         # Called under the lock, so a sync first use waits for STS in the caller's thread.
@@ -1129,8 +1245,7 @@ class _FilesystemHandle:
             mark_location(error, self.location())
             raise
         if renewed:
-            with self._lock:
-                self._io = None  # made again, with these credentials, on its next use
+            self._retire_io()  # made again, with these credentials, on its next use; the old one closed
 
     def _s3fs_io(self, options: dict[str, Any]) -> StorageIO:
         options = dict(options)
@@ -1141,23 +1256,21 @@ class _FilesystemHandle:
             options = s3_client_options(options)
         # Async calls use a client on the caller's own loop (made on first use there), sync calls this one.
         return s3_io_with_loop_clients(
-            self._s3_filesystem(options), lambda: self._s3_filesystem(options, asynchronous=True)
+            self._s3_filesystem(options),
+            lambda: self._s3_filesystem(options, asynchronous=True),
+            sessions=self._root._s3_sessions_for(self._signs_as_tenant) if self._root is not None else None,
         )
+
+    def _s3_sessions_for(self, signs_as_tenant: bool) -> SharedSessions:
+        # Called by tenant handles while holding their own lock, never this one's.
+        with self._closing_lock:
+            return self._s3_sessions.setdefault(signs_as_tenant, SharedSessions(across_stores=True))
 
     def _s3fs_fallback(self, options: dict[str, Any]) -> Callable[[], StorageIO] | None:
         """s3fs, made on first need, for the keys obstore cannot list or delete; None without s3fs."""
         if importlib.util.find_spec("s3fs") is None:
             return None
-        made: list[StorageIO] = []
-        lock = threading.Lock()
-
-        def fallback() -> StorageIO:
-            with lock:
-                if not made:
-                    made.append(self._s3fs_io(options))
-                return made[0]
-
-        return fallback
+        return _MadeOnFirstNeed(lambda: self._s3fs_io(options))
 
     def _s3_filesystem(self, options: dict[str, Any], *, asynchronous: bool = False) -> AbstractFileSystem:
         if asynchronous:
@@ -1175,14 +1288,19 @@ class _FilesystemHandle:
         return fs
 
     def io(self) -> StorageIO:
-        if self._io is None:
-            self._create()
-        if self._io is None:  # pragma: no cover - _create always sets it; this narrows the type without assert
+        if self._evicted:
+            return self._current().io()
+        with self._lock:
+            self._create_locked()
+            io = self._io
+        if io is None:  # pragma: no cover - _create_locked always sets it; this narrows the type without assert
             raise RuntimeError("filesystem handle was not created")
-        return self._io
+        return io
 
     async def io_async(self) -> StorageIO:
         """`io`, from a coroutine: a tenant's credentials are asked for in a worker thread, never on the loop."""
+        if self._evicted:
+            return await self._current().io_async()
         if self._signer is not None:
             await self._renew_credentials_async()
         return self.io()
@@ -1196,18 +1314,25 @@ class _FilesystemHandle:
         :param call: The engine call, given the engine.
         :returns: What the call returned.
         """
+        if self._evicted:
+            return await self._current().request(operation, path, call)
         if self._isolation.keys is not None and self._tenant is None:
             # The root's request inside a tenant's scope: that tenant's key, the worker's credentials.
             tenant = tenant_of_path(self._root_path, path)
             if tenant is not None:
                 return await self._tenant_handle(tenant, signs_as_tenant=False).request(operation, path, call)
+        await self._close_retired_async()
         try:
-            io = await self.io_async()
-            if self._retry is None or not io.remote:
-                # Memory and local disk do not fail transiently: a retry would only repeat a real failure, later.
-                with metrics.storage_request(operation, timed=io.remote):
-                    return await call(io)
-            return await retried(io, self._retry, self.retry_stats, operation, path, call, location=self.location())
+            io = await self._lease_async()
+            try:
+                if self._retry is None or not io.remote:
+                    # Memory and local disk do not fail transiently: a retry would only repeat a real failure, later.
+                    with metrics.storage_request(operation, timed=io.remote):
+                        return await call(io)
+                return await retried(io, self._retry, self.retry_stats, operation, path, call, location=self.location())
+            finally:
+                if self._release(io):
+                    await self._close_retired_async()  # this request was the last on a client let go
         except StorageRequestError as error:
             if error.status == 400 and self._isolation.keys is not None and self._tenant is not None:
                 # S3 answers a wrong or missing SSE-C key with a bare 400 (to a HEAD, with no body at all).
@@ -1269,6 +1394,21 @@ class _FilesystemHandle:
                 root = os.path.realpath(root)
             self._resolved_root = root
         return self._resolved_root
+
+
+class _MadeOnFirstNeed:
+    """An engine made on first call (obstore's s3fs fallback), kept as `made` so closing its owner closes it."""
+
+    def __init__(self, make: Callable[[], StorageIO]) -> None:
+        self._make = make
+        self._lock = threading.Lock()
+        self.made: StorageIO | None = None
+
+    def __call__(self) -> StorageIO:
+        with self._lock:
+            if self.made is None:
+                self.made = self._make()
+            return self.made
 
 
 def _strip_protocol(filesystem_class: type[AbstractFileSystem] | None, url: str) -> str:

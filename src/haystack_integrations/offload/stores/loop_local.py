@@ -79,6 +79,25 @@ class LoopLocal(Generic[T]):
                 del self._entries[key]
                 self._close_now(entry.value, entry.loop)
 
+    async def close_async(self) -> None:
+        """
+        Close every value now that its owner is done with them: the running loop's awaited, another running loop's
+        scheduled on that loop (never awaited: that loop's thread may be waiting on this one), a stopped loop's at once.
+        """
+        with self._lock:
+            entries = list(self._entries.values())
+            self._entries.clear()
+        running = asyncio.get_running_loop()
+        for entry in entries:
+            # Closing through the guard runs its `finally` once, so the loop's shutdown does not close it again.
+            guard = entry.guard
+            if guard is not None and entry.loop is running:
+                await guard.aclose()
+            elif guard is not None and entry.loop.is_running():
+                asyncio.run_coroutine_threadsafe(guard.aclose(), entry.loop)
+            else:
+                self._close_now(entry.value, entry.loop)
+
     def close_all_now(self) -> None:
         """Close every value synchronously (at interpreter exit)."""
         with self._lock:

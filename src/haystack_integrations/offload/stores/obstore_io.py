@@ -388,6 +388,11 @@ class ObstoreIO(StorageIO):
         # obstore's threads hand results to event loops; exit must not finalize while one is doing so.
         wait_at_exit()
 
+    def drop_stores(self) -> None:
+        """Forget every bucket's `S3Store` (object_store has no close: its connection pool goes with the store)."""
+        with self._lock:
+            self._stores.clear()
+
     async def _located_async(self, path: str) -> tuple[S3Store, str]:
         bucket, _, key = path.partition("/")
         store = self._stores.get(bucket)

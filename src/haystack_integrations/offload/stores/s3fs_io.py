@@ -296,31 +296,43 @@ def _is_unsatisfiable_range(error: OSError) -> bool:
     return bool(s3_status(error) == 416 or response.get("Error", {}).get("Code") == "InvalidRange")
 
 
-def s3_io_with_loop_clients(fs: AsyncFileSystem, make_client: Callable[[], AsyncFileSystem]) -> S3IO:
+def s3_io_with_loop_clients(
+    fs: AsyncFileSystem, make_client: Callable[[], AsyncFileSystem], *, sessions: "SharedSessions | None" = None
+) -> S3IO:
     """
     An `S3IO` whose async calls run on the caller's own loop, each loop with its own client.
 
-    The clients share one aiobotocore session (`_SharedSessions`): a new loop's client then skips loading and parsing
+    The clients share one aiobotocore session (`SharedSessions`): a new loop's client then skips loading and parsing
     botocore's S3 model and resolving credentials again, which is most of what a first call on a new loop costs. Only
     the client, whose aiohttp connector belongs to its loop, is made per loop.
 
     :param fs: The s3fs filesystem for sync calls (and calls from fsspec's own loop).
     :param make_client: Builds an ``asynchronous=True`` s3fs filesystem with the same settings, for the running loop.
+    :param sessions: The session to share, when several stores' clients share one (a root's tenant clients, whose
+        credentials are given per client): their S3 model is then loaded once per process, not once per tenant.
+        None: one of this store's own.
     :returns: The I/O.
     """
-    sessions = _SharedSessions()
+    sessions = sessions if sessions is not None else SharedSessions()
+    if getattr(fs, "session", _NO_SESSION_ATTRIBUTE) is None and sessions.shares_across_stores:
+        sessions.attach(fs)
     clients: LoopLocal[AsyncFileSystem] = LoopLocal(
         lambda: sessions.attach(make_client()), _close_s3_client, _close_s3_client_now
     )
     return S3IO(fs, loop_clients=clients)
 
 
-class _SharedSessions:
+class SharedSessions:
     """Gives every loop's client of one store the same aiobotocore session, made from the first client's settings."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, across_stores: bool = False) -> None:
+        """
+        :param across_stores: Shared by several stores' clients (a root's tenant clients): each store's sync client
+            gets the session too.
+        """
         self._session: Any = None
         self._lock = threading.Lock()
+        self.shares_across_stores = across_stores
 
     def attach(self, fs: AsyncFileSystem) -> AsyncFileSystem:
         """Set `fs`'s session to the shared one, unless it has one already (a ``session`` storage option)."""
@@ -383,6 +395,31 @@ def _close_s3_client_now(fs: AsyncFileSystem, loop: asyncio.AbstractEventLoop) -
     creator = getattr(fs, "_s3creator", None)
     if creator is not None:
         # s3fs's own finalizer for its sync instances: closes the connection pool without the (closed) loop.
+        type(fs).close_session(loop, creator)
+
+
+async def close_s3_io_async(io: S3IO) -> None:
+    """
+    Close an `S3IO` its store is done with: every loop's client (`LoopLocal.close_async`) and the sync client, whose
+    connection pool belongs to fsspec's loop (closed there; awaited only when that is the running loop).
+
+    :param io: The I/O to close. Its filesystem must be the store's own (never one from fsspec's instance cache).
+    """
+    if io.loop_clients is not None:
+        await io.loop_clients.close_async()
+    fs = io.async_fs
+    creator = getattr(fs, "_s3creator", None)
+    if creator is None:
+        return
+    fs._s3creator = None
+    fs._s3 = None
+    loop = getattr(fs, "loop", None)
+    running = asyncio.get_running_loop()
+    if loop is running:
+        await creator.__aexit__(None, None, None)
+    elif loop is not None and loop.is_running():
+        asyncio.run_coroutine_threadsafe(creator.__aexit__(None, None, None), loop)
+    else:
         type(fs).close_session(loop, creator)
 
 
