@@ -13,6 +13,7 @@ from haystack.dataclasses import ChatMessage, ToolCall
 
 from haystack_integrations.offload import FsspecToolResultStore
 from haystack_integrations.offload.sessions import history as history_module
+from haystack_integrations.offload.sessions.conversation_cache import ConversationCache
 from haystack_integrations.offload.sessions.history import (
     HistoryRecordError,
     SessionBusyError,
@@ -88,9 +89,13 @@ async def test_an_expired_turn_is_abandoned_and_its_late_result_is_dropped(store
 
 async def test_a_corrupt_history_document_is_a_clear_error(store: FsspecToolResultStore) -> None:
     session = store.for_session("acme", "chat-1")
+    await _run_turns(_history(store), 1, 1, chars=10)
     session.documents("history").put("turn.00000001.end.json", b"{not json")
     with pytest.raises(HistoryRecordError, match=r"turn\.00000001\.end\.json"):
-        await SessionHistory(session, worker="w").read()
+        await SessionHistory(session, worker="w", cache=ConversationCache(0)).read()
+    session.documents("history").put("head.json", b"[]")
+    with pytest.raises(HistoryRecordError, match=r"head\.json"):
+        await SessionHistory(session, worker="w", cache=ConversationCache(0)).read()
 
 
 def test_history_needs_a_session_store_and_a_positive_lease(store: FsspecToolResultStore) -> None:
@@ -180,24 +185,30 @@ async def test_a_rewritten_conversation_is_a_checkpoint_and_reads_back_exactly(s
     assert state.next_turn == 9 and state.last_end is not None and state.last_end.status == "failed"
 
 
-async def test_a_read_fetches_the_ends_since_the_newest_checkpoint_at_once(store: FsspecToolResultStore) -> None:
+async def test_a_cold_read_fetches_the_head_then_its_chain_at_once(store: FsspecToolResultStore) -> None:
     history = _history(store)
-    await _run_turns(history, 1, 16, chars=200)
-    bases = [_end(store, turn)["base"] for turn in range(1, 17)]
-    # Checkpoints at least double in size, so they come ever further apart (here at turns 1, 3, 6 and 12).
-    newest_checkpoint = max(turn for turn in range(1, 17) if bases[turn - 1] == "checkpoint")
-    assert 1 < newest_checkpoint < 16 and bases.count("checkpoint") <= 5
+    await _run_turns(history, 1, 40, chars=200)
+    bases = [_end(store, turn)["base"] for turn in range(1, 41)]
+    # Checkpoints at least double in size; in between, a segment every CHAIN_LIMIT turns bounds what a read gets.
+    assert "segment" in bases and bases.count("checkpoint") <= 6
+    head = json.loads(history.documents.get("head.json"))
+    base = max(head["checkpoint"], head["segment"])
+    assert 40 - base < history_module.CHAIN_LIMIT
     read: list[str] = []
-    documents = history.documents
-    get_async = documents.get_async
+    cold = SessionHistory(history.store, worker="cold", cache=ConversationCache(0))
+    get_async = cold.documents.get_async
 
     async def counting(name: str) -> bytes:
         read.append(name)
         return await get_async(name)
 
-    documents.get_async = counting  # type: ignore[method-assign]
-    await history.read()
-    assert sorted(read) == [f"turn.{turn:08d}.end.json" for turn in range(newest_checkpoint, 17)]
+    cold.documents.get_async = counting  # type: ignore[method-assign]
+    state = await cold.read()
+    assert state.conversation == (await history.read()).conversation and state.next_turn == 41
+    batch = range(base, base + history_module.CHAIN_LIMIT + 1)
+    checkpoint = [f"turn.{head['checkpoint']:08d}.end.json"] if head["segment"] else []
+    expected = ["head.json", *checkpoint, *(f"turn.{turn:08d}.end.json" for turn in batch), "turn.00000041.start.json"]
+    assert sorted(read) == sorted(expected)
 
 
 async def test_two_claims_with_the_same_content_still_get_one_winner(

@@ -2,13 +2,18 @@
 A session's conversation, kept in the store as numbered turns, each claimed with a conditional create.
 
 `SessionHistory` reads a session's conversation and writes each turn's start and end under ``.history/``. An end
-appends the turn's messages, or holds a whole checkpoint when the turn rewrote the conversation or the appends since
-the last checkpoint have outgrown it.
+appends the turn's messages; every `CHAIN_LIMIT` turns it holds a segment (everything since the checkpoint), and it
+holds a whole checkpoint when the turn rewrote the conversation or the appends have outgrown the last one. A small head
+document names the newest checkpoint and segment, so a read costs the same at turn 10 and at turn 1,000
+(`docs/sessions.md`).
 """
 
 import asyncio
 import contextlib
+import json
+import logging
 import re
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
@@ -19,17 +24,28 @@ from pydantic_core import to_jsonable_python
 
 from haystack_integrations.offload.errors import DocumentExistsError, OffloadError, ResultNotFoundError
 from haystack_integrations.offload.leases import renewing
+from haystack_integrations.offload.sessions.conversation_cache import (
+    SHARED_CONVERSATIONS,
+    CachedConversation,
+    ConversationCache,
+)
 from haystack_integrations.offload.stores import FsspecToolResultStore
 from haystack_integrations.offload.stores.documents import SessionDocuments, writer_token
 from haystack_integrations.offload.stores.retention import activity_document_name
 
+logger = logging.getLogger(__name__)
+
 NAMESPACE = "history"
+HEAD_DOCUMENT = "head.json"
+CHAIN_LIMIT = 8
+"""Turns after the newest checkpoint or segment before a turn's end holds a segment: a cold read gets at most this many
+ends beside the checkpoint and segment, whatever the session's length."""
 DEFAULT_TURN_LEASE = 300.0
 """Seconds a started turn blocks its session before another request may declare it abandoned."""
 
 TurnKind = Literal["message", "resume"]
 TurnStatus = Literal["completed", "approval_required", "failed", "abandoned"]
-TurnBase = Literal["checkpoint", "append"]
+TurnBase = Literal["checkpoint", "segment", "append"]
 
 _Record_T = TypeVar("_Record_T", bound=BaseModel)
 TURN_DOCUMENT = re.compile(r"turn\.(?P<turn>\d{8})\.(?P<part>start|end)\.json")
@@ -73,8 +89,8 @@ class TurnEnd(_Record):
     turn: int = Field(ge=1)
     status: TurnStatus
     base: TurnBase = Field(
-        description='What `messages` holds: "checkpoint", the whole conversation after the turn; "append", only the '
-        "messages this turn added."
+        description='What `messages` holds: "checkpoint", the whole conversation after the turn; "segment", every '
+        'message after the checkpoint\'s; "append", only the messages this turn added.'
     )
     messages: list[dict[str, Any]] | None = Field(
         default=None, description="ChatMessage.to_dict of the messages, as `base` says; None: conversation unchanged."
@@ -84,11 +100,24 @@ class TurnEnd(_Record):
         description="The turn whose checkpoint the conversation after this turn builds on (this turn's, for a "
         "checkpoint; 0: none yet).",
     )
+    segment: int = Field(
+        default=0,
+        ge=0,
+        description="The turn whose segment the conversation after this turn builds on (0: none since the checkpoint).",
+    )
     reply: str | None = None
     error: str | None = None
     worker: str
     ended_at: AwareDatetime
     token: str = Field(default_factory=writer_token, description="Unique to this end: tells our create from another.")
+
+
+class HistoryHead(_Record):
+    """Where a session's newest checkpoint and segment are, rewritten with each: a cold read starts here, not a LIST."""
+
+    checkpoint: int = Field(ge=1)
+    segment: int = Field(default=0, ge=0)
+    token: str = Field(description="The token of the newest of those ends: tells this session from a purged one's.")
 
 
 @dataclass(frozen=True)
@@ -100,7 +129,16 @@ class HistoryLog:
     checkpoint_bytes: int = 0
     """The size of that checkpoint's document."""
     appended_bytes: int = 0
-    """The sizes of the append documents since it, together."""
+    """The sizes of the segment and append documents since it, together."""
+    segment: int = 0
+    """The turn of the newest segment since the checkpoint (0: none)."""
+    checkpoint_messages: int = 0
+    """How many messages the checkpoint holds (a segment holds the ones after them)."""
+
+    @property
+    def base(self) -> int:
+        """The turn a new segment would be counted from: the newest checkpoint or segment."""
+        return max(self.checkpoint, self.segment)
 
 
 @dataclass(frozen=True)
@@ -114,6 +152,8 @@ class HistoryState:
     """The newest turn's start when that turn has no end yet (running, or abandoned once its lease passed)."""
     log: HistoryLog = field(default_factory=HistoryLog)
     """Where `conversation` stands in the store (which checkpoint, how much was appended since)."""
+    basis: "CachedConversation | None" = field(default=None, repr=False, compare=False)
+    """The conversation's JSON as read, for `finish` and this worker's cache (None: not cacheable)."""
 
     def busy(self, at: datetime) -> bool:
         """Whether a turn is running (started, not ended, lease not passed) at `at`."""
@@ -128,6 +168,8 @@ class Turn:
     conversation: list[ChatMessage]
     log: HistoryLog = field(default_factory=HistoryLog)
     """Where `conversation` stands in the store; `finish` appends to it."""
+    basis: "CachedConversation | None" = field(default=None, repr=False, compare=False)
+    """The conversation's JSON as read (see `HistoryState.basis`)."""
 
 
 def _now() -> datetime:
@@ -147,6 +189,20 @@ def _stored_form(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return [to_jsonable_python(message.to_dict()) for message in messages]
 
 
+def _added(before: list[ChatMessage], after: list[ChatMessage]) -> list[ChatMessage] | None:
+    """The messages `after` adds to `before`, or None if it changed any of them (compared without serializing both)."""
+    if len(after) < len(before):
+        return None
+    for old, new in zip(before, after, strict=False):
+        if old is not new and old != new and _stored_form([old]) != _stored_form([new]):
+            return None
+    return after[len(before) :]
+
+
+def _message_json(message: dict[str, Any]) -> str:
+    return json.dumps(message, separators=(",", ":"))
+
+
 class SessionHistory:
     """
     The turns of one session's conversation, read and written through the session's store.
@@ -159,14 +215,24 @@ class SessionHistory:
     ```
 
     Multi-user use: create one per request (it holds the session's store and nothing else); the store's scope is the
-    only thing that ties it to a tenant and session.
+    only thing that ties it to a tenant and session. The conversations a worker served stay in its `cache`, checked
+    against the store on every read, so the worker's next turn in a session reads two small documents.
     """
 
-    def __init__(self, store: FsspecToolResultStore, *, worker: str, lease: float = DEFAULT_TURN_LEASE) -> None:
+    def __init__(
+        self,
+        store: FsspecToolResultStore,
+        *,
+        worker: str,
+        lease: float = DEFAULT_TURN_LEASE,
+        cache: ConversationCache | None = None,
+    ) -> None:
         """
         :param store: The session's store (`FsspecToolResultStore.for_session`).
         :param worker: This worker's name, recorded in the turns it claims.
         :param lease: Seconds a started turn may run before another request may end it as abandoned.
+        :param cache: Where this worker keeps the conversations it served; None: the process's shared cache
+            (`SHARED_CONVERSATIONS`). ``ConversationCache(0)`` reads everything from the store.
         :raises ValueError: If the store is not scoped to one session, or the lease is not positive.
         """
         if store.session is None:
@@ -176,43 +242,47 @@ class SessionHistory:
         self.store = store
         self.worker = worker
         self.lease = float(lease)
+        self.cache = SHARED_CONVERSATIONS if cache is None else cache
         self.documents: SessionDocuments = store.documents(NAMESPACE)
+        self._key: Hashable = (store.url, *store.scope)
 
     async def read(self) -> HistoryState:
         """
-        Read the history: one LIST; the newest end (and the newest start if that turn is still open); then, at once,
-        the ends from the checkpoint the newest end names.
+        Read the history, at a cost that does not grow with the session's length.
+
+        With the session's newest turn in this worker's cache: the head document and the next turn's start, at once
+        (two small GETs), then two more per turn another worker has run since. Otherwise: the head, then at once the
+        checkpoint and the ends since the newest segment it names, then the next turn's start. A session whose turns
+        were stored before head documents existed is listed once, as before.
 
         :returns: The conversation so far and the state of the newest turn.
         :raises HistoryRecordError: If a history document is not a valid record.
         :raises SessionBusyError: If the history was purged while it was read.
         :raises StorageError: If the backend fails.
         """
-        names = await self.documents.list_async()
-        starts = [int(match["turn"]) for name in names if (match := _START.fullmatch(name))]
-        ends = sorted(int(match["turn"]) for name in names if (match := _END.fullmatch(name)))
-        newest = max([0, *starts, *ends])
-        open_turn = newest if newest and (not ends or ends[-1] != newest) else None
-        open_start, last = await asyncio.gather(
-            self._read(_start_name(open_turn), TurnStart) if open_turn else _nothing(),
-            self._read_end(ends[-1]) if ends else _nothing(),
-        )
-        if last is None:
-            return HistoryState(next_turn=newest + 1, conversation=[], last_end=None, open_start=open_start)
-        read: dict[int, tuple[TurnEnd, int]] = {ends[-1]: last}
-        base = last[0].checkpoint
-        # Checkpoint 0: no turn has stored a conversation yet, so there is nothing before the newest end to read.
-        chain = [turn for turn in ends if turn >= base] if base else ends[-1:]
-        unread = [turn for turn in chain if turn not in read]
-        read.update(zip(unread, await asyncio.gather(*(self._read_end(turn) for turn in unread)), strict=True))
-        conversation, log = _fold([read[turn] for turn in chain])
-        return HistoryState(
-            next_turn=newest + 1,
-            conversation=[ChatMessage.from_dict(message) for message in conversation],
-            last_end=last[0],
-            open_start=open_start,
-            log=log,
-        )
+        state = await self._read_state()
+        self._keep(state.basis)
+        return state
+
+    async def _read_state(self) -> HistoryState:
+        cached = self.cache.get(self._key)
+        if cached is None:
+            return await self._read_from_head(await self._get(HEAD_DOCUMENT))
+        head, start = await asyncio.gather(self._get(HEAD_DOCUMENT), self._get(_start_name(cached.turn + 1)))
+        if head != cached.head:
+            # A checkpoint or segment written elsewhere, or the session purged: what is cached may not lead there.
+            self.cache.discard(self._key)
+            return await self._read_from_head(head)
+        chain = _Chain.of(cached)
+        while start is not None:  # another worker ran turns since: read them one by one (no segment was written)
+            found, start_after = await asyncio.gather(
+                self._end_or_none(chain.turn + 1), self._get(_start_name(chain.turn + 2))
+            )
+            if found is None:
+                return chain.state(open_start=_parse(_start_name(chain.turn + 1), start, TurnStart))
+            chain.add(*found)
+            start = start_after
+        return chain.state(open_start=None)
 
     async def begin(
         self, state: HistoryState, *, kind: TurnKind, text: str | None = None, actor: str | None = None
@@ -250,7 +320,7 @@ class SessionHistory:
             )
         except DocumentExistsError as error:
             raise SessionBusyError("Another request to this session started a turn first; nothing was run.") from error
-        return Turn(start=start, conversation=state.conversation, log=state.log)
+        return Turn(start=start, conversation=state.conversation, log=state.log, basis=state.basis)
 
     def renewing(self, turn: Turn) -> contextlib.AbstractAsyncContextManager[None]:
         """
@@ -278,7 +348,9 @@ class SessionHistory:
     ) -> TurnEnd:
         """
         Record how a claimed turn ended: the messages it added to `turn.conversation`, or the whole conversation when
-        the turn rewrote earlier messages (or a checkpoint is due; see the module documentation).
+        the turn rewrote earlier messages (or a checkpoint or segment is due; see the module documentation).
+
+        Only the added messages are serialized on an append; the earlier ones are compared, not converted.
 
         :param turn: The turn from `begin`.
         :param status: How it ended.
@@ -288,33 +360,25 @@ class SessionHistory:
         :returns: The recorded end.
         :raises TurnAbandonedError: If the turn's lease passed and another request ended it first.
         """
-        fields: dict[str, Any] = {
-            "turn": turn.start.turn,
-            "status": status,
-            "reply": reply,
-            "error": error,
-            "worker": self.worker,
-            "ended_at": _now(),
-        }
-        log = turn.log
-        end: TurnEnd | None = None
-        if messages is None:
-            end = TurnEnd(**fields, base="append", messages=None, checkpoint=log.checkpoint)
-        else:
-            before, after = _stored_form(turn.conversation), _stored_form(messages)
-            if log.checkpoint and after[: len(before)] == before:
-                append = TurnEnd(**fields, base="append", messages=after[len(before) :], checkpoint=log.checkpoint)
-                if log.appended_bytes + len(append.model_dump_json()) <= log.checkpoint_bytes:
-                    end = append
-            if end is None:
-                end = TurnEnd(**fields, base="checkpoint", messages=after, checkpoint=turn.start.turn)
+        end = _planned_end(
+            turn,
+            messages,
+            status=status,
+            reply=reply,
+            error=error,
+            worker=self.worker,
+            ended_at=_now(),
+        )
+        data = end.model_dump_json().encode()
         try:
             # Charged to the quota but never refused: the turn has run, and this is the record of what it did.
-            await self.documents.create_async(_end_name(end.turn), end.model_dump_json().encode())
+            await self.documents.create_async(_end_name(end.turn), data)
         except DocumentExistsError as exc:
+            self.cache.discard(self._key)
             raise TurnAbandonedError(
                 f"Turn {end.turn} ran past its lease and was ended by another request; its result was not recorded."
             ) from exc
+        await self._remember(turn, end, len(data))
         return end
 
     async def starts(self) -> list[TurnStart]:
@@ -326,12 +390,96 @@ class SessionHistory:
         names = sorted(name for name in await self.documents.list_async() if _START.fullmatch(name))
         return list(await asyncio.gather(*(self._read(name, TurnStart) for name in names)))
 
+    async def _remember(self, turn: Turn, end: TurnEnd, size: int) -> None:
+        """Point the head at a new checkpoint or segment, and keep the conversation after the turn in the cache."""
+        head = turn.basis.head if turn.basis is not None else None
+        if end.base != "append":
+            written = (
+                HistoryHead(checkpoint=end.checkpoint, segment=end.segment, token=end.token).model_dump_json().encode()
+            )
+            try:
+                await self.documents.put_async(HEAD_DOCUMENT, written)
+            except Exception:  # the end is recorded; a head left behind only makes cold reads walk a little further
+                logger.warning("Could not update the history head of turn %s.", end.turn, exc_info=True)
+                self.cache.discard(self._key)
+                return
+            head = written
+        if head is None or (turn.basis is None and end.base != "checkpoint"):
+            self.cache.discard(self._key)  # without the JSON of what came before, there is nothing exact to keep
+            return
+        chain = _Chain.of(turn.basis) if turn.basis is not None else _Chain()
+        chain.head = head
+        chain.add(end, size)
+        self._keep(chain.cached())
+
+    def _keep(self, entry: CachedConversation | None) -> None:
+        if entry is not None:
+            self.cache.put(self._key, entry)
+
+    async def _read_from_head(self, head_data: bytes | None) -> HistoryState:
+        if head_data is None:
+            # No checkpoint yet, or a session stored before head documents: a new session costs one GET, not a LIST.
+            if await self._get(_start_name(1)) is None:
+                return HistoryState(next_turn=1, conversation=[], last_end=None, open_start=None)
+            return await self._read_listed()
+        head = _parse(HEAD_DOCUMENT, head_data, HistoryHead)
+        base = max(head.checkpoint, head.segment)
+        checkpoint, ends = await asyncio.gather(
+            self._end_or_none(head.checkpoint) if head.segment else _nothing(), self._batch(base)
+        )
+        first = checkpoint if head.segment else ends[0]
+        if first is None or ends[0] is None:
+            return await self._read_listed()  # the head names an end that is gone: partly deleted by hand
+        chain = _Chain(head=head_data)
+        if checkpoint is not None:
+            chain.add(*checkpoint)
+        chain = await self._forward(chain, base, ends)
+        return chain.state(open_start=await self._start_or_none(chain.turn + 1))
+
+    async def _forward(self, chain: "_Chain", first: int, batch: list[tuple[TurnEnd, int] | None]) -> "_Chain":
+        """Fold the ends from `first` on, read `CHAIN_LIMIT + 1` at once, until one is missing."""
+        while True:
+            for found in batch:
+                if found is None:
+                    return chain
+                chain.add(*found)
+            first += len(batch)
+            batch = await self._batch(first)
+
+    async def _batch(self, first: int) -> list[tuple[TurnEnd, int] | None]:
+        return list(await asyncio.gather(*(self._end_or_none(turn) for turn in range(first, first + CHAIN_LIMIT + 1))))
+
+    async def _read_listed(self) -> HistoryState:
+        """Read a session stored without a head (before they existed, or before its first checkpoint): one LIST."""
+        names = await self.documents.list_async()
+        starts = [int(match["turn"]) for name in names if (match := _START.fullmatch(name))]
+        ends = sorted(int(match["turn"]) for name in names if (match := _END.fullmatch(name)))
+        newest = max([0, *starts, *ends])
+        open_turn = newest if newest and (not ends or ends[-1] != newest) else None
+        open_start, last = await asyncio.gather(
+            self._read(_start_name(open_turn), TurnStart) if open_turn else _nothing(),
+            self._read_end(ends[-1]) if ends else _nothing(),
+        )
+        if last is None:
+            return HistoryState(next_turn=newest + 1, conversation=[], last_end=None, open_start=open_start)
+        read: dict[int, tuple[TurnEnd, int]] = {ends[-1]: last}
+        base = last[0].checkpoint
+        # Checkpoint 0: no turn has stored a conversation yet, so there is nothing before the newest end to read.
+        chain = [turn for turn in ends if turn >= base] if base else ends[-1:]
+        unread = [turn for turn in chain if turn not in read]
+        read.update(zip(unread, await asyncio.gather(*(self._read_end(turn) for turn in unread)), strict=True))
+        folded = _Chain()
+        for turn in chain:
+            folded.add(*read[turn])
+        return folded.state(open_start=open_start, next_turn=newest + 1)
+
     async def _abandon(self, start: TurnStart, log: HistoryLog) -> None:
         end = TurnEnd(
             turn=start.turn,
             status="abandoned",
             base="append",
             checkpoint=log.checkpoint,
+            segment=log.segment,
             error=f"The worker {start.worker!r} did not finish this turn within its lease.",
             worker=self.worker,
             ended_at=_now(),
@@ -342,6 +490,22 @@ class SessionHistory:
             # The turn ended (finished late, or abandoned by another request) since we read: read again and retry.
             raise SessionBusyError("This session's history changed while this request read it; try again.") from error
 
+    async def _get(self, name: str) -> bytes | None:
+        try:
+            return await self.documents.get_async(name)
+        except ResultNotFoundError:
+            return None
+
+    async def _end_or_none(self, turn: int) -> tuple[TurnEnd, int] | None:
+        name = _end_name(turn)
+        data = await self._get(name)
+        return None if data is None else (_parse(name, data, TurnEnd), len(data))
+
+    async def _start_or_none(self, turn: int) -> TurnStart | None:
+        name = _start_name(turn)
+        data = await self._get(name)
+        return None if data is None else _parse(name, data, TurnStart)
+
     async def _read_end(self, turn: int) -> tuple[TurnEnd, int]:
         return await self._read_sized(_end_name(turn), TurnEnd)
 
@@ -350,34 +514,102 @@ class SessionHistory:
         return record
 
     async def _read_sized(self, name: str, model: type[_Record_T]) -> tuple[_Record_T, int]:
-        try:
-            data = await self.documents.get_async(name)
-        except ResultNotFoundError as error:
+        data = await self._get(name)
+        if data is None:
             # A listed document vanished: the session was purged while we read it.
-            raise SessionBusyError("This session's history changed while this request read it; try again.") from error
-        try:
-            return model.model_validate_json(data), len(data)
-        except ValidationError as error:
-            raise HistoryRecordError(f"The history document {name!r} is not a valid {model.__name__}.") from error
+            raise SessionBusyError("This session's history changed while this request read it; try again.")
+        return _parse(name, data, model), len(data)
+
+
+def _parse(name: str, data: bytes, model: type[_Record_T]) -> _Record_T:
+    try:
+        return model.model_validate_json(data)
+    except ValidationError as error:
+        raise HistoryRecordError(f"The history document {name!r} is not a valid {model.__name__}.") from error
 
 
 async def _nothing() -> None:
     return None
 
 
-def _fold(chain: list[tuple[TurnEnd, int]]) -> tuple[list[dict[str, Any]], HistoryLog]:
-    """Rebuild the conversation from its newest checkpoint and the appends after it, oldest first."""
-    conversation: list[dict[str, Any]] = []
-    checkpoint = checkpoint_bytes = appended_bytes = 0
-    for end, size in chain:
+def _planned_end(turn: Turn, messages: list[ChatMessage] | None, **fields: Any) -> TurnEnd:
+    """The end to record: an append of the added messages, or a segment or checkpoint when one is due."""
+    log, number = turn.log, turn.start.turn
+    if messages is None:
+        return TurnEnd(
+            **fields, turn=number, base="append", messages=None, checkpoint=log.checkpoint, segment=log.segment
+        )
+    added = _added(turn.conversation, messages) if log.checkpoint else None
+    if added is None:  # the first stored conversation, or a turn that rewrote earlier messages (compaction)
+        return TurnEnd(**fields, turn=number, base="checkpoint", messages=_stored_form(messages), checkpoint=number)
+    new = _stored_form(added)
+    append = TurnEnd(**fields, turn=number, base="append", messages=new, checkpoint=log.checkpoint, segment=log.segment)
+    if log.appended_bytes + len(append.model_dump_json()) > log.checkpoint_bytes:
+        # The appends have outgrown the checkpoint: checkpoints at least double, so stored bytes stay linear.
+        return TurnEnd(**fields, turn=number, base="checkpoint", messages=_json_form(turn) + new, checkpoint=number)
+    if number - log.base >= CHAIN_LIMIT:
+        tail = _json_form(turn)[log.checkpoint_messages :]
+        return TurnEnd(
+            **fields, turn=number, base="segment", messages=tail + new, checkpoint=log.checkpoint, segment=number
+        )
+    return append
+
+
+def _json_form(turn: Turn) -> list[dict[str, Any]]:
+    """`turn.conversation` as stored: parsed from the JSON it was read from, else converted."""
+    if turn.basis is not None:
+        return [json.loads(message) for message in turn.basis.messages]
+    return _stored_form(turn.conversation)
+
+
+@dataclass
+class _Chain:
+    """A conversation folded from its checkpoint, segment and appends, oldest first."""
+
+    head: bytes | None = None
+    turn: int = 0
+    messages: list[str] = field(default_factory=list)
+    log: HistoryLog = field(default_factory=HistoryLog)
+    last: TurnEnd | None = None
+
+    @classmethod
+    def of(cls, cached: CachedConversation) -> "_Chain":
+        return cls(cached.head, cached.turn, list(cached.messages), cached.log, cached.last_end)
+
+    def add(self, end: TurnEnd, size: int) -> None:
+        self.turn, self.last = end.turn, end.model_copy(update={"messages": None})
         if end.messages is None:
-            continue
+            return
+        encoded = [_message_json(message) for message in end.messages]
+        log = self.log
         if end.base == "checkpoint":
-            conversation = list(end.messages)
-            checkpoint, checkpoint_bytes, appended_bytes = end.turn, size, 0
+            self.messages, self.log = encoded, HistoryLog(end.turn, size, 0, 0, len(encoded))
+        elif end.base == "segment" and end.checkpoint == log.checkpoint:
+            self.messages = self.messages[: log.checkpoint_messages] + encoded
+            self.log = HistoryLog(log.checkpoint, log.checkpoint_bytes, size, end.turn, log.checkpoint_messages)
+        elif end.base == "segment":
+            # Its checkpoint is gone (purged under a running turn): keep what it holds; the next turn checkpoints.
+            self.messages, self.log = encoded, HistoryLog(appended_bytes=size, segment=end.turn)
         else:
-            # With its checkpoint gone (purged under a running turn), appends still rebuild what they can; the next
-            # turn then writes a checkpoint (checkpoint 0), so the session heals.
-            conversation.extend(end.messages)
-            appended_bytes += size
-    return conversation, HistoryLog(checkpoint, checkpoint_bytes, appended_bytes)
+            # With its checkpoint gone, appends still rebuild what they can; the next turn then writes a checkpoint
+            # (checkpoint 0), so the session heals.
+            self.messages.extend(encoded)
+            self.log = HistoryLog(
+                log.checkpoint, log.checkpoint_bytes, log.appended_bytes + size, log.segment, log.checkpoint_messages
+            )
+
+    def cached(self) -> CachedConversation | None:
+        if self.head is None or self.last is None:
+            return None
+        return CachedConversation(self.turn, self.head, tuple(self.messages), self.log, self.last)
+
+    def state(self, *, open_start: TurnStart | None, next_turn: int | None = None) -> HistoryState:
+        newest = self.turn if open_start is None else open_start.turn
+        return HistoryState(
+            next_turn=next_turn if next_turn is not None else newest + 1,
+            conversation=[ChatMessage.from_dict(json.loads(message)) for message in self.messages],
+            last_end=self.last,
+            open_start=open_start,
+            log=self.log,
+            basis=self.cached(),
+        )

@@ -1,0 +1,117 @@
+"""
+A worker's bounded cache of the conversations it served, so its next turn in a session reads only what changed.
+
+An entry is never trusted on its own: `SessionHistory.read` checks it against the session's head document and the
+next turn's claim before using it (see `docs/sessions.md`).
+"""
+
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from haystack_integrations.offload.sessions.history import HistoryLog, TurnEnd
+
+DEFAULT_CACHE_BYTES = 64 * 2**20
+"""What one worker keeps by default: the JSON of the conversations it served most recently, 64 MiB at most."""
+
+
+@dataclass(frozen=True)
+class CachedConversation:
+    """A session's conversation as of its newest ended turn, as this worker last read or wrote it."""
+
+    turn: int
+    """The newest ended turn."""
+    head: bytes
+    """The session's head document as it was when this entry was made: a different one means read again."""
+    messages: tuple[str, ...]
+    """Each message's JSON (immutable, so no caller can change what another request will be given)."""
+    log: "HistoryLog"
+    last_end: "TurnEnd"
+    """The newest turn's end, without its messages."""
+
+    @property
+    def size(self) -> int:
+        """The bytes this entry is charged for."""
+        return sum(map(len, self.messages)) + len(self.head)
+
+
+class ConversationCache:
+    """
+    Least recently used conversations, bounded by their JSON's size; safe to share between threads and event loops.
+
+    ```python
+    cache = ConversationCache(max_bytes=16 * 2**20)
+    history = SessionHistory(store.for_session("acme", "chat-42"), worker="web-1", cache=cache)
+    ```
+    """
+
+    def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        """
+        :param max_bytes: The most this cache holds; 0 keeps nothing (every read goes to the store).
+        :raises ValueError: If `max_bytes` is negative.
+        """
+        if max_bytes < 0:
+            raise ValueError(f"The cache size must be 0 or more bytes, got {max_bytes}.")
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[Hashable, CachedConversation] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> CachedConversation | None:
+        """
+        :param key: The session's key.
+        :returns: Its entry, or None.
+        """
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+            return entry
+
+    def put(self, key: Hashable, entry: CachedConversation) -> None:
+        """
+        Keep `entry` for `key`, dropping the least recently used entries past the bound (an entry over a quarter of
+        the bound is not kept at all: one long conversation must not empty the cache of every other).
+
+        :param key: The session's key.
+        :param entry: What to keep.
+        """
+        with self._lock:
+            self._drop(key)
+            if entry.size * 4 > self.max_bytes:
+                return
+            self._entries[key] = entry
+            self._bytes += entry.size
+            while self._bytes > self.max_bytes:
+                self._drop(next(iter(self._entries)))
+
+    def discard(self, key: Hashable) -> None:
+        """
+        Forget `key`'s entry, if any.
+
+        :param key: The session's key.
+        """
+        with self._lock:
+            self._drop(key)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    @property
+    def bytes(self) -> int:
+        """The bytes the entries hold together."""
+        with self._lock:
+            return self._bytes
+
+    def _drop(self, key: Hashable) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._bytes -= entry.size
+
+
+SHARED_CONVERSATIONS = ConversationCache()
+"""The process's cache, used by every `SessionHistory` not given one of its own."""

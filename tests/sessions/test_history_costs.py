@@ -1,0 +1,164 @@
+"""
+What a turn of `SessionHistory` costs on S3, counted on moto's server: the same at turn 10 as at turn 200.
+
+A turn is what `ChatService` does per message: read the history, claim the next turn, record its end.
+"""
+
+import json
+import uuid
+from collections import Counter
+from datetime import UTC, datetime
+
+import pytest
+from haystack.dataclasses import ChatMessage
+
+from haystack_integrations.offload import FsspecToolResultStore
+from haystack_integrations.offload.sessions.conversation_cache import ConversationCache
+from haystack_integrations.offload.sessions.history import CHAIN_LIMIT, SessionHistory, TurnEnd, TurnStart
+from haystack_integrations.offload.stores.fsspec_store import end_session_async
+from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
+
+pytestmark = pytest.mark.s3
+
+
+def _store(server: LocalS3Server) -> FsspecToolResultStore:
+    root = FsspecToolResultStore(f"{server.bucket_url}/{uuid.uuid4().hex}", storage_options=server.storage_options())
+    return root.for_session("acme", "chat-1")
+
+
+def _exchange(number: int) -> list[ChatMessage]:
+    return [ChatMessage.from_user(f"question {number} " + "q" * 300), ChatMessage.from_assistant(f"answer {number}")]
+
+
+async def _turn(history: SessionHistory, number: int) -> list[ChatMessage]:
+    turn = await history.begin(await history.read(), kind="message", text=f"question {number}")
+    assert turn.start.turn == number
+    conversation = [*turn.conversation, *_exchange(number)]
+    await history.finish(turn, status="completed", messages=conversation, reply=f"answer {number}")
+    return conversation
+
+
+async def _session_at(server: LocalS3Server, turns: int) -> tuple[FsspecToolResultStore, list[ChatMessage]]:
+    store = _store(server)
+    history = SessionHistory(store, worker="seed", cache=ConversationCache())
+    conversation: list[ChatMessage] = []
+    for number in range(1, turns + 1):
+        conversation = await _turn(history, number)
+    return store, conversation
+
+
+async def _measured_turn(
+    store: FsspecToolResultStore, log: RequestLog, history: SessionHistory, number: int
+) -> tuple[Counter[str], int]:
+    log.clear()
+    await _turn(history, number)
+    requests = [
+        request for request in log.snapshot() if "/acme/chat-1/" in request.path or "list-type" in request.query
+    ]
+    kinds = Counter("LIST" if "list-type" in request.query else request.method for request in requests)
+    reads = sum(request.bytes_sent for request in requests if request.method == "GET" and request.status == 200)
+    return kinds, reads
+
+
+@pytest.mark.slow
+async def test_a_turn_on_the_worker_that_served_the_last_one_costs_the_same_at_10_and_200_turns(
+    s3_server: LocalS3Server, s3_requests: RequestLog
+) -> None:
+    costs = {}
+    for size in (10, 200):
+        store, _ = await _session_at(s3_server, size)
+        warm = SessionHistory(store, worker="warm", cache=ConversationCache())
+        await _turn(warm, size + 1)  # the worker now holds the session's conversation
+        costs[size] = await _measured_turn(store, s3_requests, warm, size + 2)
+    (methods_10, read_10), (methods_200, read_200) = costs[10], costs[200]
+    # The head and the next turn's claim: two small GETs whatever the length, and never a LIST.
+    assert methods_10["GET"] == methods_200["GET"] == 2 and methods_10["LIST"] == methods_200["LIST"] == 0
+    assert read_200 <= 1.5 * read_10
+    assert methods_10["PUT"] <= 3 and methods_200["PUT"] <= 3  # the claim, the end, and maybe the head
+
+
+@pytest.mark.slow
+async def test_a_turn_on_a_cold_worker_costs_the_same_at_10_and_200_turns(
+    s3_server: LocalS3Server, s3_requests: RequestLog
+) -> None:
+    costs, sent = {}, {}
+    for size in (10, 200):
+        store, conversation = await _session_at(s3_server, size)
+        cold = SessionHistory(store, worker="cold", cache=ConversationCache(0))
+        costs[size] = await _measured_turn(store, s3_requests, cold, size + 1)
+        sent[size] = len(json.dumps([message.to_dict() for message in conversation]))
+    (methods_10, read_10), (methods_200, read_200) = costs[10], costs[200]
+    # The head, the checkpoint, one batch of ends from the newest segment, the next claim: no LIST at any length.
+    assert methods_10["LIST"] == methods_200["LIST"] == 0
+    assert abs(methods_200["GET"] - methods_10["GET"]) <= 1 and methods_200["GET"] <= CHAIN_LIMIT + 4
+    # It reads about the conversation the model is sent, not the history behind it (at 10 short turns each end's own
+    # fields weigh a little more).
+    assert read_10 <= 1.25 * sent[10] and read_200 <= 1.2 * sent[200]
+
+
+async def test_a_cached_conversation_follows_turns_run_by_other_workers(
+    s3_server: LocalS3Server, s3_requests: RequestLog
+) -> None:
+    store, _ = await _session_at(s3_server, 20)  # checkpoint at 16: the next turns append
+    cache = ConversationCache()
+    first = SessionHistory(store, worker="w1", cache=cache)
+    await _turn(first, 21)
+    other = SessionHistory(store, worker="w2", cache=ConversationCache())
+    await _turn(other, 22)
+    conversation = await _turn(other, 23)
+    assert [
+        json.loads(store.documents("history").get(f"turn.{n}.end.json"))["base"] for n in ("00000022", "00000023")
+    ] == ["append", "append"]
+    s3_requests.clear()
+    state = await first.read()
+    assert state.conversation == conversation and state.next_turn == 24
+    assert s3_requests.count(method="GET") == 2 + 2 * 2  # head and claim; then an end and a claim per turn behind
+
+
+async def test_a_cached_conversation_is_not_used_after_the_session_is_purged(s3_server: LocalS3Server) -> None:
+    store, _ = await _session_at(s3_server, 2)
+    cache = ConversationCache()
+    history = SessionHistory(store, worker="w1", cache=cache)
+    await _turn(history, 3)
+    assert len(cache) == 1
+    await end_session_async(store, documents=True)
+    state = await history.read()
+    assert (state.next_turn, state.conversation, state.last_end) == (1, [], None)
+    assert await _turn(history, 1) == _exchange(1)
+
+
+async def test_a_session_stored_before_head_documents_reads_and_carries_on(s3_server: LocalS3Server) -> None:
+    # The documents the previous layout wrote: starts, ends with no segment field, and no head.
+    store = _store(s3_server)
+    documents = store.documents("history")
+    conversation: list[ChatMessage] = []
+    for number in range(1, 13):
+        start = TurnStart(
+            turn=number, kind="message", text=f"q{number}", worker="old", started_at=_at(), lease_until=_at()
+        )
+        documents.put(f"turn.{number:08d}.start.json", start.model_dump_json().encode())
+        added = _exchange(number)
+        checkpoint = number == 1
+        end = TurnEnd(
+            turn=number,
+            status="completed",
+            base="checkpoint" if checkpoint else "append",
+            messages=[message.to_dict() for message in ([*conversation, *added] if checkpoint else added)],
+            checkpoint=1,
+            worker="old",
+            ended_at=_at(),
+        )
+        documents.put(f"turn.{number:08d}.end.json", end.model_dump_json(exclude={"segment"}).encode())
+        conversation = [*conversation, *added]
+    history = SessionHistory(store, worker="new", cache=ConversationCache(0))
+    state = await history.read()
+    assert state.conversation == conversation and state.next_turn == 13
+    # Its next turn is due a checkpoint or segment (12 turns since the checkpoint): from then on a head leads reads.
+    assert await _turn(history, 13) == [*conversation, *_exchange(13)]
+    head = json.loads(documents.get("head.json"))
+    assert max(head["checkpoint"], head["segment"]) == 13
+    assert (await history.read()).conversation == [*conversation, *_exchange(13)]
+
+
+def _at() -> datetime:
+    return datetime.now(UTC)
