@@ -119,9 +119,12 @@ SUBPACKAGE_NAMES = {
         "usage",
     ],
     "sessions": [
+        "ApprovalAlreadyDecidedError",
+        "ApprovalExpiredError",
         "ApprovalPendingConflict",
         "ChatService",
         "DecisionOutcome",
+        "InvalidApprovalEditError",
         "InvalidMessageError",
         "NotFoundError",
         "NothingToResumeError",

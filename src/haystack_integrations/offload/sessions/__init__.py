@@ -3,6 +3,8 @@ Durable conversations for a server with many workers: per-session history with t
 
 `ChatService` is what a web handler calls per request (a message, a decision, a resume, a page of a result), with the
 session's store; `SessionHistory` is the history it keeps. Any worker serves any turn: all state is in the store.
+Every error the service raises is importable from here, the approval errors `ChatService.decide` passes on included, so
+an app built on this package alone can map each to its HTTP status.
 """
 
 import sys
@@ -11,6 +13,10 @@ from typing import TYPE_CHECKING
 from lazy_imports import LazyImporter
 
 _import_structure = {
+    # The approval errors `ChatService.decide` raises, as approvals defines them (the same classes, not subclasses).
+    # LazyImporter imports "." + key relative to this package, so ".approvals.errors" is
+    # haystack_integrations.offload.approvals.errors, imported when one of them is first used.
+    ".approvals.errors": ["ApprovalAlreadyDecidedError", "ApprovalExpiredError", "InvalidApprovalEditError"],
     "errors": [
         "ApprovalPendingConflict",
         "InvalidMessageError",
@@ -24,6 +30,12 @@ _import_structure = {
 }
 
 if TYPE_CHECKING:
+    from haystack_integrations.offload.approvals.errors import (
+        ApprovalAlreadyDecidedError as ApprovalAlreadyDecidedError,
+    )
+    from haystack_integrations.offload.approvals.errors import ApprovalExpiredError as ApprovalExpiredError
+    from haystack_integrations.offload.approvals.errors import InvalidApprovalEditError as InvalidApprovalEditError
+
     from .errors import ApprovalPendingConflict as ApprovalPendingConflict
     from .errors import InvalidMessageError as InvalidMessageError
     from .errors import NotFoundError as NotFoundError
