@@ -41,13 +41,14 @@ from haystack_integrations.offload.stores.exclusive_creates import (
     checked,
 )
 from haystack_integrations.offload.stores.failures import EncryptionKeyRefusedError, StorageRequestError, mark_location
-from haystack_integrations.offload.stores.io import MULTIPART_THRESHOLD, StorageIO
+from haystack_integrations.offload.stores.io import MULTIPART_THRESHOLD, Listed, StorageIO
 from haystack_integrations.offload.stores.layout import parse_reference, scope_path
 from haystack_integrations.offload.stores.names import (
     PROBE_GRACE,
     TEMPORARY_GRACE,
     ContentKind,
     is_stale_temporary,
+    listing_order,
     new_object_name,
     parse_object_name,
 )
@@ -59,9 +60,10 @@ from haystack_integrations.offload.stores.options import (
     serialize_options,
     with_default_timeouts,
 )
+from haystack_integrations.offload.stores.pages import list_after_async, session_page_async, sizes_of
 from haystack_integrations.offload.stores.pending import InFlightWrites, PendingWrite
 from haystack_integrations.offload.stores.quotas import Quota, QuotaTracker, Reservation, SessionUsage, usage_by_session
-from haystack_integrations.offload.stores.records import StoredResult
+from haystack_integrations.offload.stores.records import ResultsPage, StoredResult
 from haystack_integrations.offload.stores.retention import (
     DEFAULT_CLOCK_SKEW,
     IdleSessions,
@@ -487,7 +489,7 @@ class FsspecToolResultStore(ToolResultStore):
                     key=parsed.key,
                 )
             )
-        records.sort(key=lambda record: (record.created, record.reference), reverse=True)
+        records.sort(key=_listing_key)
         return records
 
     def _record(self, reference: str, segments: tuple[str, ...], size: int) -> StoredResult:
@@ -659,20 +661,75 @@ class FsspecToolResultStore(ToolResultStore):
 
     async def list_async(self, *, limit: int | None = None) -> builtins.list[StoredResult]:
         """
-        List the results in this store's scope, newest first (a LIST on S3, paginated by the backend).
+        List the results in this store's scope, newest first.
+
+        With a `limit`, a session store lists one page (`list_page_async`: one LIST on S3 up to 999 results, whatever
+        the session holds); otherwise the whole scope is walked (a LIST per 1000 objects on S3).
 
         :param limit: Return at most this many (the newest).
         :returns: The results' metadata. Objects that are not results written by this library are left out, and so
             are results past the store's retention (they cannot be read).
         :raises StorageError: If the backend fails (e.g. the bucket does not exist).
         """
+        if limit is not None and self.session is not None:
+            return (await self.list_page_async(limit=limit)).results if limit > 0 else []
         scope = self._scope_path()
         await self._handle.in_flight.wait_under(scope + "/")
         with storage_errors("list results", reference=None):
             found = await self._handle.request("find", scope, lambda io: io.find_async(scope))
-        return self._records(found)[:limit]
+        return self._records(sizes_of(found))[:limit]
 
     list = synced(list_async)
+
+    async def list_page_async(self, *, limit: int = 20, after: str | None = None) -> ResultsPage:
+        """
+        List one page of the results in this store's scope, newest first, and where the next page starts.
+
+        On a session store a page is one LIST on S3 (up to 999 results), whatever the session holds: result names
+        sort newest first (`stores.names`). Results written before that layout follow the newer ones, oldest of them
+        last; reaching them lists them all. A tenant or root store walks its scope (a LIST per 1000 objects).
+
+        :param limit: The most results in the page (at least 1).
+        :param after: ``next_after`` of the previous page (the reference of its last result); None for the first.
+        :returns: The page, with ``next_after`` None when no result follows it.
+        :raises ValueError: If `limit` is below 1.
+        :raises InvalidReferenceError: If `after` is not a reference this store could have returned.
+        :raises StorageError: If the backend fails.
+        """
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}.")
+        if after is not None:
+            parse_reference(after, scope_depth=len(self._scope))  # hostile input: a result's reference, or nothing
+        scope = self._scope_path()
+        await self._handle.in_flight.wait_under(scope + "/")
+        if self.session is None:
+            with storage_errors("list results", reference=None):
+                found = await self._handle.request("find", scope, lambda io: io.find_async(scope))
+            records = self._records(sizes_of(found))
+            if after is not None:
+                mark = _listing_key(self._record(after, tuple(after.split("/")), 0))
+                records = [record for record in records if _listing_key(record) > mark]
+            shown = records[:limit]
+            return ResultsPage(results=shown, next_after=shown[-1].reference if len(records) > limit else None)
+
+        async def lister(start: str | None, most: int | None) -> builtins.list[tuple[str, int]]:
+            return await self._handle.request("list", scope, lambda io: list_after_async(io, scope, start, most))
+
+        tenant = self.tenant
+        now = datetime.now(UTC)
+
+        def keep(name: str) -> bool:
+            parsed = parse_object_name(name)
+            return parsed is not None and not (
+                self.retention is not None and self.retention.expired(parsed.created, tenant, now=now)
+            )
+
+        with storage_errors("list results", reference=None):
+            page = await session_page_async(lister, scope, after=after, limit=limit, keep=keep)
+        results = [self._record(name, (name,), size) for name, size in page.names]
+        return ResultsPage(results=results, next_after=results[-1].reference if page.more and results else None)
+
+    list_page = synced(list_page_async)
 
     async def settle_writes_async(self) -> None:
         """
@@ -710,9 +767,11 @@ class FsspecToolResultStore(ToolResultStore):
         results stored more than that long ago, and every document (history, approvals, audit) of each session whose
         newest activity is older than that; with `expired`, the same by each tenant's own time to live. A session's
         documents go whole or not at all: deleting a live conversation's old turns would corrupt it (see `retention`).
-        One LIST, a GET of the newest history turn of each session whose object names do not show it active, a HEAD
-        of each result whose name says it goes (the storage's clock decides: see `Retention`), then batched deletes;
-        objects this library did not write (an operator's README) are kept.
+        One LIST (a page per 1000 objects on S3), a GET of the newest history turn of each session whose object names
+        do not show it active, then batched deletes: no request per result. A result whose name says it goes is
+        checked against the storage's clock (see `Retention`) as the listing gives it (S3's LastModified, a file's
+        mtime; a filesystem whose listing has no time is asked, one request per such result). Objects this library
+        did not write (an operator's README) are kept.
 
         ```python
         root.purge(expired=True)                          # retention, e.g. from a nightly job
@@ -739,8 +798,10 @@ class FsspecToolResultStore(ToolResultStore):
         scope = self._scope_path()
         await self._handle.in_flight.wait_under(scope + "/")
         with storage_errors("list results", reference=None):
-            found = await self._handle.request("find", scope, lambda io: io.find_async(scope))
-        paths = await self._purged_results_async(found, older_than, expired)
+            # With each object's time (S3's LastModified): results are dated from the listing, not one HEAD each.
+            listed = await self._handle.request("find", scope, lambda io: io.find_detailed_async(scope))
+        found = {path: entry.size for path, entry in listed.items()}
+        paths = await self._purged_results_async(listed, older_than, expired)
         idle = self._idle_sessions(found, older_than, expired)
         if idle is not None:
             idle.dated(await read_activity_times_async(self._handle.request, idle.to_read()))
@@ -765,12 +826,13 @@ class FsspecToolResultStore(ToolResultStore):
             raise ValueError("This store has no retention, so no result expires: pass retention=Retention(...).")
 
     async def _purged_results_async(
-        self, found: dict[str, int], older_than: timedelta | None, expired: bool
+        self, listed: dict[str, Listed], older_than: timedelta | None, expired: bool
     ) -> builtins.list[str]:
         """
         The results of a listing that a purge deletes. Their names carry their writers' clocks: a name that says a
         result is old (or is stamped ahead of now) is checked against the storage's clock, so no writer's wrong clock
-        gets a fresh result deleted (or keeps an old one for ever).
+        gets a fresh result deleted (or keeps an old one for ever). That clock comes with the listing (S3's
+        LastModified, a file's mtime); only where a listing carries no time is it asked of each such result.
         """
         now = datetime.now(UTC)
         retention = self.retention
@@ -789,13 +851,22 @@ class FsspecToolResultStore(ToolResultStore):
         everything = older_than is None and not expired  # no age to judge
         prefix = self._scope_path() + "/"
         candidates = {}
-        for record in self._records(found, include_expired=True):
+        sizes = {path: entry.size for path, entry in listed.items()}
+        for record in self._records(sizes, include_expired=True):
             tenant = self._tenant_of(tuple(record.reference.split("/")))
             if everything or not settled(record.created, tenant):
                 candidates[prefix + record.reference] = (record.created, tenant)
         if everything:
             return builtins.list(candidates)
-        stored = await storage_times_async(self._handle.request, candidates)
+        stored = {path: listed[path].modified for path in candidates}
+        mute = [path for path, moment in stored.items() if moment is None]
+        if mute:  # a listing without times (some fsspec filesystems): the storage is asked, of those results only
+            asked = await storage_times_async(self._handle.request, mute)
+            for path in mute:
+                if path in asked:
+                    stored[path] = asked[path]
+                else:
+                    del stored[path]  # gone meanwhile
         return [
             path
             for path, (named, tenant) in candidates.items()
@@ -1466,6 +1537,14 @@ def _checked_relative(path: str) -> str:
     if any(segment in {"", ".", ".."} or "\\" in segment or "\0" in segment for segment in path.split("/")):
         raise ValueError(f"{path!r} is not a path relative to the store's scope.")
     return path
+
+
+def _listing_key(record: StoredResult) -> tuple[timedelta, tuple[bool, str], str]:
+    """Newest first; within one time, in the order a session's listing gives names (`names.listing_order`)."""
+    return _LATEST - record.created, listing_order(record.reference.rpartition("/")[2]), record.reference
+
+
+_LATEST = datetime.max.replace(tzinfo=UTC)
 
 
 def _size_of(data: bytes | ContentChunks) -> int:

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import BinaryIO
 
 from haystack_integrations.offload.errors import InvalidReferenceError
-from haystack_integrations.offload.stores.io import Chunk, SyncBackedIO
+from haystack_integrations.offload.stores.io import Chunk, Listed, SyncBackedIO
 from haystack_integrations.offload.stores.names import is_temporary_name, new_temporary_name
 from haystack_integrations.offload.stores.sync_api import caller_is_waiting
 
@@ -38,6 +38,21 @@ class _LocalDiskIO(SyncBackedIO):
     def _open_for_read(self, path: str) -> BinaryIO:
         """Open `path` for reading with the same checks as `get`."""
         raise NotImplementedError
+
+    def _walk(self, path: str) -> dict[str, os.stat_result]:
+        """Every regular file below the directory `path`, with its status; empty if there is none."""
+        raise NotImplementedError
+
+    def find(self, path: str) -> dict[str, int]:
+        """Return every file below the directory `path` (recursively) with its size; empty if there is none."""
+        return {name: status.st_size for name, status in self._walk(path).items()}
+
+    def find_detailed(self, path: str) -> dict[str, Listed]:
+        """As `find`, with each file's mtime from the same walk (no second stat)."""
+        return {
+            name: Listed(status.st_size, datetime.fromtimestamp(status.st_mtime, tz=UTC))
+            for name, status in self._walk(path).items()
+        }
 
     async def get_async(self, path: str) -> bytes:
         """Async `get`: opened (and checked) inline; read inline when small, else in a worker thread."""
@@ -140,13 +155,13 @@ class LocalIO(_LocalDiskIO):
         with _open_file(path) as file:
             return datetime.fromtimestamp(os.fstat(file.fileno()).st_mtime, tz=UTC)
 
-    def find(self, path: str) -> dict[str, int]:
+    def _walk(self, path: str) -> dict[str, os.stat_result]:
         """Walk the directory through descriptors, never into a symlink; only regular files are listed."""
         try:
             top = _open_directory(path)
         except (FileNotFoundError, NotADirectoryError):
             return {}
-        found: dict[str, int] = {}
+        found: dict[str, os.stat_result] = {}
         try:
             # fwalk opens each subdirectory relative to its parent's descriptor and checks it is the one it listed.
             for directory, _subdirectories, files, directory_fd in os.fwalk(".", dir_fd=top, follow_symlinks=False):
@@ -157,7 +172,7 @@ class LocalIO(_LocalDiskIO):
                     except FileNotFoundError:
                         continue  # a concurrent write's temporary file, renamed away between listing and stat
                     if stat.S_ISREG(status.st_mode):
-                        found[f"{base}/{name}"] = status.st_size
+                        found[f"{base}/{name}"] = status
         finally:
             os.close(top)
         return found
@@ -241,9 +256,9 @@ class PathCheckedLocalIO(_LocalDiskIO):
         _refuse_redirected(path)
         return datetime.fromtimestamp(os.stat(path).st_mtime, tz=UTC)
 
-    def find(self, path: str) -> dict[str, int]:
+    def _walk(self, path: str) -> dict[str, os.stat_result]:
         """Walk the directory without following symlinks; symlinks themselves are skipped."""
-        found: dict[str, int] = {}
+        found: dict[str, os.stat_result] = {}
         if not os.path.isdir(path):
             return found
         _refuse_redirected(path)
@@ -252,7 +267,7 @@ class PathCheckedLocalIO(_LocalDiskIO):
                 full = os.path.join(directory, name)
                 if not os.path.islink(full):
                     try:
-                        found[full] = os.stat(full).st_size
+                        found[full] = os.stat(full)
                     except FileNotFoundError:
                         continue
         return found

@@ -43,6 +43,7 @@ from haystack_integrations.offload.stores.io import (
     MULTIPART_PARTS_IN_FLIGHT,
     MULTIPART_THRESHOLD,
     Chunk,
+    Listed,
     StorageIO,
     drained,
 )
@@ -484,6 +485,19 @@ class ObstoreIO(StorageIO):
                 raise
             return await self.fallback().find_async(path)
         return _listing(path, found)
+
+    async def find_detailed_async(self, path: str) -> dict[str, Listed]:
+        """As `find_async`, with each key's LastModified from the same LIST pages (no HEAD)."""
+        store, key = await self._located_async(path)
+        try:
+            with _mapped_errors():
+                found = await obstore.list(store, key or None, chunk_size=1000).collect_async()
+        except InvalidPathError:
+            if self.fallback is None:
+                raise
+            return await self.fallback().find_detailed_async(path)
+        bucket = path.partition("/")[0]
+        return {f"{bucket}/{meta['path']}": Listed(int(meta["size"]), meta["last_modified"]) for meta in found}
 
     async def delete_async(self, paths: Iterable[str]) -> None:
         """One DeleteObjects per bucket and 1000 keys (a missing key is no error); unparsable keys via the fallback."""

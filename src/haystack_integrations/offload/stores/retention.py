@@ -2,9 +2,9 @@
 Retention: how long results stay readable (per store, overridable per tenant), and ending a session.
 
 A result's age is read from the creation time in its name where that shows it live (no request), else from the
-storage's clock (one HEAD); session documents go by whole sessions, judged by each session's newest activity.
-`end_session` deletes a session's results at once. Numbered documents date their session by *activity documents*
-(`activity_document_name`), whatever keeps them.
+storage's clock (a read: one HEAD; a purge: the time its listing carries); session documents go by whole sessions,
+judged by each session's newest activity. `end_session` deletes a session's results at once. Numbered documents date
+their session by *activity documents* (`activity_document_name`), whatever keeps them.
 """
 
 from __future__ import annotations
@@ -49,8 +49,9 @@ class Retention(BaseModel):
     A result older than its tenant's time to live is refused by `read` with `ResultExpiredError` (the model is told
     the result expired), left out of `list`, and deleted by ``purge(expired=True)``. A result's name carries its
     writer's clock, which settles a live result at no cost; a name that says expired (or is stamped more than
-    `clock_skew` ahead) is checked against the storage's own clock (one HEAD) before `read` refuses it or `purge`
-    deletes it, so a writer's wrong clock never costs a fresh result. `list` and quotas go by the name alone.
+    `clock_skew` ahead) is checked against the storage's own clock before `read` refuses it (one HEAD) or `purge`
+    deletes it (the time in the purge's own listing), so a writer's wrong clock never costs a fresh result. `list`
+    and quotas go by the name alone.
 
     ```python
     from datetime import timedelta
@@ -442,7 +443,8 @@ async def read_activity_times_async(request: Requests, paths: Iterable[str]) -> 
 async def storage_times_async(request: Requests, paths: Iterable[str]) -> dict[str, datetime | None]:
     """
     When the storage says each object was written (one HEAD each on S3, a few at once): the clock that settles a
-    result whose name says it is old, since its writer's clock may be wrong.
+    result whose name says it is old, since its writer's clock may be wrong. Purges take it from their listing
+    (`StorageIO.find_detailed_async`) and ask this only of a filesystem whose listing carries no time.
 
     :param request: How the store sends an engine call.
     :param paths: The objects' full paths.
