@@ -46,9 +46,17 @@ async def test_is_bounded_and_says_how_to_see_more(session: FsspecToolResultStor
         await session.write_async(key=f"{index}.txt", content=str(index), tool_name="calc")
     tool = ListToolResults(default_limit=3, max_limit=5)
     header, *lines = (await tool.invoke_async(state=state_for(session))).splitlines()
-    assert header == "[showing the 3 newest of 7 stored results; pass limit (up to 5) to see more]"
+    # Counting them all would cost a walk of the session: the header says where the next page starts instead.
+    after = lines[-1].split(" | ")[0].removeprefix("- ")
+    assert (
+        header
+        == f"[showing the 3 newest stored results; older ones follow: pass after={after!r} (limit up to 5) to see them]"
+    )
     assert len(lines) == 3
     assert len((await tool.invoke_async(state=state_for(session), limit=50)).splitlines()) == 1 + 5
+    header, *rest = (await tool.invoke_async(state=state_for(session), after=after, limit=5)).splitlines()
+    assert header == "[4 older stored results in this conversation, newest first]"
+    assert len(rest) == 4
 
 
 def test_tool_names_recorded_inferred_or_unknown(session: FsspecToolResultStore) -> None:

@@ -1,8 +1,13 @@
 """
 Object names: how a write's key, content kind, tool name and time become one safe, unique file name.
 
-A result's name carries its metadata (``<created>-<nonce>.<kind>.<tool>.<key>``), so it needs no object metadata and
-no extra request; a local write's temporary file (``.tmp-<time>-<hex>``) carries its writer's time.
+A result's name carries its metadata (``0<newest-first time>-<nonce>.<kind>.<tool>.<key>``), so it needs no object
+metadata and no extra request; a local write's temporary file (``.tmp-<time>-<hex>``) carries its writer's time.
+
+The time is written counting down (`NEWEST_FIRST_MARK` and 17 digits: ``10**17 - 1`` minus microseconds since the
+epoch), so a session's results sort newest first in the lexical order S3 lists in: the first page of a listing is the
+first LIST. Names written before this layout (``<YYYYmmddTHHMMSSffffff>Z-<nonce>...``, counting up) stay readable;
+they start with a digit above the mark, so they sort after every name of this layout, oldest first (`is_legacy_name`).
 """
 
 import hashlib
@@ -31,8 +36,14 @@ temporary files (object stores) before purges take it for a killed prober's: a p
 its retry deadline."""
 # Older versions named temporary files without a time (``.tmp-<16 hex>``); those are matched too.
 _TEMPORARY = re.compile(r"\.tmp-(?:(?P<stamp>\d{8}T\d{12})Z-)?[0-9a-f]{16}")
+NEWEST_FIRST_MARK = "0"
+"""The first character of a result name that counts down: below every digit a legacy name starts with."""
+_COUNTDOWN_DIGITS = 17
+_COUNTDOWN_TOP = 10**_COUNTDOWN_DIGITS - 1
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _NAME = re.compile(
-    r"(?P<stamp>\d{8}T\d{12}Z)-(?P<nonce>[0-9a-f]{8})"
+    rf"(?:{NEWEST_FIRST_MARK}(?P<countdown>\d{{{_COUNTDOWN_DIGITS}}})|(?P<stamp>\d{{8}}T\d{{12}}Z))"
+    r"-(?P<nonce>[0-9a-f]{8})"
     r"\.(?P<kind>[tb])"
     rf"\.(?P<tool>[A-Za-z0-9_-]{{0,{MAX_TOOL_NAME_LENGTH}}})"
     rf"\.(?P<key>[A-Za-z0-9_-][A-Za-z0-9._-]{{0,{MAX_KEY_LENGTH - 1}}})"
@@ -91,7 +102,7 @@ def new_object_name(*, key: str, kind: ContentKind, tool_name: str | None, now: 
     :param now: The creation time (UTC); defaults to the current time.
     :returns: The object name, also the reference returned to the caller.
     """
-    stamp = _stamp(now)
+    stamp = _countdown(now)
     return f"{stamp}-{secrets.token_hex(4)}.{_KIND_CODES[kind]}.{safe_tool_name(tool_name)}.{safe_key(key)}"
 
 
@@ -105,7 +116,8 @@ def parse_object_name(name: str) -> ParsedName | None:
     match = _NAME.fullmatch(name)
     if match is None:
         return None
-    created = _parse_stamp(match.group("stamp"))
+    countdown = match.group("countdown")
+    created = _parse_countdown(countdown) if countdown is not None else _parse_stamp(match.group("stamp"))
     if created is None:
         return None
     return ParsedName(
@@ -114,6 +126,28 @@ def parse_object_name(name: str) -> ParsedName | None:
         tool_name=match.group("tool") or None,
         key=match.group("key"),
     )
+
+
+def is_legacy_name(name: str) -> bool:
+    """
+    :param name: A single path segment that `parse_object_name` accepts.
+    :returns: Whether it was written before names counted down (it sorts after them, oldest first).
+    """
+    return not name.startswith(NEWEST_FIRST_MARK)
+
+
+def listing_order(name: str) -> tuple[bool, str]:
+    """
+    The order results are listed in, newest first: names that count down in lexical order, then legacy names in
+    reverse lexical order (theirs count up).
+
+    :param name: A result name (`parse_object_name` accepts it).
+    :returns: A sort key.
+    """
+    if is_legacy_name(name):
+        # Reverse lexical order of names made of ASCII characters: complement each code point.
+        return True, "".join(chr(0x7F - ord(char)) for char in name)
+    return False, name
 
 
 def new_temporary_name(*, now: datetime | None = None) -> str:
@@ -158,6 +192,21 @@ def is_stale_temporary(name: str, *, now: datetime | None = None, grace: timedel
 def _stamp(now: datetime | None) -> str:
     created = (now or datetime.now(UTC)).astimezone(UTC)
     return f"{created.strftime(_STAMP_FORMAT)}{created.microsecond:06d}Z"
+
+
+def _countdown(now: datetime | None) -> str:
+    created = (now or datetime.now(UTC)).astimezone(UTC)
+    elapsed = created - _EPOCH
+    micros = (elapsed.days * 86_400 + elapsed.seconds) * 1_000_000 + elapsed.microseconds
+    # Clamped: a clock before 1970 (or past the year 5138) still makes a well-formed name.
+    return f"{NEWEST_FIRST_MARK}{_COUNTDOWN_TOP - min(max(micros, 0), _COUNTDOWN_TOP):0{_COUNTDOWN_DIGITS}d}"
+
+
+def _parse_countdown(countdown: str) -> datetime | None:
+    try:
+        return _EPOCH + timedelta(microseconds=_COUNTDOWN_TOP - int(countdown))
+    except OverflowError:
+        return None
 
 
 def _parse_stamp(stamp: str) -> datetime | None:

@@ -22,3 +22,19 @@ class StoredResult(BaseModel):
     created: datetime = Field(description="When the result was written (UTC, microsecond precision).")
     tool_name: str | None = Field(default=None, description="The tool that produced the result, when recorded.")
     key: str = Field(description="The key the writer gave, made safe and bounded.")
+
+
+class ResultsPage(BaseModel):
+    """
+    One page of a listing, newest first, and where the next one starts.
+
+    Returned by `FsspecToolResultStore.list_page`.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    results: list[StoredResult] = Field(description="The page's results, newest first.")
+    next_after: str | None = Field(
+        default=None,
+        description="Pass as ``after`` for the next page: the last result's reference. None: no more results.",
+    )

@@ -3,7 +3,7 @@
 import re
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from haystack.components.agents.state.state import State
 from haystack.hooks.tool_result_offloading.types import ToolResultStore
@@ -26,6 +26,19 @@ _UNSAFE_KEY_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 
 # Sent with every model call: see the note on read_tool_result's DESCRIPTION.
 DESCRIPTION = "List this conversation's offloaded tool results, newest first, with their references."
+# With a tool_name filter, the most pages one call reads looking for matches (each one LIST on S3).
+MAX_FILTERED_PAGES = 10
+
+
+@runtime_checkable
+class PagedResults(Protocol):
+    """A store that lists a page at a time (`FsspecToolResultStore.list_page_async`): a page costs a page."""
+
+    async def list_page_async(self, *, limit: int = 20, after: str | None = None) -> Any:
+        """One page, newest first: an object with ``results`` and ``next_after``."""
+
+    def list_page(self, *, limit: int = 20, after: str | None = None) -> Any:
+        """The sync form of `list_page_async`."""
 
 
 class ListToolResultsArguments(BaseModel):
@@ -35,6 +48,9 @@ class ListToolResultsArguments(BaseModel):
 
     limit: int | None = Field(default=None, ge=1)
     tool_name: str | None = None
+    after: str | None = Field(
+        default=None, max_length=1024, description="Continue after this reference, as the previous listing said."
+    )
 
 
 class ListToolResults(ReadBackTool):
@@ -101,6 +117,13 @@ class ListToolResults(ReadBackTool):
         )
 
     def _run(self, store: ToolResultStore, arguments: Any, state: State | None) -> ToolOutput:
+        if isinstance(store, PagedResults):
+            tool_names = _run_tool_names(state)
+            pages = _Pages(self, arguments, tool_names)
+            while pages.wanted():
+                pages.add(store.list_page(limit=pages.page_size(), after=pages.after))
+            self._count_read("list", 0, store)
+            return pages.render()
         if not isinstance(store, ListableResults):
             raise _cannot_list()
         records = store.list()
@@ -108,35 +131,103 @@ class ListToolResults(ReadBackTool):
         return self._render(records, arguments, state)
 
     async def _run_async(self, store: ToolResultStore, arguments: Any, state: State | None) -> ToolOutput:
+        if isinstance(store, PagedResults):
+            pages = _Pages(self, arguments, _run_tool_names(state))
+            while pages.wanted():
+                pages.add(await store.list_page_async(limit=pages.page_size(), after=pages.after))
+            self._count_read("list", 0, store)
+            return pages.render()
         if not isinstance(store, ListableResults):
             raise _cannot_list()
         records = await store.list_async()
         self._count_read("list", 0, store)
         return self._render(records, arguments, state)
 
+    def _limit(self, arguments: ListToolResultsArguments) -> int:
+        return min(arguments.limit or self.default_limit, self.max_limit)
+
     def _render(self, records: Iterable[Any], arguments: ListToolResultsArguments, state: State | None) -> str:
+        # A store that lists only whole: the page is cut here.
         tool_names = _run_tool_names(state)
         rows = [(record, *_tool_of(record, tool_names)) for record in records]
+        if arguments.after is not None:
+            position = next(
+                (index for index, row in enumerate(rows) if getattr(row[0], "reference", None) == arguments.after), None
+            )
+            rows = rows[position + 1 :] if position is not None else []
         if arguments.tool_name:
             rows = [row for row in rows if row[1] == arguments.tool_name]
-        limit = min(arguments.limit or self.default_limit, self.max_limit)
+        limit = self._limit(arguments)
         shown = rows[:limit]
-        scope = f" of tool {arguments.tool_name!r}" if arguments.tool_name else ""
-        if not rows:
-            return f"[no stored results{scope} in this conversation]"
-        if len(shown) < len(rows):
-            header = (
-                f"[showing the {len(shown)} newest of {len(rows)} stored results{scope}; "
-                f"pass limit (up to {self.max_limit}) to see more]"
-            )
-        else:
-            header = (
-                f"[{len(rows)} stored result{'s' if len(rows) != 1 else ''}{scope} in this conversation, newest first]"
-            )
-        return "\n".join([header, *(_line(record, tool, how) for record, tool, how in shown)])
+        after = getattr(shown[-1][0], "reference", None) if len(shown) < len(rows) else None
+        return _rendered(shown, arguments, after, self.max_limit)
 
     def _init_parameters(self) -> dict[str, Any]:
         return {**super()._init_parameters(), "default_limit": self.default_limit, "max_limit": self.max_limit}
+
+
+class _Pages:
+    """The pages one call reads: one page, or, with a tool_name filter, pages until enough of that tool's results."""
+
+    def __init__(self, tool: ListToolResults, arguments: ListToolResultsArguments, tool_names: Sequence[str]) -> None:
+        self.arguments = arguments
+        self.tool_names = tool_names
+        self.limit = tool._limit(arguments)
+        self.max_limit = tool.max_limit
+        self.after = arguments.after
+        self.rows: list[tuple[Any, str | None, str]] = []
+        self.pages = 0
+        self.more = True
+
+    def wanted(self) -> bool:
+        if not self.more or len(self.rows) >= self.limit:
+            return False
+        return self.pages == 0 or (bool(self.arguments.tool_name) and self.pages < MAX_FILTERED_PAGES)
+
+    def page_size(self) -> int:
+        # Filtered, a page is as large as one call may show: fewer LISTs for a rare tool.
+        return self.max_limit if self.arguments.tool_name else self.limit
+
+    def add(self, page: Any) -> None:
+        self.pages += 1
+        records = list(getattr(page, "results", []))
+        for index, record in enumerate(records):
+            row = (record, *_tool_of(record, self.tool_names))
+            if self.arguments.tool_name and row[1] != self.arguments.tool_name:
+                continue
+            self.rows.append(row)
+            # Cut inside the page (or at its end, with more after it): the next call continues after the last shown.
+            if len(self.rows) == self.limit and (
+                index < len(records) - 1 or getattr(page, "next_after", None) is not None
+            ):
+                self.after, self.more = getattr(record, "reference", None), True
+                return
+        self.after = getattr(page, "next_after", None)
+        self.more = self.after is not None
+
+    def render(self) -> str:
+        return _rendered(self.rows, self.arguments, self.after if self.more else None, self.max_limit)
+
+
+def _rendered(
+    shown: Sequence[tuple[Any, str | None, str]], arguments: ListToolResultsArguments, after: str | None, max_limit: int
+) -> str:
+    scope = f" of tool {arguments.tool_name!r}" if arguments.tool_name else ""
+    continued = " older" if arguments.after else ""
+    if not shown and after is None:
+        return f"[no{continued} stored results{scope} in this conversation]"
+    if after is not None:
+        which = "older" if arguments.after else "newest"
+        header = (
+            f"[showing the {len(shown)} {which} stored results{scope}; older ones follow: pass after={after!r} "
+            f"(limit up to {max_limit}) to see them]"
+        )
+    else:
+        header = (
+            f"[{len(shown)}{continued} stored result{'s' if len(shown) != 1 else ''}{scope} in this conversation, "
+            "newest first]"
+        )
+    return "\n".join([header, *(_line(record, tool, how) for record, tool, how in shown)])
 
 
 def _cannot_list() -> ReadBackToolError:
