@@ -328,6 +328,17 @@ class StepDone(_Record):
     finished_at: AwareDatetime
 
 
+class ApprovalHead(_Record):
+    """
+    Where a session's held steps end, so that finding the open one reads no step before it.
+
+    A hint, never the truth: written (a plain write) after a step's conditional create has claimed its number, so it
+    may lag behind when a write failed or two holds raced; readers go on to the next numbers until one is missing.
+    """
+
+    sequence: int = Field(ge=1, description="A held step's number: no step before it is the session's newest.")
+
+
 class RememberedApproval(_Record):
     """An approval remembered for the session by `AskOncePerSession`, until `expires`."""
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from haystack_integrations.offload.approvals.approval_records import ApprovalDecision, ApprovalRequest, AuditEvent
 from haystack_integrations.offload.approvals.ledger import session_scope
+from haystack_integrations.offload.errors import ResultNotFoundError
 from haystack_integrations.offload.types import Documents, SessionDocumentSource
 
 NAMESPACE = "audit"
@@ -134,16 +135,25 @@ async def append_audit_async(store: SessionDocumentSource, *events: AuditEvent) 
 
 async def append_missing_async(store: SessionDocumentSource, events: list[RecordedEvent]) -> None:
     """
-    Append the recorded events the session's audit does not hold yet: one listing, and a write per missing event.
+    Append the recorded events the session's audit does not hold yet: a read per event (their names are known, so
+    the audit, which only grows, is never listed), and a write per missing event.
 
     :param store: The session's store.
     :param events: Events restating the session's records.
     :raises StorageError: If the backend fails.
     """
     documents = _documents(store)
-    present = set(await documents.list_async())
-    missing = [event for event in events if _name(event) not in present]
+    present = await asyncio.gather(*(_exists(documents, _name(event)) for event in events))
+    missing = [event for event, found in zip(events, present, strict=True) if not found]
     await asyncio.gather(*(documents.put_async(_name(event), event.model_dump_json().encode()) for event in missing))
+
+
+async def _exists(documents: Documents, name: str) -> bool:
+    try:
+        await documents.get_async(name)
+    except ResultNotFoundError:
+        return False
+    return True
 
 
 def read_audit(store: SessionDocumentSource) -> list[AuditEvent]:

@@ -26,6 +26,7 @@ from haystack_integrations.offload.approvals.errors import (
 from haystack_integrations.offload.approvals.ledger import (
     ApprovalLedger,
     ApprovalListing,
+    ApprovalSnapshot,
     known_pending,
     now,
     parse_request_id,
@@ -49,19 +50,13 @@ def pending_approvals(store: SessionDocumentSource) -> list[ApprovalRequest]:
     :raises ValueError: If the store is not scoped to one session.
     """
     ledger = ApprovalLedger(store)
-    listing = ledger.listing()
-    sequence = _open_step(listing)
-    waiting = _waiting(ledger.step(sequence), listing, now()) if sequence is not None else []
-    return ledger.saw_waiting(waiting)
+    return ledger.saw_waiting(_waiting_in(ledger.snapshot()))
 
 
 async def pending_approvals_async(store: SessionDocumentSource) -> list[ApprovalRequest]:
     """Async `pending_approvals`."""
     ledger = ApprovalLedger(store)
-    listing = await ledger.listing_async()
-    sequence = _open_step(listing)
-    waiting = _waiting(await ledger.step_async(sequence), listing, now()) if sequence is not None else []
-    return ledger.saw_waiting(waiting)
+    return ledger.saw_waiting(_waiting_in(await ledger.snapshot_async()))
 
 
 def decide(
@@ -132,13 +127,13 @@ async def open_step_async(store: SessionDocumentSource) -> "OpenStep | None":
         live lease is resuming it now.
     """
     ledger = ApprovalLedger(store)
-    listing = await ledger.listing_async()
-    sequence = _open_step(listing)
-    if sequence is None:
+    snapshot = await ledger.snapshot_async()
+    step, listing = snapshot.step, snapshot.listing
+    if step is None or snapshot.done is not None:
         ledger.saw_waiting([])
         return None
     at = now()
-    step = await ledger.step_async(sequence)
+    sequence = step.sequence
     waiting = ledger.saw_waiting(_waiting(step, listing, at))
     attempts = listing.claims_of(sequence)
     lease_until = (await ledger.step_claim_async(sequence, attempts[-1])).lease_until if attempts else None
@@ -157,10 +152,7 @@ async def newest_done_async(store: SessionDocumentSource) -> StepDone | None:
     :param store: The session's store.
     :returns: The done record of the newest step that has one.
     """
-    ledger = ApprovalLedger(store)
-    listing = await ledger.listing_async()
-    finished = [sequence for sequence in listing.sequences() if listing.done(sequence)]
-    return await ledger.done_async(finished[-1]) if finished else None
+    return await ApprovalLedger(store).newest_done_async()
 
 
 @dataclass(frozen=True)
@@ -174,9 +166,11 @@ class OpenStep:
     """Whether any of its requests has a decision (else every one that does not wait expired)."""
 
 
-def _open_step(listing: ApprovalListing) -> int | None:
-    sequence = listing.newest()
-    return None if sequence is None or listing.done(sequence) else sequence
+def _waiting_in(snapshot: ApprovalSnapshot) -> list[ApprovalRequest]:
+    """The requests of the session's open step that wait: neither decided nor expired (none when no step is open)."""
+    if snapshot.step is None or snapshot.done is not None:
+        return []
+    return _waiting(snapshot.step, snapshot.listing, now())
 
 
 def _waiting(step: HeldStep, listing: ApprovalListing, at: datetime) -> list[ApprovalRequest]:

@@ -3,8 +3,14 @@ Where approval records live: documents in the session's ``.approvals/`` namespac
 
 Steps are numbered by sequence; steps, decisions and claims are claimed with the store's conditional create. Those
 creates are where the approval metrics count requests and decisions, and where `KnownPending` learns what waits.
+
+Nothing on the way of a round trip lists the namespace, which keeps every decided approval of the session: the newest
+step is found from a head document (a hint, followed by reading the next step numbers until one is missing), and what
+a listing told (done? claimed? decided?) is read by name for that step alone (`ApprovalSnapshot`). Sessions written
+before the head existed are listed once, and get one.
 """
 
+import asyncio
 import contextlib
 import hashlib
 import logging
@@ -21,6 +27,7 @@ from pydantic import BaseModel, ValidationError
 
 from haystack_integrations.offload.approvals.approval_records import (
     ApprovalDecision,
+    ApprovalHead,
     ApprovalRequest,
     CallRecord,
     ExecutionClaim,
@@ -49,6 +56,10 @@ _STEP_NAME = re.compile(r"step\.(?P<sequence>\d{8})\.json")
 _RESUME_NAME = re.compile(r"resume\.(?P<sequence>\d{8})\.(?P<attempt>\d{3})\.json")
 _CLAIM_NAME = re.compile(r"claim\.(?P<call>\d{8}-[0-9a-f]{16})\.(?P<attempt>\d{2})\.json")
 _UNRUN_NAME = "unrun.{call}.{attempt:02d}.json"
+_HEAD_NAME = "head.json"
+# How many finished-looking steps back `newest_done` reads by name before it lists instead (a session whose steps were
+# held one after another without being resumed; never on a server's path, where only the newest step can be open).
+_DONE_LOOKBACK = 8
 # A race for a step number moves on to the next; this many lost races in a row means something else is wrong.
 _SEQUENCE_RACES = 16
 
@@ -181,6 +192,43 @@ class ApprovalListing:
         """Whether a call's result is recorded."""
         return f"outcome.{key}.json" in self.names
 
+    def merged(self, names: "set[str] | frozenset[str]") -> "ApprovalListing":
+        """This listing with more names known to exist."""
+        return ApprovalListing(self.names | names)
+
+
+@dataclass(frozen=True)
+class ApprovalSnapshot:
+    """
+    What a request needs to know of the session's newest held step, read by name: the step, its done record, and an
+    `ApprovalListing` of the documents found about it (the step, its done record, its resume claims, its decisions).
+
+    Its cost depends on the step alone, never on how many steps the session held before it.
+    """
+
+    step: HeldStep | None
+    done: StepDone | None
+    listing: ApprovalListing
+
+
+def _step_name(sequence: int) -> str:
+    return f"step.{sequence:08d}.json"
+
+
+def _resume_name(sequence: int, attempt: int) -> str:
+    return f"resume.{sequence:08d}.{attempt:03d}.json"
+
+
+def _snapshot(
+    step: HeldStep, done: StepDone | None, attempts: list[int], decisions: dict[str, ApprovalDecision | None]
+) -> ApprovalSnapshot:
+    names = {_step_name(step.sequence)}
+    names.update(_resume_name(step.sequence, attempt) for attempt in attempts)
+    names.update(f"decision.{request}.json" for request, decision in decisions.items() if decision is not None)
+    if done is not None:
+        names.add(f"done.{step.sequence:08d}.json")
+    return ApprovalSnapshot(step, done, ApprovalListing(frozenset(names)))
+
 
 def _parse(model: type[_Model], name: str, data: bytes) -> _Model:
     try:
@@ -308,6 +356,9 @@ class ApprovalLedger:
         self.tenant, self.session = session_scope(store)
         self.store: SessionDocumentSource = store
         self.documents: Documents = store.documents(NAMESPACE)
+        # Documents created once and never rewritten, as this ledger read them (it lives for one operation).
+        self._steps: dict[int, HeldStep] = {}
+        self._decisions: dict[str, ApprovalDecision] = {}
 
     # Listing
 
@@ -318,6 +369,140 @@ class ApprovalLedger:
     async def listing_async(self) -> ApprovalListing:
         """Async `listing`."""
         return ApprovalListing(frozenset(await self.documents.list_async()))
+
+    # The newest held step, without a listing: the head's hint, then the next numbers until one is missing.
+
+    def newest(self) -> int | None:
+        """
+        The number of the session's newest held step, or None when it held none.
+
+        Two GETs on a session with a current head; a session without one (written before heads existed, or whose head
+        write failed) is listed once, and its head written.
+        """
+        head = self._head()
+        newest = head if head is not None else self.listing().newest()
+        while newest is not None and self._optional(_step_name(newest + 1), HeldStep) is not None:
+            newest += 1
+        if newest is not None and newest != head:
+            self._write_head(newest)
+        return newest
+
+    async def newest_async(self) -> int | None:
+        """Async `newest`."""
+        head = await self._head_async()
+        newest = head if head is not None else (await self.listing_async()).newest()
+        while newest is not None and await self._step_or_none_async(newest + 1) is not None:
+            newest += 1
+        if newest is not None and newest != head:
+            await self._write_head_async(newest)
+        return newest
+
+    def snapshot(self) -> ApprovalSnapshot:
+        """The session's newest held step and what is recorded about it (a few GETs, at any length of history)."""
+        sequence = self.newest()
+        step = (self._steps.get(sequence) or self._optional(_step_name(sequence), HeldStep)) if sequence else None
+        if step is None:  # none held, or purged from under its head
+            return ApprovalSnapshot(None, None, ApprovalListing(frozenset()))
+        done = self._optional(f"done.{step.sequence:08d}.json", StepDone)
+        if done is not None:
+            return _snapshot(step, done, [], {})
+        attempts: list[int] = []
+        while self.read(_resume_name(step.sequence, len(attempts) + 1)) is not None:
+            attempts.append(len(attempts) + 1)
+        decisions = {request.request_id: self.decision(request.request_id) for request in step.requests()}
+        return _snapshot(step, None, attempts, decisions)
+
+    async def snapshot_async(self) -> ApprovalSnapshot:
+        """Async `snapshot`; the step's claims and decisions are read concurrently."""
+        sequence = await self.newest_async()
+        step = await self._step_or_none_async(sequence) if sequence is not None else None
+        if step is None:
+            return ApprovalSnapshot(None, None, ApprovalListing(frozenset()))
+        done = await self.done_async(step.sequence)
+        if done is not None:
+            return _snapshot(step, done, [], {})
+        requests = step.requests()
+        attempts, found = await asyncio.gather(
+            self._attempts_async(step.sequence),
+            asyncio.gather(*(self.decision_async(request.request_id) for request in requests)),
+        )
+        decisions = {request.request_id: decision for request, decision in zip(requests, found, strict=True)}
+        return _snapshot(step, None, attempts, decisions)
+
+    async def call_names_async(self, keys: list[str]) -> set[str]:
+        """
+        The documents recorded about these calls (their tries' claims, the last try's not-run note, their outcome),
+        as an `ApprovalListing` would name them: a few GETs per call, whatever else the session holds.
+        """
+        found = await asyncio.gather(*(self._call_names_async(key) for key in keys))
+        return set().union(*found)
+
+    async def _call_names_async(self, key: str) -> set[str]:
+        outcome, names = await asyncio.gather(self.read_async(f"outcome.{key}.json"), self._tries_async(key))
+        if outcome is not None:
+            names.add(f"outcome.{key}.json")
+        return names
+
+    async def _tries_async(self, key: str) -> set[str]:
+        names: set[str] = set()
+        attempt = 0
+        while await self.read_async(f"claim.{key}.{attempt + 1:02d}.json") is not None:
+            attempt += 1
+            names.add(f"claim.{key}.{attempt:02d}.json")
+        if attempt and await self.read_async(_UNRUN_NAME.format(call=key, attempt=attempt)) is not None:
+            names.add(_UNRUN_NAME.format(call=key, attempt=attempt))
+        return names
+
+    async def newest_done_async(self) -> StepDone | None:
+        """The done record of the session's newest step that has one, or None (read from the newest step back)."""
+        newest = await self.newest_async()
+        if newest is None:
+            return None
+        for sequence in range(newest, max(0, newest - _DONE_LOOKBACK), -1):
+            done = await self.done_async(sequence)
+            if done is not None:
+                return done
+        if newest <= _DONE_LOOKBACK:
+            return None
+        listing = await self.listing_async()  # many steps held and never resumed: the listing says which finished
+        finished = [sequence for sequence in listing.sequences() if listing.done(sequence)]
+        return await self.done_async(finished[-1]) if finished else None
+
+    async def _attempts_async(self, sequence: int) -> list[int]:
+        attempts: list[int] = []
+        while await self.read_async(_resume_name(sequence, len(attempts) + 1)) is not None:
+            attempts.append(len(attempts) + 1)
+        return attempts
+
+    def _head(self) -> int | None:
+        head = self._optional(_HEAD_NAME, ApprovalHead)
+        return head.sequence if head is not None else None
+
+    async def _head_async(self) -> int | None:
+        head = await self._optional_async(_HEAD_NAME, ApprovalHead)
+        return head.sequence if head is not None else None
+
+    def _write_head(self, sequence: int) -> None:
+        # A hint: a failed write costs the next reader a few reads (or one listing), never a wrong answer.
+        try:
+            self.documents.put(_HEAD_NAME, _dump(ApprovalHead(sequence=sequence)))
+        except OffloadError as error:
+            logger.warning("Could not write the approvals head of session %s: %s", self.session, error)
+
+    async def _write_head_async(self, sequence: int) -> None:
+        try:
+            await self.documents.put_async(_HEAD_NAME, _dump(ApprovalHead(sequence=sequence)))
+        except OffloadError as error:
+            logger.warning("Could not write the approvals head of session %s: %s", self.session, error)
+
+    async def _step_or_none_async(self, sequence: int) -> HeldStep | None:
+        known = self._steps.get(sequence)
+        if known is not None:
+            return known
+        step = await self._optional_async(_step_name(sequence), HeldStep)
+        if step is not None:
+            self._steps[sequence] = step
+        return step
 
     # Held steps: the step document's conditional create is the claim on its number.
 
@@ -333,10 +518,11 @@ class ApprovalLedger:
         :param fields: The step's other fields, as `HeldStep` takes them (it refuses unknown ones).
         :returns: The recorded step.
         """
-        first = (after if after is not None else (self.listing().newest() or 0)) + 1
+        first = (after if after is not None else (self.newest() or 0)) + 1
         for step in _numbered(first, message, calls, fields):
             with contextlib.suppress(DocumentExistsError):
-                self.documents.create(f"step.{step.sequence:08d}.json", _dump(step))
+                self.documents.create(_step_name(step.sequence), _dump(step))
+                self._write_head(step.sequence)
                 return self._held(step)
         raise ApprovalClaimedError("Could not number a held step: every step number tried was taken meanwhile.")
 
@@ -344,10 +530,11 @@ class ApprovalLedger:
         self, message: ChatMessage, calls: HeldCalls, *, after: int | None = None, **fields: Any
     ) -> HeldStep:
         """Async `hold`."""
-        first = (after if after is not None else ((await self.listing_async()).newest() or 0)) + 1
+        first = (after if after is not None else (await self.newest_async() or 0)) + 1
         for step in _numbered(first, message, calls, fields):
             with contextlib.suppress(DocumentExistsError):
-                await self.documents.create_async(f"step.{step.sequence:08d}.json", _dump(step))
+                await self.documents.create_async(_step_name(step.sequence), _dump(step))
+                await self._write_head_async(step.sequence)
                 return self._held(step)
         raise ApprovalClaimedError("Could not number a held step: every step number tried was taken meanwhile.")
 
@@ -370,24 +557,34 @@ class ApprovalLedger:
 
         :raises ApprovalNotFoundError: If the session has no such step.
         """
-        found = self._optional(f"step.{sequence:08d}.json", HeldStep)
+        found = self._steps.get(sequence) or self._optional(_step_name(sequence), HeldStep)
         if found is None:
             raise ApprovalNotFoundError(f"No held step {sequence} in this session.")
+        self._steps[sequence] = found
         return found
 
     async def step_async(self, sequence: int) -> HeldStep:
         """Async `step`."""
-        return await self._required_async(f"step.{sequence:08d}.json", HeldStep)
+        found = await self._step_or_none_async(sequence)
+        if found is None:
+            raise ApprovalNotFoundError(f"No step record {_step_name(sequence)!r} in this session.")
+        return found
 
     # Decisions
 
     def decision(self, request: str) -> ApprovalDecision | None:
         """Read a request's decision, or None if it has none."""
-        return self._optional(f"decision.{request}.json", ApprovalDecision)
+        found = self._decisions.get(request) or self._optional(f"decision.{request}.json", ApprovalDecision)
+        if found is not None:  # created once, never rewritten: this ledger need not read it again
+            self._decisions[request] = found
+        return found
 
     async def decision_async(self, request: str) -> ApprovalDecision | None:
         """Async `decision`."""
-        return await self._optional_async(f"decision.{request}.json", ApprovalDecision)
+        found = self._decisions.get(request) or await self._optional_async(f"decision.{request}.json", ApprovalDecision)
+        if found is not None:
+            self._decisions[request] = found
+        return found
 
     def create_decision(self, decision: ApprovalDecision) -> None:
         """

@@ -61,6 +61,7 @@ from haystack_integrations.offload.approvals.errors import (
 from haystack_integrations.offload.approvals.ledger import (
     ApprovalLedger,
     ApprovalListing,
+    ApprovalSnapshot,
     call_key,
     idempotency_key,
     now,
@@ -197,8 +198,11 @@ async def resume_async(
     context = resume_context(store, hook_context, default_channel=DurableApprovals)
     messages = _without_notice(messages)
     at = now()
-    listing = await ledger.listing_async()
-    step = await ledger.step_async(_open_sequence(listing))
+    # One look at the session's newest step serves the whole resume (no listing: its cost is the step's, not the
+    # session's history).
+    snapshot = await ledger.snapshot_async()
+    step = _open_step(snapshot)
+    listing = snapshot.listing
     attempt = await _next_attempt(ledger, listing, step, at)
     # What this resume adds starts where the given conversation ends: the answers that a lost turn of the resume that
     # held `step` again gave before holding (put back here) are recorded with it, so a lost turn of this one keeps them.
@@ -206,8 +210,11 @@ async def resume_async(
     messages = _with_preceding(messages, step)
     rulings = await _rulings(ledger, listing, step, at, before=added_from)
     _check_conversation(messages, step)
-    # A request or decision whose audit append failed is audited now, or nothing runs: every call that runs has both.
-    await append_missing_async(store, rulings.audited)
+    # Before the step is claimed: what is recorded of its calls (as a listing would have told), and the audit of
+    # every request and decision (one whose append failed is appended now, or nothing runs), read at once.
+    keys = _call_keys(rulings.first_step_id, step)
+    recorded, _ = await asyncio.gather(ledger.call_names_async(keys), append_missing_async(store, rulings.audited))
+    listing = listing.merged(recorded)
     claim = StepClaim(
         step_id=step.step_id,
         tenant=step.tenant,
@@ -241,7 +248,7 @@ async def resume_async(
         _released_on_failure(ledger, claim),
         renewing(lease, renew, what=f"the claim on held step {step.sequence}"),
     ):
-        resumed = _Resumed(ledger, listing, step, rulings, worker, added_from)
+        resumed = _Resumed(ledger, listing, step, rulings, worker, added_from, probed=set(keys))
         await before_tool_async(agent, state)
         pending = resumed.pending(state)
         if pending is not None:
@@ -388,6 +395,8 @@ class _Resumed:
     """tool call id -> (outcome, idempotency key, try) of the calls that ran or whose recorded result was used."""
     events: list[AuditEvent] = field(default_factory=list)
     held: HeldStep | None = None
+    probed: set[str] = field(default_factory=set)
+    """The calls whose documents `listing` holds (the held message's); a call the hooks brought in is read when met."""
 
     def pending(self, state: State) -> ChatMessage | None:
         """The message whose calls the Agent would run now, as the hooks left it (None: nothing runs)."""
@@ -398,6 +407,13 @@ class _Resumed:
 
     async def run_once(self, agent: Agent, state: State, message: ChatMessage) -> None:
         """Run each pending call once: reuse recorded results, hold calls that may have run, run the others."""
+        keys = [
+            call_key(self.rulings.first_step_id, call.id, position) for position, call in enumerate(message.tool_calls)
+        ]
+        unknown = [key for key in keys if key not in self.probed]
+        if unknown:
+            self.listing = self.listing.merged(await self.ledger.call_names_async(unknown))
+            self.probed.update(unknown)
         plan = [await self._plan(self.listing, position, call) for position, call in enumerate(message.tool_calls)]
         uncertain = [item for item in plan if item.uncertain]
         if uncertain:
@@ -696,13 +712,20 @@ class _Call:
 # Reading the step and its decisions
 
 
-def _open_sequence(listing: ApprovalListing) -> int:
-    sequence = listing.newest()
-    if sequence is None:
+def _open_step(snapshot: ApprovalSnapshot) -> HeldStep:
+    step = snapshot.step
+    if step is None:
         raise ApprovalNotFoundError("This session has no held step to resume.")
-    if listing.done(sequence):
-        raise ApprovalClaimedError(f"Held step {sequence} was already resumed; its decisions cannot be used again.")
-    return sequence
+    if snapshot.done is not None:
+        raise ApprovalClaimedError(
+            f"Held step {step.sequence} was already resumed; its decisions cannot be used again."
+        )
+    return step
+
+
+def _call_keys(first_step_id: str, step: HeldStep) -> list[str]:
+    """The names of the held message's calls' claims and outcomes."""
+    return [call_key(first_step_id, call.id, position) for position, call in enumerate(step.chat_message().tool_calls)]
 
 
 @contextlib.asynccontextmanager
@@ -750,8 +773,12 @@ async def _rulings(
     waiting = []
     for held in reversed(chain):
         requests = held.requests()
+        # The snapshot read the resumed step's decisions; the steps it continues are read by name.
         found = await asyncio.gather(
-            *(ledger.decision_async(r.request_id) if listing.decided(r.request_id) else _none() for r in requests)
+            *(
+                ledger.decision_async(r.request_id) if held is not step or listing.decided(r.request_id) else _none()
+                for r in requests
+            )
         )
         for request, decision in zip(requests, found, strict=True):
             rulings.audited.append(requested_event(request))
