@@ -7,6 +7,7 @@ any session: run as many workers and replicas as the load needs (``uvicorn --wor
 """
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,6 +26,7 @@ from haystack_integrations.offload.errors import OffloadError, StorageError, Sto
 from haystack_integrations.offload.sessions.errors import ApprovalPendingConflict, NotFoundError
 from haystack_integrations.offload.sessions.service import ChatService
 from haystack_integrations.offload.stores import FsspecToolResultStore
+from haystack_integrations.offload.stores.exclusive_creates import ExclusiveCreateCheck
 from offload_haystack_app.server.agent import build_agent
 from offload_haystack_app.server.auth import TokenTable
 from offload_haystack_app.server.errors import ERROR_STATUSES, NOT_FOUND_DETAIL, error_status
@@ -33,7 +35,12 @@ from offload_haystack_app.server.metrics_endpoint import metrics_served
 from offload_haystack_app.server.readiness import DrainingMiddleware, Readiness
 from offload_haystack_app.server.routes import HttpError, router
 from offload_haystack_app.server.settings import ServerSettings
-from offload_haystack_app.server.startup import require_exclusive_creates_async
+from offload_haystack_app.server.startup import (
+    check_once,
+    check_until_known,
+    refuse_a_store_that_cannot_coordinate,
+    require_exclusive_creates_async,
+)
 from offload_haystack_app.server.views import approval_view
 
 logger = logging.getLogger("offload_haystack_app.server")
@@ -100,7 +107,15 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         await root.warm_up_async()
         # Before the first request: on a store that ignores conditional writes no turn or approval could be made
         # exactly once. Free when this process checked already (`app_from_environment`, `serve`): verdicts are cached.
-        readiness.exclusive_creates = (await require_exclusive_creates_async(root)).verdict
+        # A store that does not answer yet (S3 starting beside this container) is no reason to exit: the worker
+        # serves 503 not_ready, refuses new work, and checks again with backoff until the store answers.
+        first = await check_once(root)
+        checking: asyncio.Task[ExclusiveCreateCheck] | None = None
+        if first.verdict == "unknown":
+            readiness.exclusive_creates = first.verdict  # before the first request: new work is refused until known
+            checking = asyncio.create_task(check_until_known(root, readiness, first=first))
+        else:
+            readiness.exclusive_creates = (await require_exclusive_creates_async(root)).verdict
         readiness.watch_signals()  # from the first stop signal on: not ready, new work refused (DrainingMiddleware)
         logger.info(
             "offload-haystack server %s: model: %s; store: %s; %d token(s) for %d tenant(s).",
@@ -121,6 +136,10 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
                 await _settled_writes(root, readiness.remaining())
         finally:
             readiness.stop_watching()
+            if checking is not None and not checking.done():
+                checking.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await checking
 
     app = FastAPI(title="offload-haystack reference server", lifespan=lifespan, docs_url="/api/docs", redoc_url=None)
     app.state.root = root
@@ -252,13 +271,14 @@ def app_from_environment() -> FastAPI:
 
     The store's exclusive creates are checked here, before the app exists, so a store that cannot coordinate stops
     the worker with `ServerStartupError` in one line (uvicorn passes a factory's error on; a failed lifespan would be
-    a traceback).
+    a traceback). A store that does not answer yet does not: the worker starts not ready (503 ``not_ready``) and
+    checks again with backoff until it answers, as a container started before its S3 needs.
 
     :returns: The ASGI application.
-    :raises ServerStartupError: If the store does not refuse a second exclusive create (or the check could not tell).
+    :raises ServerStartupError: If the store ignores or refuses exclusive creates.
     """
     settings = ServerSettings()
-    settings.check_store()
+    refuse_a_store_that_cannot_coordinate(settings.results_store())
     return create_app(settings)
 
 

@@ -3,7 +3,8 @@ Whether a worker takes new work: not before its store's exclusive creates are kn
 
 A worker drains from the moment it gets SIGTERM (or SIGINT): `/api/health` answers 503 so a load balancer stops
 sending it work, and `DrainingMiddleware` refuses new turns and decisions with 503 ``draining`` (a load balancer may
-send them to another replica) while requests already running finish, within the drain time.
+send them to another replica) while requests already running finish, within the drain time. Before its store's
+exclusive creates are known to hold (a store not up yet), it refuses them the same way, with 503 ``not_ready``.
 """
 
 import signal
@@ -86,7 +87,10 @@ class Readiness:
 
 
 class DrainingMiddleware:
-    """Refuse requests that start work with 503 ``draining`` once the worker drains; reads still answer."""
+    """
+    Refuse requests that start work with 503 ``draining`` once the worker drains, and with 503 ``not_ready`` before
+    its store's exclusive creates are known to hold (no turn or approval could be made exactly once); reads answer.
+    """
 
     def __init__(self, app: ASGIApp, *, readiness: Readiness) -> None:
         """
@@ -97,9 +101,17 @@ class DrainingMiddleware:
         self.readiness = readiness
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Serve one request, or refuse it while draining."""
-        if scope["type"] == "http" and self.readiness.draining and scope["method"] in _STARTS_WORK:
-            body = {"error": "draining", "detail": "This worker is shutting down; send the request again."}
+        """Serve one request, or refuse it while draining or while the store is not known to coordinate."""
+        readiness = self.readiness
+        # "unchecked" is an app whose lifespan never ran (an embedding test or ASGI call): its work is not refused.
+        # A served worker's lifespan checks before the first request, and says "unknown" while its store is down.
+        unusable_store = readiness.exclusive_creates not in ("enforced", "unchecked")
+        if scope["type"] == "http" and scope["method"] in _STARTS_WORK and (readiness.draining or unusable_store):
+            if readiness.draining:
+                body = {"error": "draining", "detail": "This worker is shutting down; send the request again."}
+            else:
+                why = readiness.not_ready_because()
+                body = {"error": "not_ready", "detail": f"This worker is not ready ({why}); send the request again."}
             # Retry-After and Connection: close send the client (or the load balancer) to another replica.
             headers = {"Retry-After": "1", "Connection": "close"}
             await JSONResponse(body, status_code=503, headers=headers)(scope, receive, send)

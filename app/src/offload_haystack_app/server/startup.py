@@ -3,18 +3,28 @@ Checks the server makes before it serves: does its object store refuse a second 
 
 Approvals, resume claims and turns are made exactly once with conditional creates (S3 ``If-None-Match: *``); on a
 store that ignores or refuses them the server would serve requests it cannot keep its promises for, so it does not
-start (`ServerStartupError`, one line). A transient failure of the check ("unknown") is retried a few times first.
+start (`ServerStartupError`, one line). A transient failure of the check ("unknown") is retried a few times first by
+`offload-haystack serve`; a worker whose store is not up yet (a container started before S3) instead serves 503
+``not_ready`` and checks again with backoff, one log line per check, until the store answers
+(`check_until_known`).
 """
 
 import asyncio
+import logging
 import time
 
 from haystack_integrations.offload.errors import OffloadError
 from haystack_integrations.offload.stores import FsspecToolResultStore
 from haystack_integrations.offload.stores.exclusive_creates import ExclusiveCreateCheck
+from haystack_integrations.offload.stores.options import redacted_url
+from offload_haystack_app.server.readiness import Readiness
 
 CHECK_ATTEMPTS = 3
 CHECK_RETRY_DELAY = 1.0
+# A worker waiting for its store checks again after 1, 2, 4, ... seconds, at most this far apart.
+CHECK_MAX_DELAY = 30.0
+
+logger = logging.getLogger("offload_haystack_app.server")
 
 
 class ServerStartupError(OffloadError, ValueError):
@@ -55,6 +65,88 @@ async def require_exclusive_creates_async(
             break
         await asyncio.sleep(delay)
     return _required(check)
+
+
+def refuse_a_store_that_cannot_coordinate(root: FsspecToolResultStore) -> ExclusiveCreateCheck:
+    """
+    One check before a worker is built: a definite refusal stops it, a store that does not answer yet does not.
+
+    :param root: The server's root store.
+    :returns: The check, ``"enforced"`` or ``"unknown"`` (the worker then starts not ready and checks again,
+        `check_until_known`).
+    :raises ServerStartupError: If the store ignores or refuses exclusive creates.
+    :raises StoragePermissionError: If the probe may not be written.
+    """
+    check = root.check_exclusive_creates()
+    return check if check.verdict == "unknown" else _required(check)
+
+
+async def check_once(root: FsspecToolResultStore) -> ExclusiveCreateCheck:
+    """
+    One check of the store's exclusive creates, for a worker that waits for its store: a check that raised counts as
+    ``"unknown"``, as a store coming up fails in any way (no bucket yet, a 403 before its users exist).
+
+    :param root: The server's root store.
+    :returns: The check.
+    """
+    try:
+        return await root.check_exclusive_creates_async()
+    except Exception as error:
+        failure = _one_line(f"{type(error).__name__}: {error}")
+        return ExclusiveCreateCheck(
+            "unknown", f"The object store {redacted_url(root.url)!r}", f"the check failed: {failure}"
+        )
+
+
+async def check_until_known(
+    root: FsspecToolResultStore,
+    readiness: Readiness,
+    *,
+    first: ExclusiveCreateCheck | None = None,
+    first_delay: float = CHECK_RETRY_DELAY,
+    max_delay: float = CHECK_MAX_DELAY,
+) -> ExclusiveCreateCheck:
+    """
+    Check the store's exclusive creates until the answer is definite, backing off between checks; keep the verdict in
+    `readiness`, so the worker serves once it is ``"enforced"`` (503 ``not_ready`` until then).
+
+    One log line per check that could not tell (WARNING: uvicorn run directly shows no INFO of ours), one when the
+    store answered after such a check, and an ERROR if it answered that it cannot coordinate: the worker then stays
+    not ready, and its health says why.
+
+    :param root: The server's root store.
+    :param readiness: The worker's readiness, whose ``exclusive_creates`` this sets.
+    :param first: The first check, when the caller made it (it counts as check 1).
+    :param first_delay: Seconds before the second check; each wait doubles it.
+    :param max_delay: The longest wait between two checks.
+    :returns: The definite check. A check that raised (a bucket not created yet, a probe refused) counts as
+        "unknown": it is logged and asked again.
+    """
+    delay = first_delay
+    attempt = 0
+    while True:
+        attempt += 1
+        check = first if first is not None and attempt == 1 else await check_once(root)
+        readiness.exclusive_creates = check.verdict
+        if check.verdict != "unknown":
+            break
+        logger.warning(
+            "Store check %d: %s",
+            attempt,
+            _one_line(
+                f"exclusive creates on {check.store}: unknown ({check.detail}); not ready, next check in {delay:g} s."
+            ),
+        )
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, max_delay)
+    if check.verdict != "enforced":
+        try:
+            _required(check)
+        except ServerStartupError as refused:
+            logger.error("Store check %d: %s The worker stays not ready.", attempt, refused)
+    elif attempt > 1:
+        logger.warning("Store check %d: exclusive creates enforced; the worker is ready.", attempt)
+    return check
 
 
 def _required(check: ExclusiveCreateCheck) -> ExclusiveCreateCheck:
