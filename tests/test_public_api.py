@@ -123,6 +123,7 @@ SUBPACKAGE_NAMES = {
         "ApprovalExpiredError",
         "ApprovalPendingConflict",
         "ChatService",
+        "ConversationCache",
         "DecisionOutcome",
         "InvalidApprovalEditError",
         "InvalidMessageError",

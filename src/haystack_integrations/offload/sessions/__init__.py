@@ -24,6 +24,7 @@ _import_structure = {
         "NothingToResumeError",
         "RunFailedError",
     ],
+    "conversation_cache": ["ConversationCache"],
     "history": ["SessionBusyError", "SessionHistory", "TurnAbandonedError"],
     "progress": ["TurnProgress"],
     "service": ["ChatService", "DecisionOutcome", "ResultPage", "SessionSummary", "Transcript", "TurnOutcome"],
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from haystack_integrations.offload.approvals.errors import ApprovalExpiredError as ApprovalExpiredError
     from haystack_integrations.offload.approvals.errors import InvalidApprovalEditError as InvalidApprovalEditError
 
+    from .conversation_cache import ConversationCache as ConversationCache
     from .errors import ApprovalPendingConflict as ApprovalPendingConflict
     from .errors import InvalidMessageError as InvalidMessageError
     from .errors import NotFoundError as NotFoundError
