@@ -10,9 +10,12 @@ from collections import Counter
 from datetime import UTC, datetime
 
 import pytest
+from haystack.components.agents import Agent
+from haystack.components.generators.chat import MockChatGenerator
 from haystack.dataclasses import ChatMessage
 
 from haystack_integrations.offload import FsspecToolResultStore
+from haystack_integrations.offload.sessions import ChatService
 from haystack_integrations.offload.sessions.conversation_cache import ConversationCache
 from haystack_integrations.offload.sessions.history import CHAIN_LIMIT, SessionHistory, TurnEnd, TurnStart
 from haystack_integrations.offload.stores.fsspec_store import end_session_async
@@ -162,3 +165,33 @@ async def test_a_session_stored_before_head_documents_reads_and_carries_on(s3_se
 
 def _at() -> datetime:
     return datetime.now(UTC)
+
+
+def _service(cache: ConversationCache) -> ChatService:
+    # A real Agent whose scripted model answers at once: the turn's storage is all the history's.
+    return ChatService(Agent(chat_generator=MockChatGenerator("ok " + "a" * 300)), conversation_cache=cache)
+
+
+async def _served_turn(service: ChatService, store: FsspecToolResultStore, log: RequestLog, text: str) -> Counter[str]:
+    log.clear()
+    outcome = await service.send_message(store, text)
+    assert outcome.status == "completed"
+    return Counter("LIST" if "list-type" in request.query else request.method for request in log.snapshot())
+
+
+@pytest.mark.slow
+async def test_a_chat_service_turn_sends_the_same_requests_at_10_and_200_turns(
+    s3_server: LocalS3Server, s3_requests: RequestLog
+) -> None:
+    counts = {}
+    for size in (10, 200):
+        store = _store(s3_server)
+        service = _service(ConversationCache())
+        for number in range(size):
+            await service.send_message(store, f"question {number} " + "q" * 300)
+        warm = await _served_turn(service, store, s3_requests, "warm")
+        cold = await _served_turn(_service(ConversationCache(0)), store, s3_requests, "cold")
+        counts[size] = (warm, cold)
+    (warm_10, cold_10), (warm_200, cold_200) = counts[10], counts[200]
+    assert warm_10["GET"] == warm_200["GET"] == 2 and warm_10["LIST"] == warm_200["LIST"] == 0
+    assert cold_200["GET"] <= cold_10["GET"] + 1 and cold_10["LIST"] == cold_200["LIST"] == 0

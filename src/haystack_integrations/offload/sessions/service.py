@@ -47,6 +47,7 @@ from haystack_integrations.offload.context import offload_context
 from haystack_integrations.offload.errors import InvalidReferenceError, ResultNotFoundError
 from haystack_integrations.offload.hooks.pointers import OFFLOADED_META_KEY
 from haystack_integrations.offload.operations.inventory import classify
+from haystack_integrations.offload.sessions.conversation_cache import ConversationCache
 from haystack_integrations.offload.sessions.errors import (
     ApprovalPendingConflict,
     InvalidMessageError,
@@ -183,6 +184,7 @@ class ChatService:
         resume_lease: float = DEFAULT_RESUME_LEASE,
         system_prompt: str | None = None,
         worker: str | None = None,
+        conversation_cache: ConversationCache | None = None,
     ) -> None:
         """
         :param agent: The shared Agent (see `build_agent`); its hooks must include `ApprovalHook` for approvals.
@@ -192,6 +194,8 @@ class ChatService:
             works); after a worker died, the step can be resumed elsewhere once this has passed.
         :param system_prompt: Prepended to a session's first turn (stored with the conversation, so it is sent once).
         :param worker: This worker's name in history, claims and audit; default ``<host>:<pid>``.
+        :param conversation_cache: Where this worker keeps the conversations it served, so its next turn in a session
+            reads only what changed; None: the process's shared cache (64 MiB). ``ConversationCache(0)`` keeps none.
         """
         self.agent = agent
         self.approval_ttl = approval_ttl
@@ -199,6 +203,7 @@ class ChatService:
         self.resume_lease = resume_lease
         self.system_prompt = system_prompt
         self.worker = worker or default_worker()
+        self.conversation_cache = conversation_cache
 
     # Conversation
 
@@ -525,7 +530,7 @@ class ChatService:
     # Helpers
 
     def _history(self, store: FsspecToolResultStore) -> SessionHistory:
-        return SessionHistory(store, worker=self.worker, lease=self.turn_lease)
+        return SessionHistory(store, worker=self.worker, lease=self.turn_lease, cache=self.conversation_cache)
 
     async def _begin(
         self, history: SessionHistory, state: HistoryState, progress: TurnProgress | None, **start: Any
