@@ -112,6 +112,10 @@ class _ScopeState:
     baseline_bytes: int = 0
     listed: bool = False
     listed_at: float = 0.0
+    """When the listing began: what a refusal's freshness is judged by."""
+    arrived_at: float = 0.0
+    """When the listing came back: what the next periodic refresh counts from, so a slow listing is not stale on
+    arrival (listed again at once, for ever when listing takes longer than `Quota.refresh_seconds`)."""
     listed_event: int = 0
     stale: bool = False
     in_flight: dict[int, _Entry] = field(default_factory=dict)
@@ -332,7 +336,9 @@ class QuotaTracker:
                 state = self._state(scope)
                 if state.refreshing is not None:
                     return _Wait(state.refreshing)
-                if not state.listed or state.stale or now - state.listed_at >= quota.refresh_seconds:
+                # A listing begun after this write asked was made for it: never too old for it, however long it took.
+                aged = now - state.arrived_at >= quota.refresh_seconds and state.listed_event < admission.began
+                if not state.listed or state.stale or aged:
                     return self._start_refresh(scope, state, now)
                 results_limit, bytes_limit = quota.limits(level)
                 used_results, used_bytes = state.usage()
@@ -389,7 +395,7 @@ class QuotaTracker:
         if tenant_state is None or sessions is None or not tenant_state.listed or tenant_state.stale:
             return
         state.baseline_results, state.baseline_bytes = sessions.get(scope[1], (0, 0))
-        state.listed, state.listed_at = True, tenant_state.listed_at
+        state.listed, state.listed_at, state.arrived_at = True, tenant_state.listed_at, tenant_state.arrived_at
         state.listed_event = tenant_state.listed_event
 
     def _forget_idle(self) -> None:
@@ -474,6 +480,7 @@ def _apply_listing(state: _ScopeState, step: _Refresh, results: int, size: int) 
     state.baseline_results, state.baseline_bytes = results, size
     state.listed, state.stale = True, False
     state.listed_at, state.listed_event = step.started, step.event
+    state.arrived_at = time.monotonic()
     # Writes settled before the listing began are in it; later ones may not be, so they keep counting (conservative).
     state.settled = [entry for entry in state.settled if entry.settled_event > step.event]
 
