@@ -18,8 +18,15 @@ from haystack_integrations.offload import FsspecToolResultStore, Retention
 from haystack_integrations.offload.stores.names import new_object_name
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 
-# The trial tenant's results expire 3 s (time to live plus skew) after the storage says they were written.
-BRIEF = Retention(ttl=timedelta(days=7), tenants={"trial": timedelta(seconds=2)}, clock_skew=timedelta(seconds=1))
+# Ages a test waits out. moto keeps whole seconds (a time may read up to a second older than it is), and a loaded
+# machine may take a second or two between a fresh write and the purge: AGE leaves room for both.
+AGE = timedelta(seconds=4)
+# The trial tenant's results expire AGE (time to live plus skew) after the storage says they were written.
+BRIEF = Retention(ttl=timedelta(days=7), tenants={"trial": AGE - timedelta(seconds=1)}, clock_skew=timedelta(seconds=1))
+
+
+def _outlive() -> None:
+    time.sleep(AGE.total_seconds() + 0.2)
 
 
 def _summary(log: RequestLog) -> list[tuple[str, str]]:
@@ -60,14 +67,14 @@ def test_an_age_purge_sends_only_list_pages_and_batched_deletes(
     )
     session = root.for_session("acme", "chat-1")
     _written(session, count)
-    time.sleep(2.2)  # moto keeps whole seconds: a time may read up to a second older than it is
+    _outlive()
     # Kept: written just now; and one whose name says 40 days while the storage says now (its writer's clock was
     # behind), and one stamped 50 years ahead: the storage's clock, from the listing, keeps both.
     kept = {session.write(key="fresh.txt", content="fresh"), _aged(session, timedelta(days=40))}
     kept.add(_aged(session, -timedelta(days=50 * 365)))
     s3_requests.clear()
 
-    assert root.purge(older_than=timedelta(seconds=2)) == count
+    assert root.purge(older_than=AGE) == count
 
     assert _summary(s3_requests) == [("GET", "list"), ("POST", "batch delete")]
     assert {record.reference for record in session.list()} == kept
@@ -88,11 +95,11 @@ async def test_an_expiry_purge_sends_only_list_pages_and_batched_deletes(
     )
     trial, acme = root.for_session("trial", "chat-1"), root.for_session("acme", "chat-1")
     _written(trial, count)
-    await asyncio.sleep(3.2)
+    acme_kept = set(_written(acme, 3))
+    await asyncio.sleep(AGE.total_seconds() + 0.2)
     # Kept: a fresh trial result; one whose name says it expired but the storage says it was written now; acme's
     # results, a week to live.
     kept = {trial.write(key="fresh.txt", content="fresh"), _aged(trial, timedelta(hours=1))}
-    acme_kept = set(_written(acme, 3))
     s3_requests.clear()
 
     assert await root.purge_async(expired=True) == count
