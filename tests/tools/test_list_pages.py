@@ -130,6 +130,24 @@ async def test_paging_reaches_every_result_then_the_legacy_ones(
     assert await session.read_async(legacy[3]) == "x"
 
 
+@pytest.mark.parametrize("engine", ["fsspec", "obstore"])
+def test_a_session_of_the_previous_layout_lists_in_one_list(
+    s3_server: LocalS3Server, s3_requests: RequestLog, engine: str
+) -> None:
+    # Written before the upgrade, and a few since: the one LIST that finds them all is not sent twice.
+    prefix = f"pages-{uuid.uuid4().hex}"
+    names = _seed(s3_server, prefix, 3, legacy=12)
+    session = _session(s3_server, prefix, engine)
+    s3_requests.clear()
+    page = session.list_page(limit=20)
+    assert _lists(s3_requests) == (1, 1)
+    assert [record.reference for record in page.results] == [
+        *names[::-1],
+        *(_legacy_name(i) for i in range(11, -1, -1)),
+    ]
+    assert page.next_after is None
+
+
 def test_the_cursor_is_a_reference_of_this_store(s3_server: LocalS3Server) -> None:
     prefix = f"pages-{uuid.uuid4().hex}"
     session = _session(s3_server, prefix, "obstore")

@@ -153,12 +153,14 @@ async def session_page_async(
             # One more than wanted: whether it comes back says whether another page follows.
             wanted = limit + 1 - len(names)
             entries = await lister(start, wanted)
-            for path, size in entries:
+            for index, (path, size) in enumerate(entries):
                 name = path[len(prefix) :] if path.startswith(prefix) else None
                 if name is None or "/" in name:
                     continue
                 if name >= _LEGACY_FROM:
-                    return await _with_legacy_async(lister, prefix, names, None, limit, keep)
+                    # The listing ran into legacy names: all of them already, when it came back whole.
+                    whole = entries[index:] if len(entries) < wanted else None
+                    return await _with_legacy_async(lister, prefix, names, None, limit, keep, listed=whole)
                 if keep(name):
                     if len(names) == limit:
                         return PageOfNames(names, more=True)
@@ -180,11 +182,15 @@ async def _with_legacy_async(
     after: str | None,
     limit: int,
     keep: Callable[[str], bool],
+    *,
+    listed: list[Entry] | None = None,
 ) -> PageOfNames:
     # Legacy names count up: the newest is the last listed, so all of them are listed and ordered here.
+    if listed is None:
+        listed = await lister(prefix + _LEGACY_FROM, None)
     legacy = [
         (path[len(prefix) :], size)
-        for path, size in await lister(prefix + _LEGACY_FROM, None)
+        for path, size in listed
         if path.startswith(prefix) and "/" not in path[len(prefix) :]
     ]
     ordered = sorted(
