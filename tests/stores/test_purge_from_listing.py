@@ -147,6 +147,7 @@ def test_a_listing_without_times_falls_back_to_asking_each_candidate() -> None:
     assert {record.reference for record in session.list()} == kept
 
 
+@pytest.mark.real_s3  # also on the real S3 server's lane, both engines (tests/conftest.py)
 async def test_every_engine_lists_each_objects_time(backend: tuple[str, dict[str, Any]]) -> None:
     url, storage_options = backend
     store = FsspecToolResultStore(url, storage_options=storage_options, **getattr(backend, "store_kwargs", {}))
