@@ -424,15 +424,21 @@ async def test_the_same_decision_again_continues_a_step_whose_resume_failed(
 
 
 class _ClaimUnreadable(FaultPlan):
-    """Answer 503 to every GET of a call's claim while armed: a create that found "exists" cannot tell whose it is."""
+    """
+    Answer 503 to every GET of a call's claim made after its create was sent, while armed: a create that found
+    "exists" cannot tell whose it is. (Reads before the create, which find that no try was claimed yet, pass.)
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self.armed = True
         self.failed = 0
+        self.created = False
 
     def decide(self, request: ProxiedRequest) -> Fault | None:
-        if self.armed and request.method == "GET" and "/.approvals/claim." in request.target:
+        if request.method == "PUT" and "/.approvals/claim." in request.target:
+            self.created = True
+        if self.armed and self.created and request.method == "GET" and "/.approvals/claim." in request.target:
             self.failed += 1
             return Fault.SLOW_DOWN
         return super().decide(request)

@@ -342,8 +342,9 @@ class ApprovalLedger:
     """
     The approval documents of one session.
 
-    Cheap to create per call: it holds the store's documents handle and nothing else. Each operation has a sync and an
-    async twin that differ only in how they await the store.
+    Cheap to create per call: it holds the store's documents handle, and the steps and decisions it has read (they are
+    created once and never rewritten, so one operation reads each once). Each operation has a sync and an async twin
+    that differ only in how they await the store.
     """
 
     def __init__(self, store: SessionDocumentSource) -> None:
@@ -389,13 +390,35 @@ class ApprovalLedger:
 
     async def newest_async(self) -> int | None:
         """Async `newest`."""
+        return (await self._newest_async(done=False))[0]
+
+    async def _newest_async(self, *, done: bool) -> tuple[int | None, StepDone | None]:
+        """
+        The newest step's number and, when `done` is asked for, its done record: read with the step and the next
+        number's, at once (one round trip after the head's, when the head is current).
+        """
         head = await self._head_async()
         newest = head if head is not None else (await self.listing_async()).newest()
-        while newest is not None and await self._step_or_none_async(newest + 1) is not None:
+        if newest is None:
+            return None, None
+        # A snapshot reads the step and its done record anyway: with the next number's, in one round trip.
+        following: HeldStep | None
+        record: StepDone | None = None
+        if done:
+            following, _, record = await asyncio.gather(
+                self._step_or_none_async(newest + 1), self._step_or_none_async(newest), self.done_async(newest)
+            )
+        else:
+            following = await self._step_or_none_async(newest + 1)
+        moved = following is not None
+        while following is not None:
             newest += 1
-        if newest is not None and newest != head:
+            following = await self._step_or_none_async(newest + 1)
+        if newest != head:
             await self._write_head_async(newest)
-        return newest
+        if moved:  # the done record read was an older step's
+            record = await self.done_async(newest) if done else None
+        return newest, record
 
     def snapshot(self) -> ApprovalSnapshot:
         """The session's newest held step and what is recorded about it (a few GETs, at any length of history)."""
@@ -413,12 +436,11 @@ class ApprovalLedger:
         return _snapshot(step, None, attempts, decisions)
 
     async def snapshot_async(self) -> ApprovalSnapshot:
-        """Async `snapshot`; the step's claims and decisions are read concurrently."""
-        sequence = await self.newest_async()
+        """Async `snapshot`; what can be read at once is (three round trips when the head is current)."""
+        sequence, done = await self._newest_async(done=True)
         step = await self._step_or_none_async(sequence) if sequence is not None else None
         if step is None:
             return ApprovalSnapshot(None, None, ApprovalListing(frozenset()))
-        done = await self.done_async(step.sequence)
         if done is not None:
             return _snapshot(step, done, [], {})
         requests = step.requests()
