@@ -11,6 +11,10 @@ A real Agent (scripted `MockChatGenerator`, so the model costs nothing) calls on
   `resume_async` runs the call once and finishes the turn. The human's thinking time is not counted.
 
 Times are medians over the sessions; requests are counted from the server's log per phase (exact, not estimated).
+
+With ``--history A,B,...`` it then measures the whole durable round trip in a session that already holds A decided and
+resumed approvals (seeded as the real code writes them: `approval_history.seed`), for each A: its S3 requests, LISTs,
+bytes sent by the server, and time. The round trip lists nothing, so every figure but the time is the same at every A.
 A phase's multiple of one PUT is roughly its number of sequential requests plus the library's own overhead; on real
 S3 the per-request latency differs, so carry the request counts over, not the milliseconds.
 
@@ -33,6 +37,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
+from approval_history import round_trip, seed
 from approval_scenario import LEDGER_ENV, make_agent, plan
 from haystack.hooks.human_in_the_loop import AlwaysAskPolicy, NeverAskPolicy
 
@@ -129,7 +134,56 @@ async def main(sessions: int) -> None:
     print(f"| durable, all four phases | {durable_total * 1000:.1f} | {durable_total / unit:.2f} | |")
 
 
+async def history_curve(sizes: list[int], repeat: int) -> None:
+    """One durable round trip (run stops, pending, decide, resume) after A approvals in the session, for each A."""
+    os.environ[LEDGER_ENV] = tempfile.mktemp(prefix="approval-bench-")  # noqa: S306 - a scratch file name for a benchmark
+    agent = make_agent({"send_invoice": AlwaysAskPolicy()})
+    print(f"\nDurable round trip against the session's approval history; median of {repeat} round trips per size\n")
+    print("| approvals in the session | requests | LIST | GET | PUT | LIST bytes | bytes sent | median ms |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    with LocalS3Server() as server:
+        for size in sizes:
+            root = FsspecToolResultStore(
+                f"{server.bucket_url}/{uuid.uuid4().hex}", storage_options=server.storage_options()
+            )
+            await root.warm_up_async()
+            session = root.for_session("bench", "history")
+            await seed(root, session, agent, size)
+            await round_trip(agent, session, "warm")  # the first look at a seeded session writes its head
+            seconds, counts = [], []
+            for index in range(repeat):
+                server.requests.clear()
+                started = time.perf_counter()
+                await round_trip(agent, session, f"measured-{index}")
+                seconds.append(time.perf_counter() - started)
+                log = server.requests.snapshot()
+                lists = [r for r in log if "list-type=2" in r.query]
+                methods = Counter(r.method for r in log if "list-type=2" not in r.query)
+                counts.append(
+                    (
+                        len(log),
+                        len(lists),
+                        methods["GET"],
+                        methods["PUT"],
+                        sum(r.bytes_sent for r in lists),
+                        sum(r.bytes_sent for r in log),
+                    )
+                )
+            requests, lists_, gets, puts, list_bytes, sent = counts[-1]
+            check(len({count[:4] for count in counts}) == 1, f"request counts varied between round trips: {counts}")
+            print(
+                f"| {size} | {requests} | {lists_} | {gets} | {puts} | {list_bytes:,} | {sent:,} | "
+                f"{statistics.median(seconds) * 1000:.1f} |"
+            )
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=30)
-    asyncio.run(main(parser.parse_args().sessions))
+    parser.add_argument("--history", default="", help="comma-separated approval counts, e.g. 10,100,500")
+    parser.add_argument("--repeat", type=int, default=5, help="round trips measured per history size")
+    arguments = parser.parse_args()
+    if arguments.sessions:
+        asyncio.run(main(arguments.sessions))
+    if arguments.history:
+        asyncio.run(history_curve([int(size) for size in arguments.history.split(",")], arguments.repeat))
