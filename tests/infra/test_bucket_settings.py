@@ -111,6 +111,17 @@ def test_lifecycle_expiry_is_configurable(
     assert rules["abort-incomplete-multipart-uploads"]["AbortIncompleteMultipartUpload"] == {"DaysAfterInitiation": 3}
 
 
+def test_lifecycle_expiry_can_be_left_to_purges(
+    s3_server: "LocalS3Server", infra_documents: ModuleType, bucket: str
+) -> None:
+    # ExpirationDays=0: no expiry rule (results stay until a purge takes them), and unfinished uploads still go.
+    documents = infra_documents.bucket_documents(bucket, expiration_days=0, expiration_prefix="prod")
+    s3_server.client().put_bucket_lifecycle_configuration(Bucket=bucket, LifecycleConfiguration=documents.lifecycle)
+
+    rules = {rule["ID"]: rule for rule in _read_back_lifecycle(s3_server, bucket)}
+    assert set(rules) == {"abort-incomplete-multipart-uploads"}
+
+
 def _read_back_lifecycle(s3_server: "LocalS3Server", bucket: str) -> list[dict[str, Any]]:
     rules: list[dict[str, Any]] = s3_server.client().get_bucket_lifecycle_configuration(Bucket=bucket)["Rules"]
     return rules

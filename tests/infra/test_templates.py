@@ -57,7 +57,7 @@ def test_tenant_ids_the_store_would_refuse_are_refused(infra_documents: ModuleTy
 @pytest.mark.parametrize(
     ("arguments", "parameter"),
     [
-        ({"expiration_days": 0}, "ExpirationDays"),
+        ({"expiration_days": -1}, "ExpirationDays"),
         ({"expiration_days": 3651}, "ExpirationDays"),
         ({"abort_incomplete_multipart_upload_days": 0}, "AbortIncompleteMultipartUploadDays"),
         ({"expiration_prefix": "/prod"}, "ExpirationPrefix"),
@@ -125,7 +125,7 @@ def test_command_line_prints_documents_and_refuses_bad_values() -> None:
     assert json.loads(printed.stdout)["TenantPolicy"]["Statement"][0]["Resource"].endswith("/prod/acme/*")
 
     refused = subprocess.run(
-        [sys.executable, script, "bucket", "--bucket", "acme-agent-results", "--expiration-days", "0"],
+        [sys.executable, script, "bucket", "--bucket", "acme-agent-results", "--expiration-days", "3651"],
         capture_output=True,
         text=True,
         timeout=60,
