@@ -10,6 +10,7 @@ start (`ServerStartupError`, one line). A transient failure of the check ("unkno
 """
 
 import asyncio
+import contextvars
 import logging
 import time
 
@@ -25,6 +26,18 @@ CHECK_RETRY_DELAY = 1.0
 CHECK_MAX_DELAY = 30.0
 
 logger = logging.getLogger("offload_haystack_app.server")
+
+# While a worker waits for its store, each check's own give-up warnings (the probe's create and its clean-up) would
+# add two lines per check to the one `check_until_known` writes, which already says what failed: they are dropped, in
+# the context of a waiting check only (`check_once`), so a request's storage failures are still logged.
+_WAITING: contextvars.ContextVar[bool] = contextvars.ContextVar("offload_waiting_for_store", default=False)
+
+
+def _not_while_waiting(record: logging.LogRecord) -> bool:
+    return not _WAITING.get()
+
+
+logging.getLogger("haystack_integrations.offload.stores.retry").addFilter(_not_while_waiting)
 
 
 class ServerStartupError(OffloadError, ValueError):
@@ -89,6 +102,7 @@ async def check_once(root: FsspecToolResultStore) -> ExclusiveCreateCheck:
     :param root: The server's root store.
     :returns: The check.
     """
+    waiting = _WAITING.set(True)
     try:
         return await root.check_exclusive_creates_async()
     except Exception as error:
@@ -96,6 +110,8 @@ async def check_once(root: FsspecToolResultStore) -> ExclusiveCreateCheck:
         return ExclusiveCreateCheck(
             "unknown", f"The object store {redacted_url(root.url)!r}", f"the check failed: {failure}"
         )
+    finally:
+        _WAITING.reset(waiting)
 
 
 async def check_until_known(
