@@ -8,10 +8,22 @@ Each round: for every tenant, a session store writes a 20 KB result and reads a 
 threads; the setups take turns round by round so the machine's noise falls on all of them.
 
     python benchmarks/tenant_credentials.py --tenants 20 --rounds 10
+
+``--memory``: the client's resident memory (RSS) as a root store with credentials and keys per tenant serves 200,
+then 2,000 tenants (one write of 1 KB and one page read each), on each engine, each in a process of its own, with
+moto's S3 and STS in another process (so only the client is measured). A root keeps `DEFAULT_TENANT_CLIENTS` tenant
+clients; past that, RSS should stay flat.
+
+    python benchmarks/tenant_credentials.py --memory --memory-tenants 200 2000
 """
 
 import argparse
+import asyncio
+import gc
+import json
+import multiprocessing
 import statistics
+import subprocess
 import sys
 import time
 import uuid
@@ -44,12 +56,116 @@ def one_round(root: FsspecToolResultStore, tenants: int) -> tuple[list[float], f
     return latencies, time.process_time() - cpu
 
 
+ROLE = "arn:aws:iam::123456789012:role/offload-tenants"
+
+
+def _rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def _serve_moto(ready: Any, stop: Any) -> None:
+    from haystack_integrations.offload.testing.local_s3 import LocalS3Server
+
+    with LocalS3Server() as server:
+        ready.put((server.bucket_url, server.storage_options()))
+        stop.wait()
+
+
+def _measure_memory(engine: str, bucket_url: str, options: dict[str, Any], checkpoints: list[int]) -> None:
+    """In a process of its own: serve tenants one after another, printing RSS (JSON) at each checkpoint."""
+    root = FsspecToolResultStore(
+        f"{bucket_url}/memory-{uuid.uuid4().hex[:6]}",
+        storage_options=options,
+        engine=engine,
+        credentials=AssumeRoleCredentials(ROLE),
+        encryption=TenantKeys(Secret.from_token("the benchmark's master secret, not a real one")),
+    )
+
+    async def serve(first: int, last: int) -> None:
+        limit = asyncio.Semaphore(8)
+
+        async def tenant(number: int) -> None:
+            async with limit:
+                session = root.for_session(f"tenant-{number}", "chat-1")
+                reference = await session.write_async(key="call-1", content="x" * 1024)
+                await session.read_range_async(reference, 0, 256)
+
+        await asyncio.gather(*(tenant(number) for number in range(first, last)))
+
+    async def run() -> list[dict[str, float]]:
+        points, done = [], 0
+        await serve(0, 10)  # warm: imports, the first clients
+        gc.collect()
+        points.append({"tenants": 10, "rss_mib": _rss_mib()})
+        done = 10
+        for checkpoint in checkpoints:
+            await serve(done, checkpoint)
+            done = checkpoint
+            gc.collect()
+            points.append({"tenants": checkpoint, "rss_mib": _rss_mib(), "live": len(root._handle._tenant_handles)})
+        return points
+
+    print(json.dumps(asyncio.run(run())))
+
+
+def memory(checkpoints: list[int]) -> None:
+    context = multiprocessing.get_context("spawn")
+    ready, stop = context.Queue(), context.Event()
+    server = context.Process(target=_serve_moto, args=(ready, stop), daemon=True)
+    server.start()
+    try:
+        bucket_url, options = ready.get(timeout=60)
+        rows = {}
+        for engine in ("obstore", "fsspec"):
+            command = [
+                sys.executable,
+                __file__,
+                "--memory-engine",
+                engine,
+                "--memory-server",
+                json.dumps([bucket_url, options]),
+            ]
+            command += ["--memory-tenants", *map(str, checkpoints)]
+            run = subprocess.run(command, check=True, capture_output=True, text=True)  # noqa: S603 - this script, our arguments
+            rows[engine] = json.loads(run.stdout)
+    finally:
+        stop.set()
+        server.join(timeout=10)
+    print("moto (S3 and STS in another process), credentials and keys per tenant, one root store, 1 KB write + page\n")
+    print(
+        "| engine | "
+        + " | ".join(f"RSS MiB at {point['tenants']:,} tenants" for point in rows["obstore"])
+        + " | growth |"
+    )
+    print("|---|" + "---:|" * (len(rows["obstore"]) + 1))
+    for engine, points in rows.items():
+        growth = points[-1]["rss_mib"] - points[1]["rss_mib"]
+        cells = " | ".join(f"{point['rss_mib']:.0f}" for point in points)
+        print(f"| {engine} | {cells} | {growth:+.0f} MiB ({points[1]['tenants']:,} to {points[-1]['tenants']:,}) |")
+    live = ", ".join(f"{engine} {points[-1].get('live')}" for engine, points in rows.items())
+    print(f"\nlive tenant clients at the end: {live}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tenants", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--engine", choices=["obstore", "fsspec"], default="obstore")
+    parser.add_argument("--memory", action="store_true", help="RSS against the number of tenants, on moto")
+    parser.add_argument("--memory-tenants", type=int, nargs="+", default=[200, 2000])
+    parser.add_argument("--memory-engine", help=argparse.SUPPRESS)
+    parser.add_argument("--memory-server", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.memory_engine:
+        bucket_url, options = json.loads(args.memory_server)
+        _measure_memory(args.memory_engine, bucket_url, options, args.memory_tenants)
+        return
+    if args.memory:
+        memory(args.memory_tenants)
+        return
     with CephRGWServer(sts=True) as server:
         role = server.create_tenant_role()
         source, both = AssumeRoleCredentials(role), AssumeRoleCredentials(role)
