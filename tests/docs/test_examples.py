@@ -257,7 +257,7 @@ def _hayhooks_example() -> Example:
     [example] = [
         example
         for example in OPTIONAL_EXAMPLES
-        if example.page == "multi-user.md" and "hayhooks" in example.requires and "PipelineWrapper" in example.code
+        if example.page == "multi-user.md" and "hayhooks" in example.requires and "def run_api_async" in example.code
     ]
     return example
 
@@ -316,3 +316,73 @@ def test_the_hayhooks_example_refuses_a_malformed_id_with_400(
     response = hayhooks_client({"X-Tenant-Id": tenant}, session)
     assert response.status_code == 400, response.text
     assert f"{field} id" in response.json()["detail"]
+
+
+def _multi_user_example(marker: str) -> Example:
+    [example] = [example for example in OPTIONAL_EXAMPLES if example.page == "multi-user.md" and marker in example.code]
+    return example
+
+
+def test_the_sessions_example_answers_a_repeated_decision_with_409() -> None:
+    # The FastAPI app of docs/multi-user.md built on ChatService: the same decision posted twice is a 409, not a 500.
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    code = _multi_user_example("service = ChatService(agent)  # one for every tenant").code
+    namespace: dict[str, Any] = {"__name__": "chat_app"}
+    exec(compile(code, "chat_app.py", "exec"), namespace)  # noqa: S102 - the page's own example
+    with TestClient(namespace["app"], raise_server_exceptions=False) as client:
+        acme = {"X-Tenant-Id": "acme"}
+        held = client.post("/chats/repeat/messages", json={"text": "invoice Initech"}, headers=acme).json()
+        [request] = held["pending"]
+        decision = f"/chats/repeat/approvals/{request['id']}"
+        first = client.post(decision, json={"approved": True}, headers=acme)
+        again = client.post(decision, json={"approved": True}, headers=acme)
+
+    assert first.status_code == 200, first.text
+    assert again.status_code == 409, again.text
+
+
+@pytest.fixture
+def hayhooks_chat() -> Iterator[Any]:
+    """
+    The chat-completion wrapper of docs/multi-user.md deployed as hayhooks deploys it, behind hayhooks' own
+    OpenAI-compatible router (``POST /v1/chat/completions``, model: the wrapper's name).
+    """
+    pytest.importorskip("hayhooks")
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+    from hayhooks.server.pipelines.registry import registry
+    from hayhooks.server.routers.openai import create_openai_router
+    from hayhooks.server.utils.deploy_utils import deploy_pipeline_files, undeploy_pipeline
+
+    code = _multi_user_example("run_chat_completion_async").code.split("# Try it in-process:")[0]
+    app = FastAPI()
+    app.include_router(create_openai_router(registry))
+    name = f"docs-chat-{uuid.uuid4().hex[:8]}"
+    deploy_pipeline_files(name, {"pipeline_wrapper.py": code}, app=app, save_files=False)
+    headers = {"X-Tenant-Id": "acme", "X-Chat-Id": f"chat-{uuid.uuid4().hex[:8]}"}
+    try:
+        with TestClient(app, raise_server_exceptions=False) as client:
+            yield lambda text: client.post(
+                "/v1/chat/completions",
+                json={"model": name, "messages": [{"role": "user", "content": text}]},
+                headers=headers,
+            )
+    finally:
+        undeploy_pipeline(name, app)
+
+
+def test_the_hayhooks_chat_wrapper_answers_a_repeated_decision_with_409(hayhooks_chat: Any) -> None:
+    def reply(text: str) -> str:
+        response = hayhooks_chat(text)
+        assert response.status_code == 200, response.text
+        return str(response.json()["choices"][0]["message"]["content"])
+
+    assert reply("hi") == "Hello!"
+    request_id = reply("invoice Initech").split("`/approve ")[1].split("`")[0]
+    assert reply(f"/approve {request_id}") == "Done: Invoice for 1200 EUR sent to Initech."
+
+    repeated = hayhooks_chat(f"/approve {request_id}")
+    assert repeated.status_code == 409, repeated.text
+    assert hayhooks_chat("/approve no-such-request").status_code == 404
