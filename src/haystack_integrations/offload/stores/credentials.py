@@ -5,6 +5,7 @@ tenant and renewed before they expire.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import logging
@@ -27,6 +28,14 @@ MIN_DURATION = timedelta(seconds=900)
 _TAG_KEY = re.compile(r"[\w .:/=+\-@]{1,128}")
 # Attempts per STS call: botocore retries 5xx, throttling, resets and timeouts (never a refusal), with backoff.
 STS_ATTEMPTS = 3
+# Session names: STS takes 2 to 64 characters. A name spelled from the id is at most 63 characters, a hashed one 64.
+_SESSION_PREFIX = "offload-"
+_SESSION_NAME_MAX = 64
+_VERBATIM_MAX = _SESSION_NAME_MAX - len(_SESSION_PREFIX) - 1
+_DIGEST_CHARACTERS = 26  # 130 bits of SHA-256 in base32: no collision an attacker can search for
+_HASHED_HEAD = _SESSION_NAME_MAX - len(_SESSION_PREFIX) - 1 - _DIGEST_CHARACTERS
+# The ids the scope rules accept (stores/scope.py); anything else (never a store's tenant) is hashed.
+_VERBATIM = re.compile(r"[A-Za-z0-9._@+=-]+")
 
 
 @dataclass(frozen=True)
@@ -71,14 +80,24 @@ def tenant_session_policy(bucket: str, prefix: str) -> dict[str, Any]:
 
 def role_session_name(tenant: str) -> str:
     """
-    The STS session name for a tenant, as audit logs show it: ``offload-<tenant>``, within STS's 64 characters of
-    ``[A-Za-z0-9_=,.@-]``. A tenant id that does not fit (too long, or other characters: Ceph RGW also refuses ``+``)
-    is shortened or spelled with ``-`` and ends with a hash of the id, so two tenants never share a name.
+    The STS session name for a tenant, as audit logs show it, within STS's 64 characters of ``[A-Za-z0-9_=,.@-]``
+    (Ceph RGW refuses ``+``): two tenants never share one.
+
+    An id of at most `_VERBATIM_MAX` characters that the scope rules accept is spelled ``offload-<tenant>`` with each
+    ``+`` written ``,`` (a character no tenant id holds, so the spelling can be undone): such names are at most 63
+    characters long. Every other id is named by exactly 64 characters: ``offload-``, its first characters (the same
+    spelling, other characters as ``-``), ``-`` and 130 bits of SHA-256 of the exact id in base32. The lengths keep the
+    two forms apart, and within the second form only a SHA-256 collision could give two ids one name.
+
+    :param tenant: The tenant id.
+    :returns: The session name.
     """
-    safe = re.sub(r"[^A-Za-z0-9_=,.@-]", "-", tenant)
-    if safe == tenant and len(tenant) <= 56:
-        return f"offload-{tenant}"
-    return f"offload-{safe[:46]}-{hashlib.sha256(tenant.encode()).hexdigest()[:8]}"
+    spelled = tenant.replace("+", ",")
+    if len(tenant) <= _VERBATIM_MAX and _VERBATIM.fullmatch(tenant):
+        return f"{_SESSION_PREFIX}{spelled}"
+    digest = base64.b32encode(hashlib.sha256(tenant.encode()).digest()).decode().rstrip("=").lower()
+    head = re.sub(r"[^A-Za-z0-9_=,.@-]", "-", spelled)[:_HASHED_HEAD]
+    return f"{_SESSION_PREFIX}{head}-{digest[:_DIGEST_CHARACTERS]}"
 
 
 class AssumeRoleCredentials:
