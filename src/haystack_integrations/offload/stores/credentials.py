@@ -19,6 +19,7 @@ from typing import Any
 from haystack.core.serialization import default_from_dict, default_to_dict
 
 from haystack_integrations.offload.errors import StorageError, StoragePermissionError
+from haystack_integrations.offload.stores import log_redaction
 from haystack_integrations.offload.stores.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_READ_TIMEOUT
 
 logger = logging.getLogger(__name__)
@@ -149,6 +150,8 @@ class AssumeRoleCredentials:
                 f"tenant_tag {tenant_tag!r} is not an STS tag key (1-128 of letters, digits, spaces and _.:/=+-@)."
             )
         self.tenant_tag = tenant_tag
+        # botocore logs STS's answers (secret key, session token) and the requests signed with them at DEBUG.
+        log_redaction.install()
         self.calls = 0  # STS calls made, for tests and benchmarks
         self._cache: dict[str, TemporaryCredentials] = {}
         self._locks: dict[str, threading.Lock] = {}

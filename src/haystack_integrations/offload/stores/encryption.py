@@ -9,6 +9,8 @@ from typing import Any
 from haystack.core.serialization import default_from_dict, default_to_dict
 from haystack.utils import Secret, deserialize_secrets_inplace
 
+from haystack_integrations.offload.stores import log_redaction
+
 # Domain separation: the same master secret used elsewhere derives unrelated keys.
 HKDF_SALT = b"offload-haystack/sse-c/v1"
 KEY_BYTES = 32
@@ -53,6 +55,8 @@ class TenantKeys:
         if not isinstance(master_secret, Secret):
             raise TypeError("master_secret must be a haystack Secret, e.g. Secret.from_env_var('OFFLOAD_MASTER_KEY').")
         self.master_secret = master_secret
+        # botocore logs each request's headers, the tenant's key among them, at DEBUG.
+        log_redaction.install()
 
     def key_for(self, tenant: str) -> bytes:
         """
