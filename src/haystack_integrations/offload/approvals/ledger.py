@@ -4,10 +4,8 @@ Where approval records live: documents in the session's ``.approvals/`` namespac
 Steps are numbered by sequence; steps, decisions and claims are claimed with the store's conditional create. Those
 creates are where the approval metrics count requests and decisions, and where `KnownPending` learns what waits.
 
-Nothing on the way of a round trip lists the namespace, which keeps every decided approval of the session: the newest
-step is found from a head document (a hint, followed by reading the next step numbers until one is missing), and what
-a listing told (done? claimed? decided?) is read by name for that step alone (`ApprovalSnapshot`). Sessions written
-before the head existed are listed once, and get one.
+A round trip lists nothing: the newest step is found from a head document, checked by reading on until a step is
+missing, and each step's state is read by name (`ApprovalSnapshot`; `docs/design.md` says why).
 """
 
 import asyncio
