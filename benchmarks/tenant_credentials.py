@@ -76,11 +76,12 @@ def _serve_moto(ready: Any, stop: Any) -> None:
 
 def _measure_memory(engine: str, bucket_url: str, options: dict[str, Any], checkpoints: list[int]) -> None:
     """In a process of its own: serve tenants one after another, printing RSS (JSON) at each checkpoint."""
+    source = AssumeRoleCredentials(ROLE)
     root = FsspecToolResultStore(
         f"{bucket_url}/memory-{uuid.uuid4().hex[:6]}",
         storage_options=options,
         engine=engine,
-        credentials=AssumeRoleCredentials(ROLE),
+        credentials=source,
         encryption=TenantKeys(Secret.from_token("the benchmark's master secret, not a real one")),
     )
 
@@ -108,7 +109,20 @@ def _measure_memory(engine: str, bucket_url: str, options: dict[str, Any], check
             points.append({"tenants": checkpoint, "rss_mib": _rss_mib(), "live": len(root._handle._tenant_handles)})
         return points
 
-    print(json.dumps(asyncio.run(run())))
+    async def renewals() -> dict[str, float]:
+        # 20 tenants, every round's credentials forced due (as if expired): 200 renewals, each replacing a client.
+        rss = {}
+        for round_number in range(11):
+            source._cache.clear()
+            await serve(0, 20)
+            gc.collect()
+            if round_number in (1, 10):
+                rss[f"rss_mib_after_{(round_number - 1) * 20 + 20}"] = _rss_mib()
+        rss["sts_calls"] = source.calls
+        return rss
+
+    curve = asyncio.run(run())
+    print(json.dumps({"curve": curve, "renewals": asyncio.run(renewals())}))
 
 
 def memory(checkpoints: list[int]) -> None:
@@ -118,7 +132,7 @@ def memory(checkpoints: list[int]) -> None:
     server.start()
     try:
         bucket_url, options = ready.get(timeout=60)
-        rows = {}
+        rows, renewed = {}, {}
         for engine in ("obstore", "fsspec"):
             command = [
                 sys.executable,
@@ -130,7 +144,8 @@ def memory(checkpoints: list[int]) -> None:
             ]
             command += ["--memory-tenants", *map(str, checkpoints)]
             run = subprocess.run(command, check=True, capture_output=True, text=True)  # noqa: S603 - this script, our arguments
-            rows[engine] = json.loads(run.stdout)
+            measured = json.loads(run.stdout)
+            rows[engine], renewed[engine] = measured["curve"], measured["renewals"]
     finally:
         stop.set()
         server.join(timeout=10)
@@ -147,6 +162,11 @@ def memory(checkpoints: list[int]) -> None:
         print(f"| {engine} | {cells} | {growth:+.0f} MiB ({points[1]['tenants']:,} to {points[-1]['tenants']:,}) |")
     live = ", ".join(f"{engine} {points[-1].get('live')}" for engine, points in rows.items())
     print(f"\nlive tenant clients at the end: {live}")
+    print("\n| engine | RSS MiB after 20 renewals | after 200 renewals | growth |")
+    print("|---|---:|---:|---:|")
+    for engine, rss in renewed.items():
+        before, after = rss["rss_mib_after_20"], rss["rss_mib_after_200"]
+        print(f"| {engine} | {before:.0f} | {after:.0f} | {after - before:+.0f} MiB |")
 
 
 def main() -> None:
