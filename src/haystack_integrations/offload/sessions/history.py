@@ -548,18 +548,18 @@ def _planned_end(turn: Turn, messages: list[ChatMessage] | None, **fields: Any) 
         # The appends have outgrown the checkpoint: checkpoints at least double, so stored bytes stay linear.
         return TurnEnd(**fields, turn=number, base="checkpoint", messages=_json_form(turn) + new, checkpoint=number)
     if number - log.base >= CHAIN_LIMIT:
-        tail = _json_form(turn)[log.checkpoint_messages :]
+        tail = _json_form(turn, start=log.checkpoint_messages)
         return TurnEnd(
             **fields, turn=number, base="segment", messages=tail + new, checkpoint=log.checkpoint, segment=number
         )
     return append
 
 
-def _json_form(turn: Turn) -> list[dict[str, Any]]:
-    """`turn.conversation` as stored: parsed from the JSON it was read from, else converted."""
+def _json_form(turn: Turn, *, start: int = 0) -> list[dict[str, Any]]:
+    """`turn.conversation[start:]` as stored: parsed from the JSON it was read from, else converted."""
     if turn.basis is not None:
-        return [json.loads(message) for message in turn.basis.messages]
-    return _stored_form(turn.conversation)
+        return [json.loads(message) for message in turn.basis.messages[start:]]
+    return _stored_form(turn.conversation[start:])
 
 
 @dataclass
