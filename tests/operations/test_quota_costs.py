@@ -1,9 +1,9 @@
 """
 What a quota'd write costs in requests as a tenant grows (issue 42), counted on moto's server.
 
-A listing that takes longer than `Quota.refresh_seconds` is no longer stale on arrival: the next periodic refresh
-counts from when it came back. A worker's first quota'd write still lists the tenant (a LIST per 1000 objects): kept
-as a known gap below, strict, so that it turns red once usage is kept incrementally.
+A worker's first quota'd write reads the tenant's newest usage mark (a LIST with max-keys 1 and a GET) instead of
+listing the tenant (a LIST per 1000 objects). With ``tenant_usage="listing"``, a listing that takes longer than
+`Quota.refresh_seconds` is no longer stale on arrival: the next periodic refresh counts from when it came back.
 """
 
 import asyncio
@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from haystack_integrations.offload import FsspecToolResultStore, Quota
+from haystack_integrations.offload import FsspecToolResultStore, Quota, QuotaExceededError
 from haystack_integrations.offload.stores.names import new_object_name
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 
@@ -30,12 +30,17 @@ def _seed_tenant(server: LocalS3Server, prefix: str, count: int) -> None:
         list(pool.map(lambda key: client.put_object(Bucket=server.bucket, Key=key, Body=b"x"), keys))
 
 
-def _first_write_requests(server: LocalS3Server, log: RequestLog, count: int, quota: Quota) -> dict[str, int]:
+def _first_write_requests(
+    server: LocalS3Server, log: RequestLog, count: int, quota: Quota, *, earlier_worker: bool = False
+) -> dict[str, int]:
     prefix = f"quota-costs-{uuid.uuid4().hex}"
     _seed_tenant(server, prefix, count)
-    root = FsspecToolResultStore(
-        f"{server.bucket_url}/{prefix}", storage_options=server.storage_options(), engine="obstore", quota=quota
-    )
+    url, options = f"{server.bucket_url}/{prefix}", server.storage_options()
+    if earlier_worker:  # another worker wrote into the tenant before: its first write reconciled the tenant's marks
+        FsspecToolResultStore(url, storage_options=options, quota=quota).for_session("acme", "old").write(
+            key="k.txt", content="x"
+        )
+    root = FsspecToolResultStore(url, storage_options=options, engine="obstore", quota=quota)
     session = root.for_session("acme", "new-chat")
     session.warm_up()
     log.clear()
@@ -57,21 +62,56 @@ def test_a_listing_slower_than_refresh_seconds_is_not_stale_on_arrival(
     s3_server: LocalS3Server, s3_requests: RequestLog, count: int
 ) -> None:
     # Every listing takes longer than a microsecond: before, each one came back stale and the write listed again.
-    quota = Quota(tenant_results=1_000_000, refresh_seconds=1e-6)
+    quota = Quota(tenant_results=1_000_000, refresh_seconds=1e-6, tenant_usage="listing")
     counts = _first_write_requests(s3_server, s3_requests, count, quota)
     assert counts == {"LIST": count // 1000 + 1, "PUT": 1, "all": count // 1000 + 2}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 42, not done: tenant usage is still known from a listing of the tenant (a LIST per 1000 objects), "
-    "not kept incrementally, so a worker's first quota'd write grows with the tenant",
-)
 def test_a_first_quotad_write_costs_the_same_at_any_tenant_size(
     s3_server: LocalS3Server, s3_requests: RequestLog
 ) -> None:
+    # Before, the new worker listed the whole tenant: 1 LIST at 50 objects, 3 at 2,500.
     quota = Quota(tenant_results=1_000_000)
-    small = _first_write_requests(s3_server, s3_requests, 50, quota)
-    large = _first_write_requests(s3_server, s3_requests, 2_500, quota)
-    assert small == large
-    assert large["all"] <= large["PUT"] + 2
+    small = _first_write_requests(s3_server, s3_requests, 50, quota, earlier_worker=True)
+    large = _first_write_requests(s3_server, s3_requests, 2_500, quota, earlier_worker=True)
+    assert small == large == {"LIST": 1, "PUT": 1, "all": 3}  # the newest mark: a LIST (max-keys 1) and a GET
+
+
+def test_marks_drift_is_bounded_and_reconciled(s3_server: LocalS3Server) -> None:
+    # Usage marks carry what workers added: a worker that dies before marking leaves them short (by at most its
+    # allowance); deletes leave them long. A reconcile (before a refusal, every reconcile_seconds, or the operator's
+    # reconcile_usage) sets them to the listing.
+    url, options = f"{s3_server.bucket_url}/{uuid.uuid4().hex}", s3_server.storage_options()
+    quota = Quota(tenant_results=10, slack=0.2)  # allowance: 2 results unmarked per worker
+    crashed = FsspecToolResultStore(url, storage_options=options, quota=quota).for_session("acme", "a")
+    for index in range(2):
+        crashed.write(key=f"{index}.txt", content="x")
+    del crashed  # dies with its 2 writes unmarked (its first write's reconcile marked 0)
+    worker = FsspecToolResultStore(url, storage_options=options, quota=quota)
+    session = worker.for_session("acme", "b")
+    assert session.reconcile_usage() == (2, 2)  # the listing finds them
+    for index in range(8):
+        session.write(key=f"{index}.txt", content="x")
+    with pytest.raises(QuotaExceededError):
+        session.write(key="over.txt", content="x")
+    # Deleted results are still counted by the marks, until the refusal's listing says otherwise.
+    assert session.purge() == 8
+    session.write(key="after-purge.txt", content="x")
+    # An operator's reconcile (a process with nothing unmarked) marks exactly what is stored.
+    operator = FsspecToolResultStore(url, storage_options=options, quota=quota)
+    assert operator.reconcile_usage("acme") == (3, 3)
+
+
+def test_a_reconcile_prunes_old_marks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from haystack_integrations.offload.stores import fsspec_store
+
+    monkeypatch.setattr(fsspec_store, "KEPT_MARKS", 3)  # instead of 1000, to see it with a few writes
+    root = FsspecToolResultStore("memory://marks-pruned", quota=Quota(tenant_results=1_000, slack=0))
+    session = root.for_session("acme", "chat-1")
+    for index in range(10):  # slack 0: every write after the first marks what the one before added
+        session.write(key=f"{index}.txt", content="x")
+    fs = root._handle.io().fs
+    assert len(fs.ls("/marks-pruned/acme/.usage")) >= 9
+    operator = FsspecToolResultStore("memory://marks-pruned", quota=Quota(tenant_results=1_000, slack=0))
+    assert operator.reconcile_usage("acme") == (10, 10)
+    assert len(fs.ls("/marks-pruned/acme/.usage")) == 3 + 1

@@ -1,13 +1,10 @@
 """
 Object names: how a write's key, content kind, tool name and time become one safe, unique file name.
 
-A result's name carries its metadata (``0<newest-first time>-<nonce>.<kind>.<tool>.<key>``), so it needs no object
-metadata and no extra request; a local write's temporary file (``.tmp-<time>-<hex>``) carries its writer's time.
-
-The time is written counting down (`NEWEST_FIRST_MARK` and 17 digits: ``10**17 - 1`` minus microseconds since the
-epoch), so a session's results sort newest first in the lexical order S3 lists in: the first page of a listing is the
-first LIST. Names written before this layout (``<YYYYmmddTHHMMSSffffff>Z-<nonce>...``, counting up) stay readable;
-they start with a digit above the mark, so they sort after every name of this layout, oldest first (`is_legacy_name`).
+A result's name carries its metadata (``0<time counting down>-<nonce>.<kind>.<tool>.<key>``), so it needs no object
+metadata and no extra request, and a session's results sort newest first in S3's lexical order (`listing_order`);
+names of the layout before (``<YYYYmmddTHHMMSSffffff>Z-<nonce>...``, counting up) stay readable and sort after them.
+A local write's temporary file (``.tmp-<time>-<hex>``) carries its writer's time.
 """
 
 import hashlib
@@ -195,6 +192,8 @@ def _stamp(now: datetime | None) -> str:
 
 
 def _countdown(now: datetime | None) -> str:
+    # The mark and 17 digits: 10**17 - 1 minus microseconds since the epoch, so later names sort first. Names written
+    # before start with a digit above the mark (their year), so they sort after every one of these.
     created = (now or datetime.now(UTC)).astimezone(UTC)
     elapsed = created - _EPOCH
     micros = (elapsed.days * 86_400 + elapsed.seconds) * 1_000_000 + elapsed.microseconds

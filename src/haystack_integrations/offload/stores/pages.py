@@ -1,13 +1,9 @@
 """
 Listings that cost a page: one LIST (``start-after`` and ``max-keys`` on S3) instead of a walk of a whole scope.
 
-`list_after_async` lists, in lexical order, the objects below a directory that sort after a given key, at most a
-given number; on S3 a page of up to 1000 keys is one request on either engine. `session_page_async` builds a page of
-a session's results on it, newest first, with the reference to continue after (`stores.names` makes names sort
-newest first).
-
-Engine support is added here, not in the engines' modules, so that `StorageIO.find_async` keeps its contract; an
-engine this module does not know lists through its `find_async` and filters (a walk of the directory, as before).
+`list_after_async` lists the objects below a directory that sort after a key, at most a number of them (up to 1000 in
+one request on either S3 engine; other engines walk and filter); `session_page_async` builds a page of a session's
+results on it, newest first, with the reference to continue after.
 """
 
 from __future__ import annotations
@@ -41,6 +37,8 @@ async def list_after_async(io: StorageIO, path: str, start_after: str | None, li
     :param limit: The most objects to return; None for all. On S3 up to 1000 objects are one LIST.
     :returns: Full paths and sizes, in lexical order.
     """
+    # Engine support sits here, not in the engines' modules, so `StorageIO.find_async` keeps its contract; an engine
+    # this module does not know lists through its find_async and filters (a walk of the directory, as before).
     # Imported here: each engine's module imports its client library, which may not be installed.
     from haystack_integrations.offload.stores.obstore_io import ObstoreIO
     from haystack_integrations.offload.stores.s3fs_io import S3IO

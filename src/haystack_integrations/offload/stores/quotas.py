@@ -2,8 +2,9 @@
 Quotas: per-session and per-tenant limits on stored results and bytes, checked before a write sends anything.
 
 Results count against the results and bytes limits, session documents against the bytes limits (charged, refused only
-where their writer asks). Each worker admits writes against its last listing of a scope plus what it admitted since;
-across W workers usage stays within ``limit + (W - 1) x allowance``.
+where their writer asks). Each worker admits writes against its last view of a scope plus what it admitted since;
+across W workers usage stays within ``limit + (W - 1) x allowance``. A session's view is a listing of it; a tenant's,
+by default, its newest usage mark (`stores.usage_marks`), reconciled by a listing (see `QuotaTracker`).
 """
 
 from __future__ import annotations
@@ -17,18 +18,33 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from haystack_integrations.offload.errors import QuotaExceededError
 from haystack_integrations.offload.stores.layout import below, place
+from haystack_integrations.offload.stores.usage_marks import Mark
 
 ScopeKey = tuple[str, ...]
 # What a listing of a tenant (or of one session) found: results and bytes per session.
 SessionUsage = dict[str, tuple[int, int]]
-Lister = Callable[[ScopeKey], SessionUsage]
-AsyncLister = Callable[[ScopeKey], Awaitable[SessionUsage]]
+
+
+@dataclass(frozen=True)
+class TenantTotal:
+    """A tenant's usage as its newest usage mark gives it, and per session when a listing was made for it."""
+
+    results: int
+    size: int
+    sessions: SessionUsage | None = None
+    """Per session, from the reconcile's listing (None: a mark only, no listing)."""
+
+
+Usage: TypeAlias = SessionUsage | TenantTotal
+Lister = Callable[[ScopeKey, bool], Usage]
+"""Lists a scope's usage; the flag asks for a full listing (a refusal rests on it) rather than a usage mark."""
+AsyncLister = Callable[[ScopeKey, bool], Awaitable[Usage]]
 
 # Scopes tracked per worker; the least recently used idle one is forgotten beyond this (and listed again when needed).
 MAX_TRACKED_SCOPES = 10_000
@@ -75,6 +91,17 @@ class Quota(BaseModel):
         ge=0,
         description="A write is refused only on a listing at most this old (0: one begun after the write asked).",
     )
+    tenant_usage: Literal["marks", "listing"] = Field(
+        default="marks",
+        description="How a worker learns a tenant's usage: its newest usage mark (one LIST with max-keys 1), or a "
+        "listing of the whole tenant (a LIST per 1000 objects).",
+    )
+    reconcile_seconds: float = Field(
+        default=3600.0,
+        gt=0,
+        description="Tenant usage marks are reconciled with a full listing at least this often (drift from crashed "
+        "workers and deletes lasts no longer).",
+    )
 
     def limits(self, level: Literal["session", "tenant"]) -> tuple[int | None, int | None]:
         """
@@ -118,6 +145,8 @@ class _ScopeState:
     arrival (listed again at once, for ever when listing takes longer than `Quota.refresh_seconds`)."""
     listed_event: int = 0
     stale: bool = False
+    marked: bool = False
+    """The view is a usage mark, not a listing: a refusal does not rest on it."""
     in_flight: dict[int, _Entry] = field(default_factory=dict)
     settled: list[_Entry] = field(default_factory=list)
     refreshing: Future[None] | None = None
@@ -150,6 +179,8 @@ class _Refresh:
     """When the listing began, on the tracker's event clock: every write settled before it is in the listing."""
     started: float
     done: Future[None]
+    reconcile: bool = False
+    """A refusal rests on it: a full listing, not a usage mark."""
 
 
 @dataclass(frozen=True)
@@ -192,6 +223,18 @@ class QuotaTracker:
     """
     One worker's view of the usage of the scopes it writes to; shared by a root store and every store derived from it.
 
+    Tenant usage marks: at each refresh of a tenant a worker reads the newest mark (a LIST with max-keys 1 and a GET,
+    however large the tenant) and adds what it admitted and charged since its last mark (one exclusive create), so a
+    worker's first quota'd write costs its PUT and those two requests at any tenant size. The bound holds as with
+    listings: what a worker has admitted and not marked is at most its allowance (it refreshes, and so marks, before
+    going past it; charged documents are marked once they pass the bytes allowance). Marks drift where nothing marks
+    a change: a worker that dies leaves up to one allowance per tenant unmarked (usage undercounted by that much);
+    deletes, purges and expiry leave usage overcounted. Drift lasts until a reconcile, a full listing of the tenant
+    that rewrites the newest mark: before any refusal (a refusal never rests on a mark, only on a listing at most
+    `Quota.recheck_seconds` old, as before), on the first refresh after `Quota.reconcile_seconds`, and on
+    `FsspecToolResultStore.reconcile_usage`. Where this process knows the store ignores exclusive creates, or with
+    ``Quota(tenant_usage="listing")``, tenants are listed instead.
+
     Thread-safe and usable from any number of event loops: decisions are taken under a lock with no I/O, listings and
     waits happen outside it.
     """
@@ -207,6 +250,10 @@ class QuotaTracker:
         # One clock orders admissions, settlements and listing starts, so a listing knows which writes it includes.
         self._events = itertools.count(1)
         self._max_scopes = max_scopes
+        # Per tenant kept by usage marks: results and bytes admitted or charged here and not yet in a mark, and the
+        # newest mark this worker has seen (a reconcile tries to write the one after it without listing the marks).
+        self._pending: dict[str, tuple[int, int]] = {}
+        self._marks: dict[str, Mark] = {}
 
     # Admission
 
@@ -235,7 +282,7 @@ class QuotaTracker:
                 step.future.result()
                 continue
             try:
-                usage = lister(step.scope)
+                usage = lister(step.scope, step.reconcile)
             except BaseException:
                 self._refresh_failed(step)
                 raise
@@ -267,7 +314,7 @@ class QuotaTracker:
                 await asyncio.shield(asyncio.wrap_future(step.future))
                 continue
             try:
-                usage = await lister(step.scope)
+                usage = await lister(step.scope, step.reconcile)
             except BaseException:
                 self._refresh_failed(step)
                 raise
@@ -290,7 +337,65 @@ class QuotaTracker:
             entry = _Entry(sequence=next(self._events), results=0, size=size)
             for scope in scopes:
                 self._state(scope).in_flight[entry.sequence] = entry
+            self._add_pending(quota, scopes, 0, size)
             return Reservation(self, scopes, entry)
+
+    # Usage marks: what this worker has to add to its tenants' marks
+
+    def take_pending(self, tenant: str) -> tuple[int, int]:
+        """
+        Take what this worker admitted and charged in `tenant` since its last usage mark, to write it in the next.
+
+        :param tenant: The tenant.
+        :returns: Results and bytes; `restore_pending` them if the mark is not written.
+        """
+        with self._lock:
+            return self._pending.pop(tenant, (0, 0))
+
+    def restore_pending(self, tenant: str, pending: tuple[int, int]) -> None:
+        """
+        Put back what `take_pending` took, the mark that was to carry it not written.
+
+        :param tenant: The tenant.
+        :param pending: Results and bytes.
+        """
+        with self._lock:
+            results, size = self._pending.get(tenant, (0, 0))
+            self._pending[tenant] = (results + pending[0], size + pending[1])
+
+    def pending(self, tenant: str) -> tuple[int, int]:
+        """
+        :param tenant: The tenant.
+        :returns: Results and bytes admitted or charged here and not yet in a usage mark.
+        """
+        with self._lock:
+            return self._pending.get(tenant, (0, 0))
+
+    def known_mark(self, tenant: str) -> Mark | None:
+        """
+        :param tenant: The tenant.
+        :returns: The newest usage mark this worker has read or written for the tenant, if any.
+        """
+        with self._lock:
+            return self._marks.get(tenant)
+
+    def remember_mark(self, tenant: str, mark: Mark) -> None:
+        """
+        :param tenant: The tenant.
+        :param mark: A usage mark just read or written.
+        """
+        with self._lock:
+            known = self._marks.get(tenant)
+            if known is None or known.sequence <= mark.sequence:
+                self._marks[tenant] = mark
+
+    def _add_pending(self, quota: Quota, scopes: tuple[ScopeKey, ...], results: int, size: int) -> None:
+        if quota.tenant_usage != "marks":
+            return
+        for scope in scopes:
+            if len(scope) == 1:
+                pending_results, pending_size = self._pending.get(scope[0], (0, 0))
+                self._pending[scope[0]] = (pending_results + results, pending_size + size)
 
     def invalidate(self, scope: ScopeKey) -> None:
         """
@@ -349,9 +454,9 @@ class QuotaTracker:
                 if over is not None:
                     # A refusal rests on a recent listing, or one begun after this write asked (by it or a concurrent
                     # write: that one always counts, or a slow listing would refresh forever).
-                    recent = now - state.listed_at <= quota.recheck_seconds
-                    if state.listed_event < admission.began and not recent:
-                        return self._start_refresh(scope, state, now)
+                    recent = now - state.listed_at <= quota.recheck_seconds and not state.marked
+                    if (state.listed_event < admission.began or state.marked) and not recent:
+                        return self._start_refresh(scope, state, now, reconcile=True)
                     raise _refusal(admission, level, over, used_results if over[0] == "results" else used_bytes)
                 unverified_results, unverified_bytes = state.unverified()
                 beyond = (
@@ -373,7 +478,9 @@ class QuotaTracker:
             entry = _Entry(sequence=sequence, results=adding, size=size)
             for state in states:
                 state.in_flight[sequence] = entry
-            return Reservation(self, tuple(scope for _, scope in levels), entry)
+            scopes = tuple(scope for _, scope in levels)
+            self._add_pending(quota, scopes, adding, size)
+            return Reservation(self, scopes, entry)
 
     def _state(self, scope: ScopeKey) -> _ScopeState:
         state = self._states.get(scope)
@@ -409,19 +516,27 @@ class QuotaTracker:
             else:
                 return
 
-    def _start_refresh(self, scope: ScopeKey, state: _ScopeState, now: float) -> _Refresh:
+    def _start_refresh(self, scope: ScopeKey, state: _ScopeState, now: float, *, reconcile: bool = False) -> _Refresh:
         state.refreshing = Future()
-        return _Refresh(scope=scope, event=next(self._events), started=now, done=state.refreshing)
+        return _Refresh(scope=scope, event=next(self._events), started=now, done=state.refreshing, reconcile=reconcile)
 
     # Listings and settlements
 
-    def _refreshed(self, step: _Refresh, usage: SessionUsage) -> None:
+    def _refreshed(self, step: _Refresh, usage: Usage) -> None:
         with self._lock:
             state = self._states.get(step.scope)
             if state is None:  # forgotten meanwhile (it was idle); nothing to update
                 _resolve(step.done)
                 return
-            if len(step.scope) == 1:
+            if isinstance(usage, TenantTotal):
+                results, size = usage.results, usage.size
+                if usage.sessions is not None:
+                    self._tenant_sessions[step.scope[0]] = dict(usage.sessions)
+                    self._update_sessions(step, usage.sessions)
+                else:
+                    # Sessions seeded from an older listing would pass for as fresh as this mark: they list instead.
+                    self._tenant_sessions.pop(step.scope[0], None)
+            elif len(step.scope) == 1:
                 results = sum(count for count, _ in usage.values())
                 size = sum(total for _, total in usage.values())
                 self._tenant_sessions[step.scope[0]] = dict(usage)
@@ -429,6 +544,7 @@ class QuotaTracker:
             else:
                 results, size = usage.get(step.scope[1], (0, 0))
             _apply_listing(state, step, results, size)
+            state.marked = isinstance(usage, TenantTotal) and usage.sessions is None
             state.refreshing = None
             _resolve(step.done)
             state.notify()

@@ -1,0 +1,145 @@
+"""
+A tenant's usage kept incrementally: a log of marks, tiny objects carrying the tenant's running totals.
+
+    <root>/<tenant>/.usage/<countdown>.json       {"results": ..., "bytes": ..., "reconciled": ...}
+
+The newest mark is one LIST (max-keys 1, names count down) and one GET, whatever the tenant holds; the next one is an
+exclusive create named by its sequence alone, so one writer wins each (`UsageMarks`). ``.usage`` is no session id.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+MARKS_DIRECTORY = ".usage"
+KEPT_MARKS = 1000
+"""Marks a reconcile keeps (the newest); older ones are deleted. A worker whose newest known mark is older than these
+may write a mark no reader sees (its unmarked allowance, within the drift reconciles correct)."""
+_DIGITS = 15
+_TOP = 10**_DIGITS - 1
+_MARK = re.compile(rf"(?P<countdown>\d{{{_DIGITS}}})\.json")
+# Exclusive creates lost in a row before giving up: each loss means another worker's mark landed, so this is only
+# reached under a storm of writers, whose refresh then fails like a failed listing would.
+MAX_RACES = 50
+
+ListFirst = Callable[[str], Awaitable[str | None]]
+"""The first (newest) object name below a directory, from one LIST with max-keys 1; None if there is none."""
+Get = Callable[[str], Awaitable[bytes]]
+"""Read an object whole (one GET)."""
+CreateExclusive = Callable[[str, bytes], Awaitable[None]]
+"""Create an object at a path, raising `FileExistsError` if one is there."""
+
+
+@dataclass(frozen=True)
+class Mark:
+    """The tenant's totals as of one mark."""
+
+    sequence: int
+    results: int
+    size: int
+    reconciled: int
+    """When the last reconcile wrote its mark (Unix seconds)."""
+
+    @property
+    def name(self) -> str:
+        """The mark's object name: its sequence alone, so that one writer wins each sequence."""
+        return f"{_TOP - self.sequence:0{_DIGITS}d}.json"
+
+    def content(self) -> bytes:
+        """The mark's object content."""
+        return json.dumps({"results": self.results, "bytes": self.size, "reconciled": self.reconciled}).encode()
+
+
+def parse_mark(name: str, data: bytes) -> Mark | None:
+    """
+    :param name: An object name below a tenant's ``.usage`` directory.
+    :param data: The object's content.
+    :returns: The mark, or None if it is not one.
+    """
+    match = _MARK.fullmatch(name)
+    if match is None:
+        return None
+    try:
+        fields = json.loads(data)
+        return Mark(
+            sequence=_TOP - int(match["countdown"]),
+            results=int(fields["results"]),
+            size=int(fields["bytes"]),
+            reconciled=int(fields["reconciled"]),
+        )
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+class UsageMarks:
+    """One tenant's log of marks: the newest one in one LIST, the next one in one exclusive create."""
+
+    def __init__(self, directory: str, list_first: ListFirst, get: Get, create: CreateExclusive) -> None:
+        """
+        :param directory: The tenant's marks directory (``<root>/<tenant>/.usage``, full path).
+        :param list_first: Lists the newest object name below a directory (one LIST, max-keys 1).
+        :param get: Reads an object.
+        :param create: Creates an object exclusively.
+        """
+        self.directory = directory
+        self._list_first = list_first
+        self._get = get
+        self._create = create
+
+    async def latest_async(self) -> Mark | None:
+        """
+        The newest mark: one LIST (max-keys 1) and one GET.
+
+        :returns: The newest mark, or None if the tenant has none yet (or the newest object is not a mark).
+        """
+        name = await self._list_first(self.directory)
+        if name is None or _MARK.fullmatch(name) is None:
+            return None
+        try:
+            data = await self._get(f"{self.directory}/{name}")
+        except FileNotFoundError:
+            return None  # deleted since it was listed: none known, so a listing reconciles
+        return parse_mark(name, data)
+
+    async def append_async(self, make: Callable[[Mark | None], Mark], *, latest: Mark | None = None) -> Mark:
+        """
+        Write the mark that follows the newest one, as `make` computes it from that one, retrying on a race.
+
+        :param make: Given the newest mark (None: there is none), the next one (its sequence one more).
+        :param latest: The newest mark, if just read (saves a LIST on the first try).
+        :returns: The mark written.
+        :raises RuntimeError: If the race was lost `MAX_RACES` times in a row.
+        """
+        known = latest is not None
+        for _ in range(MAX_RACES):
+            if not known:
+                latest = await self.latest_async()
+            known = False
+            mark = make(latest)
+            try:
+                await self._create(f"{self.directory}/{mark.name}", mark.content())
+            except FileExistsError:
+                continue  # another worker's mark took this sequence: read it and add to it
+            return mark
+        raise RuntimeError(f"Could not write a usage mark below {self.directory}: {MAX_RACES} races lost in a row.")
+
+
+def following(latest: Mark | None, results: int, size: int, *, reconciled: int | None = None) -> Mark:
+    """
+    :param latest: The newest mark (None: none yet).
+    :param results: Results to add.
+    :param size: Bytes to add.
+    :param reconciled: A new reconcile time; None keeps the newest mark's.
+    :returns: The next mark.
+    """
+    if latest is None:
+        return Mark(0, max(results, 0), max(size, 0), reconciled or 0)
+    return Mark(
+        latest.sequence + 1,
+        max(latest.results + results, 0),
+        max(latest.size + size, 0),
+        latest.reconciled if reconciled is None else reconciled,
+    )
