@@ -15,7 +15,7 @@ import pytest
 from botocore.exceptions import ClientError
 from haystack.utils import Secret
 
-from haystack_integrations.offload import FsspecToolResultStore, StorageError, StoragePermissionError
+from haystack_integrations.offload import FsspecToolResultStore, StoragePermissionError
 from haystack_integrations.offload.stores import TenantKeys
 from haystack_integrations.offload.stores.retention import activity_document_name
 
@@ -74,9 +74,9 @@ def test_a_tenants_objects_are_unreadable_without_its_key_and_readable_with_it(
             s3.get_object(Bucket=bucket, Key=key)
         assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] in (400, 403)
 
-    # A store without keys cannot read them; one with another master secret (a key forgotten) is told so.
+    # A store without keys cannot read them, nor one with another master secret (a key forgotten): both are told so.
     plain = _root(real_s3_server, engine, None, url=root.url).for_session("acme", "chat-1")
-    with pytest.raises(StorageError):
+    with pytest.raises(StoragePermissionError, match="without an encryption key"):
         plain.read(reference)
     forgotten = _root(real_s3_server, engine, FORGOTTEN, url=root.url).for_session("acme", "chat-1")
     _check_reads_refused(forgotten, reference, "call-1.json")

@@ -60,6 +60,13 @@ class EncryptionKeyRefusedError(OffloadError, PermissionError):
     """
 
 
+class EncryptionKeyMissingError(EncryptionKeyRefusedError):
+    """
+    The object store refused to read an object without an SSE-C key: a store without keys read an object written with
+    a tenant's key (S3 and Ceph RGW answer a bare 400, as they do a wrong key).
+    """
+
+
 class MissingCredentialsError(OffloadError, PermissionError):
     """
     No credentials could be found for the storage backend: none given, none in the environment or a profile, and no

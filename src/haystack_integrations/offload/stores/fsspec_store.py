@@ -40,7 +40,12 @@ from haystack_integrations.offload.stores.exclusive_creates import (
     check_exclusive_creates,
     checked,
 )
-from haystack_integrations.offload.stores.failures import EncryptionKeyRefusedError, StorageRequestError, mark_location
+from haystack_integrations.offload.stores.failures import (
+    EncryptionKeyMissingError,
+    EncryptionKeyRefusedError,
+    StorageRequestError,
+    mark_location,
+)
 from haystack_integrations.offload.stores.io import MULTIPART_THRESHOLD, Listed, StorageIO
 from haystack_integrations.offload.stores.layout import parse_reference, scope_path
 from haystack_integrations.offload.stores.names import (
@@ -98,6 +103,8 @@ from haystack_integrations.offload.stores.usage_marks import KEPT_MARKS, MARKS_D
 DEFAULT_S3_MAX_POOL_CONNECTIONS = 128
 
 _EXTRAS_BY_PROTOCOL = {"s3": "s3", "s3a": "s3"}
+# The engine calls that read one object: a 400 to them from S3 is an SSE-C refusal (see `_FilesystemHandle.request`).
+_OBJECT_READS = frozenset({"get", "get_range", "size", "modified"})
 DEFAULT_RETRY = RetryPolicy()
 
 # Results larger than this are written from chunks (S3 sends one PUT below it anyway: io.MULTIPART_THRESHOLD).
@@ -1576,6 +1583,12 @@ class _FilesystemHandle:
                 refused = EncryptionKeyRefusedError(errno.EACCES, f"SSE-C key refused: {error.cause}")
                 mark_location(refused, self.location())
                 raise refused from error
+            if error.status == 400 and self._isolation.keys is None and operation in _OBJECT_READS:
+                # The same bare 400 to a store without keys: the object was written with one (a read sends nothing
+                # else S3 could find malformed).
+                missing = EncryptionKeyMissingError(errno.EACCES, f"read without an SSE-C key: {error.cause}")
+                mark_location(missing, self.location())
+                raise missing from error
             mark_location(error, self.location())
             raise
         except Exception as error:

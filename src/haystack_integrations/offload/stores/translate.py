@@ -13,6 +13,7 @@ from haystack_integrations.offload.errors import (
     StoragePermissionError,
 )
 from haystack_integrations.offload.stores.failures import (
+    EncryptionKeyMissingError,
     EncryptionKeyRefusedError,
     MissingCredentialsError,
     StorageRequestError,
@@ -69,6 +70,11 @@ def _translated(error: Exception, action: str, reference: str | None) -> Offload
     if isinstance(error, MissingCredentialsError):
         # Each engine tells it apart from a refusal (obstore's metadata lookup, botocore's NoCredentialsError).
         return StoragePermissionError(f"Could not {action}: {NO_CREDENTIALS}")
+    if isinstance(error, EncryptionKeyMissingError):
+        return StoragePermissionError(
+            f"Storage refused to {action} without an encryption key (SSE-C): the object was written with a tenant's "
+            "key; give the store the keys it was written with (encryption=TenantKeys(...))."
+        )
     if isinstance(error, EncryptionKeyRefusedError):
         return StoragePermissionError(
             f"Storage refused to {action} with this tenant's encryption key (SSE-C): the object was written with "
