@@ -10,7 +10,9 @@ import json
 import math
 import os
 import secrets
+import shlex
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -150,7 +152,18 @@ def _demo(arguments: argparse.Namespace) -> int:
             "\nAll checks passed: every result is stored byte for byte in its own session, approved calls ran exactly "
             "once and denied ones never, and no session could see another's results, approvals or messages."
         )
+        print(_next_steps(store, given_options=arguments.storage_options is not None))
     return 0
+
+
+def _next_steps(store: str, *, given_options: bool) -> str:
+    """The demo's last line: the commands to try next on the store it filled (its options are not repeated)."""
+    where = shlex.quote(shown_url(store))
+    options = " with the same --storage-options" if given_options else ""
+    return (
+        f"Try next{options}: offload-haystack ls {where} -R (what it stored, per tenant and session); "
+        f"offload-haystack serve --store {where} (the same Agent with a web page)."
+    )
 
 
 def _demo_table(report: "DemoReport", store: str) -> None:
@@ -200,6 +213,7 @@ def _serve(arguments: argparse.Namespace) -> int:
     _check_store(settings, arguments.workers)
     settings.check_model()  # --model openai: one request to the endpoint; a ModelEndpointError (ValueError) is one line
     settings.check_store()  # the store refuses a second exclusive create, or serve stops (ServerStartupError: one line)
+    _check_port(arguments.host, arguments.port)  # before the login links: they would be the other server's
     base = f"http://{arguments.host}:{arguments.port}/"
     made: dict[str, str] = {}
     if not settings.tokens:
@@ -276,6 +290,27 @@ def _check_store(settings: Any, workers: int) -> None:
         root.for_session("offload-haystack", "serve-check").list()
     except Exception as error:
         raise CommandError(f"Cannot use the store {shown_url(settings.store)}: {error}{stored_at(error)}") from error
+
+
+def _check_port(host: str, port: int) -> None:
+    """
+    Stop, in one line, when the address is taken, before serve prints anything: a login link printed for a port
+    another server holds would sign its reader in to that server.
+
+    The port is bound as uvicorn binds it (``SO_REUSEADDR``, so a port whose last server just stopped is free) and
+    released at once; uvicorn binds it again straight after.
+
+    :raises CommandError: If the address cannot be bound (taken, or not an address of this machine).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise CommandError(
+                f"Cannot listen on {host}:{port}: {error.strerror or error} (another server there? use --port)."
+            ) from error
 
 
 def _serve_s3(settings: Any, arguments: argparse.Namespace) -> Any:
