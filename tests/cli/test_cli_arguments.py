@@ -100,7 +100,7 @@ BAD_ARGUMENTS = [
     (["purge", STORE, "--older-than", "0.0000001s", "--yes"], "more than zero"),
     (["purge", STORE, "--older-than", "soon", "--yes"], "Invalid age 'soon'"),
     (["purge", STORE, "--session", "chat-1", "--yes"], "--session needs --tenant"),
-    (["audit", STORE, "--tenant", "acme"], "the following arguments are required: --session"),
+    (["audit", STORE, "--tenant", "acme"], "Say whose audit record: tenant/session"),
     # --engine: a choice, obstore for s3:// stores only; a profile that does not exist is named.
     (["ls", STORE, "--engine", "boto"], "argument --engine: invalid choice: 'boto'"),
     (["du", STORE, "--engine", "obstore"], "--engine obstore serves s3:// stores only"),

@@ -23,7 +23,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, NoReturn
 
-from haystack_integrations.offload.errors import OffloadError, StoragePermissionError
+from haystack_integrations.offload.errors import OffloadError, StorageError, StoragePermissionError
 
 EXIT_FAILED_CHECKS = 1
 EXIT_ERROR = 2
@@ -43,6 +43,12 @@ PROGRESS_DELAY = 1.0
 """Seconds a listing runs before its progress line appears on a terminal (with ``--progress``: at once)."""
 PROGRESS_INTERVAL = 0.5
 """Seconds between updates of a listing's progress line on a terminal."""
+OPERATOR_RETRY_DEADLINE = 10.0
+"""
+Seconds after a request's first attempt in which the operator commands start another (the store's default: 30). Quick
+transient failures (a 503, a reset) are still retried as often as the default policy does; an attempt that waits out
+the read timeout (15 s by default) is not repeated, so a store that never answers ends a command in one timeout.
+"""
 
 
 Handler = Callable[[argparse.Namespace], int]  # a subcommand: the parsed command line in, the exit code out
@@ -187,8 +193,13 @@ def _root(arguments: argparse.Namespace) -> Any:
     options = storage_options_from(arguments, url)
     if engine == "obstore":
         _check_obstore(url)
+    from haystack_integrations.offload.stores.retry import RetryPolicy
+
+    retry = RetryPolicy(deadline=OPERATOR_RETRY_DEADLINE)  # the default policy, bar its deadline
     try:
-        root = FsspecToolResultStore(url, storage_options=options, engine=engine, **_tenant_isolation(arguments))
+        root = FsspecToolResultStore(
+            url, storage_options=options, engine=engine, retry=retry, **_tenant_isolation(arguments)
+        )
     except ValueError as error:
         what = "Cannot use --engine obstore for" if engine == "obstore" else "Cannot open the store"
         raise CommandError(f"{what} {shown_url(url)!r}: {error}") from error
@@ -337,12 +348,13 @@ class _ListingProgress:
 
 
 def _size(count: int) -> str:
+    """A byte count in powers of 1024, labelled as such (KiB, MiB, GiB): a "KB" of 1024 bytes misleads."""
     size = float(count)
-    for unit in ("B", "KB", "MB"):
+    for unit in ("B", "KiB", "MiB"):
         if size < 1024:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
-    return f"{size:.1f} GB"  # the largest unit: a terabyte shows as 1024.0 GB
+    return f"{size:.1f} GiB"  # the largest unit: a tebibyte shows as 1024.0 GiB
 
 
 def print_json(value: Any) -> None:
@@ -414,27 +426,34 @@ def _ls(arguments: argparse.Namespace) -> int:
             f"listing {what} {reading.tenant!r} of root {shown_url(reading.root_url)} (as a root, the URL holds "
             "nothing of this library's; paths below are relative to that root)"
         )
-    print(
-        f"{_scoped_url(arguments.url, arguments.tenant, arguments.session)}  "
-        f"{len(found.tenants)} tenant(s), {sum(len(t.sessions) for t in found.tenants.values())} session(s), "
-        f"{_contents(found.total)}"
-    )
+    sessions = sum(len(t.sessions) for t in found.tenants.values())
+    counts = f"{len(found.tenants)} tenant(s), {sessions} session(s), " if arguments.tenant is None else ""
+    if arguments.tenant is not None and arguments.session is None:
+        counts = f"{sessions} session(s), "
+    print(f"{_scoped_url(arguments.url, arguments.tenant, arguments.session)}  {counts}{_contents(found.total)}")
+    # The first line is the URL's own scope: below it come its children only (a tenant's URL lists its sessions, not
+    # the tenant again), so each level is indented once more than its parent.
+    tenant_indent = "  "
+    session_indent = tenant_indent if arguments.tenant is not None else tenant_indent * 2
+    object_indent = session_indent if arguments.session is not None else session_indent + "  "
     for tenant_name, tenant in sorted(found.tenants.items()):
-        print(f"  {tenant_name}/  {_contents(tenant.total)}")
+        if arguments.tenant is None:
+            print(f"{tenant_indent}{tenant_name}/  {_contents(tenant.total)}")
         for session_name, session in sorted(tenant.sessions.items()):
             if arguments.tenant is None and not listing:
                 continue
-            print(
-                f"    {session_name}/  {session.results} results ({_size(session.result_bytes)}), "
-                f"{session.documents} documents ({_size(session.document_bytes)})"
-            )
+            if arguments.session is None:
+                print(
+                    f"{session_indent}{session_name}/  {session.results} results ({_size(session.result_bytes)}), "
+                    f"{session.documents} documents ({_size(session.document_bytes)})"
+                )
             if not listing:
                 continue
             for item in objects:
                 if item.tenant == tenant_name and item.session == session_name and item.kind != "other":
                     detail = f"  {item.tool_name or '-'}  {item.created:%Y-%m-%d %H:%M:%S}" if item.created else ""
                     # The whole path, as `cat` takes it.
-                    print(f"      {item.path}  {_size(item.size)}{detail}")
+                    print(f"{object_indent}{item.path}  {_size(item.size)}{detail}")
     if found.other_objects:
         print(f"  (and {found.other_objects} object(s), {_size(found.other_bytes)}, not written by this library)")
         roots = roots_below(objects)
@@ -627,6 +646,13 @@ def _purge(arguments: argparse.Namespace) -> int:
             f"{', and ' + stale if stale else ''}, "
             f"{_size(plan.bytes)}, in {len(plan.sessions())} session(s)"
         )
+    if arguments.dry_run:
+        # What would go, one line each, as `aws s3 rm --dryrun` lists it: paths as `cat` and `ls -R` show them.
+        if arguments.json:
+            summary["objects"] = [{"path": item.path, "kind": item.kind, "size": item.size} for item in plan.objects]
+        else:
+            for item in plan.objects:
+                print(f"(dry run) delete: {item.path}  {_size(item.size)}")
     if plan.objects and not arguments.dry_run:
         if not arguments.yes and not _confirmed(f"Delete {len(plan.objects)} object(s)?"):
             raise CommandError("Nothing deleted: confirm with --yes (or preview with --dry-run).")
@@ -689,12 +715,13 @@ def _confirmed(question: str) -> bool:
 def _audit(arguments: argparse.Namespace) -> int:
     from haystack_integrations.offload.approvals import read_audit
 
-    events = read_audit(_root(arguments).for_session(arguments.tenant, arguments.session))
+    tenant, session = _audited_session(arguments)
+    events = read_audit(_root(arguments).for_session(tenant, session))
     if arguments.json:
         print_json([event.model_dump(mode="json") for event in events])
         return 0
     if not events:
-        print(f"No approval events in {arguments.tenant}/{arguments.session}.")
+        print(f"No approval events in {tenant}/{session}.")
         return 0
     rows = [
         [
@@ -708,6 +735,25 @@ def _audit(arguments: argparse.Namespace) -> int:
     ]
     print_table(rows, ["time (UTC)", "event", "actor", "tool", "detail"], text_columns=5)
     return 0
+
+
+def _audited_session(arguments: argparse.Namespace) -> tuple[str, str]:
+    """
+    The session `audit` reads: ``tenant/session`` as `ls` prints it (the path form `cat` takes), or the two flags.
+
+    :raises CommandError: If neither or both forms are given, or the path is not ``tenant/session``.
+    """
+    path: str | None = arguments.session_path
+    if path is not None:
+        if arguments.tenant is not None or arguments.session is not None:
+            raise CommandError("Give the session once: tenant/session, or --tenant and --session.")
+        parts = path.strip("/").split("/")
+        if len(parts) != 2 or not all(parts):
+            raise CommandError(f"{path!r} is not a session: give tenant/session, as `ls` prints it (e.g. acme/chat-1).")
+        return parts[0], parts[1]
+    if arguments.tenant is None or arguments.session is None:
+        raise CommandError("Say whose audit record: tenant/session (e.g. acme/chat-1), or --tenant and --session.")
+    return arguments.tenant, arguments.session
 
 
 _DETAIL_WIDTH = 80
@@ -838,8 +884,11 @@ def _add_operator_commands(commands: Any) -> None:
     _progress_argument(purge)
 
     audit = _operator(commands, "audit", _audit, help="a session's approval audit record")
-    audit.add_argument("--tenant", required=True, help="the session's tenant")
-    audit.add_argument("--session", required=True, help="the session whose audit record to print")
+    audit.add_argument(
+        "session_path", nargs="?", metavar="tenant/session", help="the session, as `ls` prints it (or the flags)"
+    )
+    audit.add_argument("--tenant", help="the session's tenant (with --session, instead of tenant/session)")
+    audit.add_argument("--session", help="the session whose audit record to print (with --tenant)")
 
     doctor = commands.add_parser(
         "doctor",
@@ -875,7 +924,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         interrupted.
     """
     try:
-        arguments = build_parser().parse_args(argv)
+        parser = build_parser()
+        arguments, extra = parser.parse_known_args(argv)
+        if getattr(arguments, "session_path", "") is None and len(extra) == 1 and not extra[0].startswith("-"):
+            # `audit URL --storage-options ... acme/chat-1`: argparse fills an optional positional with nothing at the
+            # first run of positionals (the URL alone), so one after the options comes back unclaimed: it is that one.
+            arguments.session_path = extra.pop()
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as stop:  # --help, --version, or a bad argument (already reported in one line)
         return stop.code if isinstance(stop.code, int) else EXIT_ERROR if stop.code else 0
     handler: Handler = arguments.handler
@@ -891,6 +947,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except CommandError as error:
         _error(str(error))
+    except StorageError as error:
+        from haystack_integrations.offload.stores.failures import no_answer_cause
+
+        cause = no_answer_cause(error)
+        # A store that gave no answer at all (a timeout, a refused connection) says so first: it is the endpoint, the
+        # network or a firewall, not the data or the credentials.
+        said = f"The store did not answer ({cause}): " if cause is not None else ""
+        _error(f"{said}{error}{_cause(error)}{stored_at(error)}")
     except StoragePermissionError as error:
         _error(
             f"{error}{stored_at(error)} Check the credentials (--profile, --storage-options key/secret, or the AWS_* "
