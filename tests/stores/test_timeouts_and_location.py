@@ -80,6 +80,25 @@ def test_the_read_timeout_is_a_setting(engine: str) -> None:
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_an_unanswered_exclusive_create_check_sends_no_clean_up(engine: str) -> None:
+    # Doctor's and serve's first check on a store that never answers: the probe's one attempt, and no delete after it
+    # to wait out a second timeout (counted in connections: each timed-out one is dropped, none reused).
+    options = with_timeouts(CREDENTIALS, read_timeout=0.5, connect_timeout=2)
+    with SilentEndpoint() as silent:
+        store = FsspecToolResultStore(
+            "s3://bucket/prod",
+            storage_options={**options, "endpoint_url": silent.url},
+            engine=engine,
+            # s3fs's PUT waits for "100 Continue" past the read timeout: the attempt limit ends it there.
+            retry=RetryPolicy(attempts=1, attempt_timeout=3),
+        )
+        check = store.check_exclusive_creates()
+        connections = silent.wait_for_connections(2, patience=3)
+    assert check.verdict == "unknown" and not check.reached
+    assert connections == 1
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_a_refused_connection_names_the_bucket_and_endpoint_without_credentials(engine: str) -> None:
     port = _refused_port()
     store = FsspecToolResultStore(

@@ -97,11 +97,15 @@ async def check_exclusive_creates(
     :raises StorageError: If it failed for a reason that is neither transient nor about conditional writes.
     """
     path = f"{directory}/{new_temporary_name()}"
+    reached = True
     try:
         verdict, detail, reached = await _probe(request, path)
     finally:
-        with contextlib.suppress(Exception):
-            await request("delete", path, lambda io: io.delete_async([path]))
+        # Where nothing answered, a delete would only wait out another timeout (doctor took a minute on a silent
+        # endpoint); a probe that did land is a temporary name, which purges clear once stale.
+        if reached:
+            with contextlib.suppress(Exception):
+                await request("delete", path, lambda io: io.delete_async([path]))
     check = ExclusiveCreateCheck(verdict, store, detail, reached)
     if verdict != "unknown":
         with _CHECKED_LOCK:
