@@ -25,7 +25,8 @@ _UNSAFE_KEY_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 
 
 # Sent with every model call: see the note on read_tool_result's DESCRIPTION.
-DESCRIPTION = "List this conversation's offloaded tool results, newest first, with their references."
+# "chat", not "conversation": the cursor argument (after) had to fit in the same budget (tests/tools/test_tool_schemas).
+DESCRIPTION = "List this chat's offloaded tool results, newest first, with references."
 # With a tool_name filter, the most pages one call reads looking for matches (each one LIST on S3).
 MAX_FILTERED_PAGES = 10
 
@@ -48,9 +49,8 @@ class ListToolResultsArguments(BaseModel):
 
     limit: int | None = Field(default=None, ge=1)
     tool_name: str | None = None
-    after: str | None = Field(
-        default=None, max_length=1024, description="Continue after this reference, as the previous listing said."
-    )
+    # Where to continue: the listing's header names the reference to pass, so the schema needs no description.
+    after: str | None = None
 
 
 class ListToolResults(ReadBackTool):
