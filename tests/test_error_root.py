@@ -54,6 +54,7 @@ BUILT_IN_BASES: dict[str, type[Exception]] = {
     "stores.failures.StorageRequestError": OSError,
     "stores.failures.MissingCredentialsError": PermissionError,
     "stores.failures.EncryptionKeyRefusedError": PermissionError,
+    "stores.failures.EncryptionKeyMissingError": PermissionError,
     "cli.CommandError": Exception,
     "sessions.history.SessionBusyError": RuntimeError,
     "sessions.history.TurnAbandonedError": RuntimeError,
