@@ -2,40 +2,25 @@
 A worker's bounded cache of the conversations it served, so its next turn in a session reads only what changed.
 
 An entry is never trusted on its own: `SessionHistory.read` checks it against the session's head document and the
-next turn's claim before using it (see `docs/sessions.md`).
+next turn's claim before using it (`docs/design.md`).
 """
 
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from haystack_integrations.offload.sessions.history import HistoryLog, TurnEnd
+from typing import Protocol
 
 DEFAULT_CACHE_BYTES = 64 * 2**20
 """What one worker keeps by default: the JSON of the conversations it served most recently, 64 MiB at most."""
 
 
-@dataclass(frozen=True)
-class CachedConversation:
-    """A session's conversation as of its newest ended turn, as this worker last read or wrote it."""
-
-    turn: int
-    """The newest ended turn."""
-    head: bytes
-    """The session's head document as it was when this entry was made: a different one means read again."""
-    messages: tuple[str, ...]
-    """Each message's JSON (immutable, so no caller can change what another request will be given)."""
-    log: "HistoryLog"
-    last_end: "TurnEnd"
-    """The newest turn's end, without its messages."""
+class CacheEntry(Protocol):
+    """What the cache holds: anything that says how many bytes it keeps (`history.CachedConversation`)."""
 
     @property
     def size(self) -> int:
         """The bytes this entry is charged for."""
-        return sum(map(len, self.messages)) + len(self.head)
+        ...
 
 
 class ConversationCache:
@@ -56,11 +41,11 @@ class ConversationCache:
         if max_bytes < 0:
             raise ValueError(f"The cache size must be 0 or more bytes, got {max_bytes}.")
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[Hashable, CachedConversation] = OrderedDict()
+        self._entries: OrderedDict[Hashable, CacheEntry] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, key: Hashable) -> CachedConversation | None:
+    def get(self, key: Hashable) -> CacheEntry | None:
         """
         :param key: The session's key.
         :returns: Its entry, or None.
@@ -71,7 +56,7 @@ class ConversationCache:
                 self._entries.move_to_end(key)
             return entry
 
-    def put(self, key: Hashable, entry: CachedConversation) -> None:
+    def put(self, key: Hashable, entry: CacheEntry) -> None:
         """
         Keep `entry` for `key`, dropping the least recently used entries past the bound (an entry over a quarter of
         the bound is not kept at all: one long conversation must not empty the cache of every other).

@@ -5,7 +5,7 @@ A session's conversation, kept in the store as numbered turns, each claimed with
 appends the turn's messages; every `CHAIN_LIMIT` turns it holds a segment (everything since the checkpoint), and it
 holds a whole checkpoint when the turn rewrote the conversation or the appends have outgrown the last one. A small head
 document names the newest checkpoint and segment, so a read costs the same at turn 10 and at turn 1,000
-(`docs/sessions.md`).
+(`docs/design.md`).
 """
 
 import asyncio
@@ -24,11 +24,7 @@ from pydantic_core import to_jsonable_python
 
 from haystack_integrations.offload.errors import DocumentExistsError, OffloadError, ResultNotFoundError
 from haystack_integrations.offload.leases import renewing
-from haystack_integrations.offload.sessions.conversation_cache import (
-    SHARED_CONVERSATIONS,
-    CachedConversation,
-    ConversationCache,
-)
+from haystack_integrations.offload.sessions.conversation_cache import SHARED_CONVERSATIONS, ConversationCache
 from haystack_integrations.offload.stores import FsspecToolResultStore
 from haystack_integrations.offload.stores.documents import SessionDocuments, writer_token
 from haystack_integrations.offload.stores.retention import activity_document_name
@@ -142,6 +138,26 @@ class HistoryLog:
 
 
 @dataclass(frozen=True)
+class CachedConversation:
+    """A session's conversation as of its newest ended turn, as this worker last read or wrote it."""
+
+    turn: int
+    """The newest ended turn."""
+    head: bytes
+    """The session's head document as it was when this entry was made: a different one means read again."""
+    messages: tuple[str, ...]
+    """Each message's JSON (immutable, so no caller can change what another request will be given)."""
+    log: HistoryLog
+    last_end: TurnEnd
+    """The newest turn's end, without its messages."""
+
+    @property
+    def size(self) -> int:
+        """The bytes this entry is charged for in a `ConversationCache`."""
+        return sum(map(len, self.messages)) + len(self.head)
+
+
+@dataclass(frozen=True)
 class HistoryState:
     """What one read of the history found: the conversation so far and the state of the newest turn."""
 
@@ -152,7 +168,7 @@ class HistoryState:
     """The newest turn's start when that turn has no end yet (running, or abandoned once its lease passed)."""
     log: HistoryLog = field(default_factory=HistoryLog)
     """Where `conversation` stands in the store (which checkpoint, how much was appended since)."""
-    basis: "CachedConversation | None" = field(default=None, repr=False, compare=False)
+    basis: CachedConversation | None = field(default=None, repr=False, compare=False)
     """The conversation's JSON as read, for `finish` and this worker's cache (None: not cacheable)."""
 
     def busy(self, at: datetime) -> bool:
@@ -168,7 +184,7 @@ class Turn:
     conversation: list[ChatMessage]
     log: HistoryLog = field(default_factory=HistoryLog)
     """Where `conversation` stands in the store; `finish` appends to it."""
-    basis: "CachedConversation | None" = field(default=None, repr=False, compare=False)
+    basis: CachedConversation | None = field(default=None, repr=False, compare=False)
     """The conversation's JSON as read (see `HistoryState.basis`)."""
 
 
@@ -266,7 +282,7 @@ class SessionHistory:
 
     async def _read_state(self) -> HistoryState:
         cached = self.cache.get(self._key)
-        if cached is None:
+        if not isinstance(cached, CachedConversation):
             return await self._read_from_head(await self._get(HEAD_DOCUMENT))
         head, start = await asyncio.gather(self._get(HEAD_DOCUMENT), self._get(_start_name(cached.turn + 1)))
         if head != cached.head:
