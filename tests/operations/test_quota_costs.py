@@ -115,3 +115,82 @@ def test_a_reconcile_prunes_old_marks(monkeypatch: pytest.MonkeyPatch) -> None:
     operator = FsspecToolResultStore("memory://marks-pruned", quota=Quota(tenant_results=1_000, slack=0))
     assert operator.reconcile_usage("acme") == (10, 10)
     assert len(fs.ls("/marks-pruned/acme/.usage")) == 3 + 1
+
+
+@pytest.mark.parametrize("count", [1, 5])
+def test_a_reconcile_counts_this_workers_listed_writes_once(
+    s3_server: LocalS3Server, s3_requests: RequestLog, count: int
+) -> None:
+    # Before, a reconcile marked the listing plus everything this worker had admitted and not marked, though what had
+    # landed before the listing began was in it: one result written and reconciled gave (2, 2), then (1, 1).
+    url, options = f"{s3_server.bucket_url}/{uuid.uuid4().hex}", s3_server.storage_options()
+    session = FsspecToolResultStore(url, storage_options=options, quota=Quota(tenant_results=1_000)).for_session(
+        "acme", "chat-1"
+    )
+    for index in range(count):  # within the allowance (100): all of them unmarked when the reconcile begins
+        session.write(key=f"{index}.txt", content="x")
+    s3_requests.clear()
+    assert session.reconcile_usage() == (count, count)
+    # The newest mark (a LIST, max-keys 1, and a GET), the tenant (a LIST) and the new mark (a PUT), at any count.
+    assert {
+        "LIST": s3_requests.count(method="GET", query_contains="list-type"),
+        "PUT": s3_requests.count(method="PUT"),
+        "all": len(s3_requests),
+    } == {"LIST": 2, "PUT": 1, "all": 4}
+    assert session.reconcile_usage() == (count, count)
+    operator = FsspecToolResultStore(url, storage_options=options, quota=Quota(tenant_results=1_000))
+    assert operator.reconcile_usage("acme") == (count, count)
+
+
+def test_a_reconcile_counts_writes_in_flight_when_it_began() -> None:
+    # A write still in flight when the listing begins may land after the listing passed it: it counts, once.
+    quota = Quota(tenant_bytes=10_000)
+    root = FsspecToolResultStore("memory://reconcile-in-flight", quota=quota)
+    session = root.for_session("acme", "chat-1")
+    for index in range(3):
+        session.write(key=f"{index}.txt", content="x")
+    in_flight = root._handle.quota_tracker().charge(quota, "acme", "chat-1", 7)  # a document not yet written
+    assert session.reconcile_usage() == (3, 3 + 7)
+    in_flight.settle()
+
+
+def test_a_reconcile_before_a_refusal_does_not_refuse_a_write_that_fits(s3_server: LocalS3Server) -> None:
+    # Another worker deletes a result this worker wrote: this worker's view (its marks) now counts one too many, so
+    # its next write is over on that view and a reconcile lists the tenant before refusing. Before, that reconcile
+    # added this worker's unmarked writes to a listing that already held them, and refused a write that fit.
+    url, options = f"{s3_server.bucket_url}/{uuid.uuid4().hex}", s3_server.storage_options()
+    quota = Quota(tenant_results=10, slack=0.5)  # allowance: 5 results unmarked
+    session = FsspecToolResultStore(url, storage_options=options, quota=quota).for_session("acme", "chat-1")
+    references = [session.write(key=f"{index}.txt", content="x") for index in range(10)]
+    other = FsspecToolResultStore(url, storage_options=options, quota=quota).for_session("acme", "chat-1")
+    other.delete(references[0])
+    session.write(key="fits.txt", content="x")  # 10 stored again: at the limit, not over it
+    with pytest.raises(QuotaExceededError):
+        session.write(key="over.txt", content="x")
+    operator = FsspecToolResultStore(url, storage_options=options, quota=quota)
+    assert operator.reconcile_usage("acme") == (10, 10)
+
+
+def test_a_reconcile_adds_only_what_its_listing_may_miss() -> None:
+    # What landed before the listing began is in it; what was in flight then, or admitted since, may not be.
+    from haystack_integrations.offload.stores.quotas import QuotaTracker
+
+    tracker, quota = QuotaTracker(), Quota(tenant_bytes=10_000)
+    tracker.charge(quota, "acme", "chat-1", 1).settle()  # landed before the listing
+    in_flight = tracker.charge(quota, "acme", "chat-1", 20)
+    start = tracker.listing_began("acme")
+    tracker.charge(quota, "acme", "chat-1", 300).settle()  # admitted while the listing ran
+    taken, unlisted = tracker.take_unlisted("acme", start)
+    assert (taken, unlisted) == ((0, 321), (0, 320))
+    # The mark was not written: all of it is put back, and the next listing (nothing in flight) adds what came after.
+    tracker.restore_pending("acme", taken)
+    in_flight.settle()
+    start = tracker.listing_began("acme")
+    tracker.charge(quota, "acme", "chat-1", 4_000).settle()
+    assert tracker.take_unlisted("acme", start) == ((0, 4_321), (0, 4_000))
+    # A mark written while the listing ran carries what was admitted before it: only what came after is added.
+    start = tracker.listing_began("acme")
+    tracker.charge(quota, "acme", "chat-1", 50).settle()
+    assert tracker.take_pending("acme") == (0, 50)  # marked, as a refresh would
+    tracker.charge(quota, "acme", "chat-1", 600).settle()
+    assert tracker.take_unlisted("acme", start) == ((0, 600), (0, 600))

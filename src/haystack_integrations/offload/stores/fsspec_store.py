@@ -476,22 +476,26 @@ class FsspecToolResultStore(ToolResultStore):
         self, tenant: str, marks: UsageMarks, before: Mark | None, *, refusal: bool = False
     ) -> TenantTotal:
         """
-        List the tenant and write a mark of what the listing found, plus what marks added while it ran (they may or
-        may not be in it: counted, to err on the side of more) and what this worker has not marked yet. For a refusal,
-        a listing that agrees with the newest mark known here (and what this worker is yet to add) writes nothing: a
-        refused write sends no PUT unless drift is corrected.
+        List the tenant and write a mark of what the listing found, plus what it may have missed: what marks added
+        while it ran, and this worker's writes in flight when it began or admitted since (they may or may not be in
+        it: counted, to err on the side of more). This worker's writes that landed before it began are in it, and
+        count once. For a refusal, a listing that agrees with the newest mark known here (and what this worker is yet
+        to add) writes nothing: a refused write sends no PUT unless drift is corrected.
         """
         scope = (tenant,)
         path = self._usage_path(scope)
+        tracker = self._handle.quota_tracker()
+        start = tracker.listing_began(tenant)
         found = await self._handle.request("find", path, lambda io: io.find_async(path))
         sessions = usage_by_session(sizes_of(found), scope, path, self._counts)
         listed = (sum(count for count, _ in sessions.values()), sum(size for _, size in sessions.values()))
-        tracker = self._handle.quota_tracker()
         unmarked = tracker.pending(tenant)
         if refusal and before is not None and listed == (before.results + unmarked[0], before.size + unmarked[1]):
             # The marks and what this worker has yet to add to them agree with the listing: no drift to correct.
             return TenantTotal(*listed, sessions=sessions)
-        pending = tracker.take_pending(tenant)
+        # All of this worker's unmarked writes are taken (the mark carries them), but only what the listing may have
+        # missed is added to it.
+        pending, unlisted = tracker.take_unlisted(tenant, start)
         now = int(datetime.now(UTC).timestamp())
 
         def make(newest: Mark | None) -> Mark:
@@ -501,8 +505,8 @@ class FsspecToolResultStore(ToolResultStore):
             if newest is not None:
                 added_results = newest.results - (before.results if before is not None else 0)
                 added_size = newest.size - (before.size if before is not None else 0)
-            results = listed[0] + max(added_results, 0) + pending[0]
-            size = listed[1] + max(added_size, 0) + pending[1]
+            results = listed[0] + max(added_results, 0) + unlisted[0]
+            size = listed[1] + max(added_size, 0) + unlisted[1]
             return Mark(following(newest, 0, 0).sequence, results, size, now)
 
         try:

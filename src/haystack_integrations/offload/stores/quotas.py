@@ -173,6 +173,16 @@ class _ScopeState:
 
 
 @dataclass(frozen=True)
+class ListingStart:
+    """What a tenant's reconcile listing may miss of this worker's writes, noted as it began (`listing_began`)."""
+
+    admitted: tuple[int, int]
+    """Results and bytes ever admitted or charged here in the tenant, as the listing began."""
+    in_flight: tuple[int, int]
+    """Results and bytes of the writes in flight as the listing began: they may land before or after it passes."""
+
+
+@dataclass(frozen=True)
 class _Refresh:
     scope: ScopeKey
     event: int
@@ -253,6 +263,9 @@ class QuotaTracker:
         # Per tenant kept by usage marks: results and bytes admitted or charged here and not yet in a mark, and the
         # newest mark this worker has seen (a reconcile tries to write the one after it without listing the marks).
         self._pending: dict[str, tuple[int, int]] = {}
+        # Per tenant: everything ever added to its pending, so a reconcile knows what was admitted after its listing
+        # began (what may be missing from the listing) apart from what landed before (what the listing holds).
+        self._admitted: dict[str, tuple[int, int]] = {}
         self._marks: dict[str, Mark] = {}
 
     # Admission
@@ -363,6 +376,41 @@ class QuotaTracker:
             results, size = self._pending.get(tenant, (0, 0))
             self._pending[tenant] = (results + pending[0], size + pending[1])
 
+    def listing_began(self, tenant: str) -> ListingStart:
+        """
+        Note what a reconcile's listing of `tenant`, beginning now, may miss of this worker's writes: those in flight
+        (they may land before or after the listing passes them) and, through `take_unlisted`, those admitted later.
+
+        :param tenant: The tenant.
+        :returns: What to give `take_unlisted` once the listing is back.
+        """
+        with self._lock:
+            state = self._states.get((tenant,))
+            results = size = 0
+            for entry in state.in_flight.values() if state is not None else ():
+                results += entry.results
+                size += entry.size
+            return ListingStart(admitted=self._admitted.get(tenant, (0, 0)), in_flight=(results, size))
+
+    def take_unlisted(self, tenant: str, start: ListingStart) -> tuple[tuple[int, int], tuple[int, int]]:
+        """
+        Take what this worker has not marked in `tenant` (as `take_pending`), for a mark written from a listing, and
+        say how much of it the listing may miss: what was in flight when it began and what was admitted since. What
+        settled before it began is in it and must not count twice.
+
+        :param tenant: The tenant.
+        :param start: What `listing_began` returned when the listing began.
+        :returns: What was taken (`restore_pending` it if the mark is not written), and what to add to the listing.
+        """
+        with self._lock:
+            taken = self._pending.pop(tenant, (0, 0))
+            admitted = self._admitted.get(tenant, (0, 0))
+            # Admitted since the listing began and still unmarked: at most what was taken (a mark written meanwhile
+            # carries the rest, and is counted as marks added during the listing).
+            since_results = min(taken[0], admitted[0] - start.admitted[0])
+            since_size = min(taken[1], admitted[1] - start.admitted[1])
+            return taken, (since_results + start.in_flight[0], since_size + start.in_flight[1])
+
     def pending(self, tenant: str) -> tuple[int, int]:
         """
         :param tenant: The tenant.
@@ -396,6 +444,8 @@ class QuotaTracker:
             if len(scope) == 1:
                 pending_results, pending_size = self._pending.get(scope[0], (0, 0))
                 self._pending[scope[0]] = (pending_results + results, pending_size + size)
+                admitted_results, admitted_size = self._admitted.get(scope[0], (0, 0))
+                self._admitted[scope[0]] = (admitted_results + results, admitted_size + size)
 
     def invalidate(self, scope: ScopeKey) -> None:
         """
