@@ -116,7 +116,9 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             checking = asyncio.create_task(check_until_known(root, readiness, first=first))
         else:
             readiness.exclusive_creates = (await require_exclusive_creates_async(root)).verdict
-        readiness.watch_signals()  # from the first stop signal on: not ready, new work refused (DrainingMiddleware)
+        # From the first stop signal on: not ready, new work refused (DrainingMiddleware); the server is told to stop
+        # (and closes its socket) once the requests in flight and the streamed turns running on have ended.
+        readiness.watch_signals(other_work=lambda: len(app.state.turns))
         logger.info(
             "offload-haystack server %s: model: %s; store: %s; %d token(s) for %d tenant(s).",
             service.worker,

@@ -3,10 +3,15 @@ Whether a worker takes new work: not before its store's exclusive creates are kn
 
 A worker drains from the moment it gets SIGTERM (or SIGINT): `/api/health` answers 503 so a load balancer stops
 sending it work, and `DrainingMiddleware` refuses new turns and decisions with 503 ``draining`` (a load balancer may
-send them to another replica) while requests already running finish, within the drain time. Before its store's
-exclusive creates are known to hold (a store not up yet), it refuses them the same way, with 503 ``not_ready``.
+send them to another replica) while requests already running finish, within the drain time. Only then is the signal
+passed on to the server (uvicorn), which closes its listening socket: until then a new connection is answered 503,
+not refused, so a client can tell "send it elsewhere" from "down". Before its store's exclusive creates are known to
+hold (a store not up yet), it refuses work the same way, with 503 ``not_ready``.
 """
 
+import asyncio
+import contextlib
+import logging
 import signal
 import threading
 import time
@@ -22,6 +27,10 @@ DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _STARTS_WORK = frozenset({"POST", "PUT", "DELETE", "PATCH"})
 
 SignalHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+# How often the drain looks whether the work it waits for has ended (a check of two counters: cheap).
+_IDLE_POLL_SECONDS = 0.05
+
+logger = logging.getLogger(__name__)
 
 
 class Readiness:
@@ -34,7 +43,14 @@ class Readiness:
         self.drain_seconds = drain_seconds
         self.exclusive_creates: str = "unchecked"
         self.draining_since: float | None = None
+        # The tasks serving requests that start work, admitted and not yet answered (`DrainingMiddleware` keeps them).
+        self.working: set[asyncio.Task[Any]] = set()
         self._previous: dict[int, SignalHandler] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._other_work: Callable[[], int] = lambda: 0
+        self._handover: asyncio.Task[None] | None = None
+        self._signals: set[int] = set()  # the stop signals received
+        self._handed_over = False  # whether a signal went on to the server's handler
 
     @property
     def draining(self) -> bool:
@@ -60,13 +76,24 @@ class Readiness:
             return f"exclusive creates {self.exclusive_creates}"
         return None
 
-    def watch_signals(self) -> None:
+    def watch_signals(self, other_work: Callable[[], int] | None = None) -> None:
         """
-        Start draining on SIGTERM or SIGINT, then pass the signal on to the handler the server installed (uvicorn's
-        starts its graceful shutdown). Only in the main thread, where signals are delivered; elsewhere a no-op.
+        Start draining on SIGTERM or SIGINT; once the work running then has ended (or the drain time is up), pass the
+        signal on to the handler the server installed (uvicorn's starts its graceful shutdown and closes the listening
+        socket). The same signal again (Ctrl-C twice) is passed on at once; another one (the SIGTERM uvicorn's
+        supervisor sends its workers after the terminal's SIGINT) joins the drain. Only in the main thread, where
+        signals are delivered; elsewhere a no-op. Call it from the server's event loop (the lifespan), where the drain
+        then runs.
+
+        :param other_work: How much work the drain waits for besides the requests in flight (running turns whose
+            clients left).
         """
         if threading.current_thread() is not threading.main_thread():
             return
+        with contextlib.suppress(RuntimeError):  # no loop running: signals are passed on at once
+            self._loop = asyncio.get_running_loop()
+        if other_work is not None:
+            self._other_work = other_work
         for number in DRAIN_SIGNALS:
             self._previous[number] = signal.signal(number, self._on_signal)
 
@@ -75,9 +102,43 @@ class Readiness:
         for number, handler in self._previous.items():
             signal.signal(number, handler if handler is not None else signal.SIG_DFL)
         self._previous.clear()
+        self._loop = None
+        if self._handover is not None and not self._handover.done():
+            self._handover.cancel()  # a shutdown without the signal's (an embedding application's) came first
+
+    def busy(self) -> int:
+        """Work running now: requests that start work, in flight, and the other work `watch_signals` was told of."""
+        return len(self.working) + self._other_work()
 
     def _on_signal(self, number: int, frame: FrameType | None) -> None:
+        first, again = not self._signals, number in self._signals
+        self._signals.add(number)
         self.drain()
+        loop = self._loop
+        if first and loop is not None and not loop.is_closed():
+            # The listening socket stays open while the work in flight ends: new requests are answered 503 draining.
+            loop.call_soon_threadsafe(self._hand_over_later, number)
+        elif again or loop is None or loop.is_closed():
+            self._pass_on(number, frame)
+
+    def _hand_over_later(self, number: int) -> None:
+        self._handover = asyncio.get_running_loop().create_task(self._hand_over(number))
+
+    async def _hand_over(self, number: int) -> None:
+        # Polled: the streamed turns (other_work) signal no event when they end.
+        while self.busy() and self.remaining() > 0:  # noqa: ASYNC110
+            await asyncio.sleep(_IDLE_POLL_SECONDS)
+        if self.busy():
+            logger.warning("Drain time is up with %d request(s) or turn(s) still running: stopping.", self.busy())
+            # Cut at the drain time, as the server's own timeout would (its lease lapses, as after a crash); the
+            # server's wait then covers reads only, and the lifespan stops the turns left.
+            for task in list(self.working):
+                task.cancel()
+        if not self._handed_over:  # passed on twice, uvicorn's handler would skip the lifespan's shutdown
+            self._pass_on(number, None)
+
+    def _pass_on(self, number: int, frame: FrameType | None) -> None:
+        self._handed_over = True
         previous = self._previous.get(number)
         if callable(previous):
             previous(number, frame)
@@ -116,4 +177,15 @@ class DrainingMiddleware:
             headers = {"Retry-After": "1", "Connection": "close"}
             await JSONResponse(body, status_code=503, headers=headers)(scope, receive, send)
             return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http" or scope["method"] not in _STARTS_WORK:
+            await self.app(scope, receive, send)
+            return
+        task = asyncio.current_task()  # the server's task for this request: a drain waits for it before stopping
+        if task is None:  # pragma: no cover - an ASGI server always runs a request in a task
+            await self.app(scope, receive, send)
+            return
+        readiness.working.add(task)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            readiness.working.discard(task)
