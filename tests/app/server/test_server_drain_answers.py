@@ -72,6 +72,8 @@ def test_a_request_during_the_drain_gets_503_draining_and_running_turns_finish(
     assert {r.json()["error"] for r in refused} == {"draining"}
     assert {r.headers["retry-after"] for r in refused} == {"1"}
     assert {(h.status_code, h.json()["status"]) for h in health} == {(503, "draining")}
+    # Refused before touching the store: not one S3 request for any of the late sessions, whatever ran beside them.
+    assert s3_server.requests.count(path_contains="/late-") == 0
     assert code == 0, text
     statuses: list[Any] = [(answers[s].status_code, answers[s].json()["status"]) for s in sessions]
     assert statuses == [(200, "completed")] * running, text
