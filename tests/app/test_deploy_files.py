@@ -56,8 +56,12 @@ def test_the_compose_file_runs_replicas_behind_haproxy_with_shared_settings() ->
     environment = app["environment"]
     for shared in ("OFFLOAD_SERVER_STORE", "OFFLOAD_SERVER_TOKENS", "OFFLOAD_SERVER_DRAIN_SECONDS"):
         assert shared in environment
+    # A drain holds the stop signal until the running turns end, then uvicorn's graceful shutdown runs: the
+    # orchestrator must wait for both before it kills the container.
     grace = int(app["stop_grace_period"].removesuffix("s"))
-    assert grace > float(environment["OFFLOAD_SERVER_DRAIN_SECONDS"])
+    command = json.loads(next(value for name, value in reversed(_instructions()) if name == "CMD"))
+    graceful = float(command[command.index("--timeout-graceful-shutdown") + 1])
+    assert grace > float(environment["OFFLOAD_SERVER_DRAIN_SECONDS"]) + graceful
     assert "haproxy.cfg" in services["haproxy"]["volumes"][0]
     prometheus = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
     (job,) = prometheus["scrape_configs"]
