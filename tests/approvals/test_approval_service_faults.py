@@ -546,3 +546,65 @@ async def test_a_call_that_runs_has_its_request_and_decision_in_the_audit_though
     assert events.count(("approval.requested", None)) == 1
     assert events.count(("approval.decided", "alice")) == 1
     assert [name for name, _ in events if name == "approval.executed"] == ["approval.executed"]
+
+
+class _ExecutedAuditDown(FaultPlan):
+    """Answer 500 to every PUT of an ``.executed.json`` audit event while armed; note every audit request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = True
+        self.failed = 0
+        self.audit_requests: list[tuple[str, str]] = []
+
+    def decide(self, request: ProxiedRequest) -> Fault | None:
+        if "/.audit/" in request.target:
+            self.audit_requests.append((request.method, request.target))
+        if self.armed and request.method == "PUT" and request.target.split("?")[0].endswith(".executed.json"):
+            self.failed += 1
+            return Fault.INTERNAL_ERROR
+        return super().decide(request)
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("calls", [1, 3])
+async def test_an_approved_call_whose_executed_audit_append_failed_is_reported_as_run_and_audited_once(
+    faulty_session: FsspecToolResultStore, fault_proxy: FaultProxy, ledger: Path, calls: int
+) -> None:
+    invoice_hook, _ = approvals()
+    service = ChatService(agent_with([invoice_hook]))
+    asked = [("send_invoice", {"customer": f"c{n}", "amount": n + 1}, f"c{n}") for n in range(calls)]
+    held = await service.send_message(faulty_session, plan(*asked).text or "")
+    assert len(held.pending) == calls
+    audit_down = _ExecutedAuditDown()
+    fault_proxy.plan = audit_down
+    for request in held.pending:
+        outcome = await service.decide(faulty_session, request.request_id, approved=True, actor="alice")
+    # The calls ran once each, and the answer says so: no "run failed" because the audit append gave up.
+    assert audit_down.failed >= calls
+    assert outcome.resumed is not None and not outcome.resumed_elsewhere
+    assert [o.outcome for o in outcome.resumed.approval_outcomes] == ["executed"] * calls
+    assert outcome.resumed.status == "completed"
+    assert sorted(ran(ledger)) == sorted(("invoice", f"c{n}:{n + 1}") for n in range(calls))
+
+    def executed(events: list[Any]) -> list[str | None]:
+        return sorted(e.tool_call_id for e in events if e.event == "approval.executed")
+
+    assert executed(await service.audit(faulty_session)) == []
+    audit_down.armed = False
+
+    # The next request that reads the (finished) step repairs the audit from the calls' records: one write per call.
+    del audit_down.audit_requests[:]
+    assert await service.pending(faulty_session) == []
+    puts = [target for method, target in audit_down.audit_requests if method == "PUT"]
+    assert len(puts) == calls and all(target.split("?")[0].endswith(".executed.json") for target in puts)
+    assert executed(await service.audit(faulty_session)) == [f"c{n}" for n in range(calls)]
+
+    # A further request adds none, and (checked once per worker) sends nothing to the audit.
+    del audit_down.audit_requests[:]
+    assert await service.pending(faulty_session) == []
+    assert (await service.transcript(faulty_session)).status == "completed"
+    assert audit_down.audit_requests == []
+    events = await service.audit(faulty_session)
+    assert executed(events) == [f"c{n}" for n in range(calls)]
+    assert [e.actor for e in events if e.event == "approval.decided"] == ["alice"] * calls
