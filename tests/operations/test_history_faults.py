@@ -9,8 +9,9 @@ from datetime import UTC, datetime
 
 import pytest
 from haystack.dataclasses import ChatMessage
-from ops_helpers import Roots
+from ops_helpers import FAST_RETRY, Roots
 
+from haystack_integrations.offload.sessions.conversation_cache import ConversationCache
 from haystack_integrations.offload.sessions.history import SessionBusyError, SessionHistory
 from haystack_integrations.offload.testing.faults import Fault, FaultProxy
 from haystack_integrations.offload.testing.local_s3 import RequestLog
@@ -45,3 +46,27 @@ async def test_one_reset_on_a_turn_start_leaves_the_turn_to_its_sender(
     with pytest.raises(SessionBusyError):
         await rival.begin(late, kind="message", text="rival")
     assert [start.text for start in await history.starts()] == ["hello", "second"]
+
+
+async def test_a_head_that_could_not_be_written_costs_a_longer_read_never_a_wrong_conversation(
+    roots: Roots, fault_proxy: FaultProxy
+) -> None:
+    # Every try of the first turn's head PUT answers 503: the turn is recorded all the same, and readers find its
+    # checkpoint by reading on from what the store does hold.
+    history = SessionHistory(roots.faulty.for_session("acme", "chat-1"), worker="web-1", cache=ConversationCache())
+    fault_proxy.inject(*[Fault.SLOW_DOWN] * FAST_RETRY.attempts, method="PUT", path_contains="/.history/head.json")
+    turn = await history.begin(await history.read(), kind="message", text="hello")
+    first = [ChatMessage.from_user("hello"), ChatMessage.from_assistant("hi")]
+    end = await history.finish(turn, status="completed", messages=first, reply="hi")
+    assert end.base == "checkpoint" and fault_proxy.faults.counts() == {Fault.SLOW_DOWN: FAST_RETRY.attempts}
+    assert len(history.cache) == 0  # what the head is now is unknown here: nothing is kept
+    cold = SessionHistory(roots.direct.for_session("acme", "chat-1"), worker="reader", cache=ConversationCache(0))
+    state = await cold.read()
+    assert state.conversation == first and state.next_turn == 2
+    # The next turns, on a worker whose head write works, write one and carry the conversation on.
+    conversation = first
+    for number in (2, 3):
+        turn = await cold.begin(await cold.read(), kind="message", text=f"q{number}")
+        conversation = [*turn.conversation, ChatMessage.from_user(f"q{number}"), ChatMessage.from_assistant("a")]
+        await cold.finish(turn, status="completed", messages=conversation, reply="a")
+    assert (await history.read()).conversation == conversation
