@@ -17,12 +17,7 @@ from haystack_integrations.offload.approvals.approval_records import (
     approved_arguments,
     arguments_digest,
 )
-from haystack_integrations.offload.approvals.audit import (
-    append_audit,
-    append_audit_async,
-    decided_event,
-    repair_finished_async,
-)
+from haystack_integrations.offload.approvals.audit import append_audit, append_audit_async, decided_event
 from haystack_integrations.offload.approvals.errors import (
     ApprovalAlreadyDecidedError,
     ApprovalExpiredError,
@@ -61,9 +56,7 @@ def pending_approvals(store: SessionDocumentSource) -> list[ApprovalRequest]:
 async def pending_approvals_async(store: SessionDocumentSource) -> list[ApprovalRequest]:
     """Async `pending_approvals`."""
     ledger = ApprovalLedger(store)
-    snapshot = await ledger.snapshot_async()
-    await repair_finished_async(ledger, snapshot)  # a finished step's audit, if its append failed
-    return ledger.saw_waiting(_waiting_in(snapshot))
+    return ledger.saw_waiting(_waiting_in(await ledger.snapshot_async()))
 
 
 def decide(
@@ -137,7 +130,6 @@ async def open_step_async(store: SessionDocumentSource) -> "OpenStep | None":
     snapshot = await ledger.snapshot_async()
     step, listing = snapshot.step, snapshot.listing
     if step is None or snapshot.done is not None:
-        await repair_finished_async(ledger, snapshot)  # a finished step's audit, if its append failed
         ledger.saw_waiting([])
         return None
     at = now()

@@ -47,8 +47,6 @@ from haystack_integrations.offload.approvals.audit import (
     append_audit_async,
     append_missing_async,
     decided_event,
-    executed_event,
-    mark_audited,
     new_event,
     requested_event,
 )
@@ -83,7 +81,7 @@ from haystack_integrations.offload.approvals.outcomes import (
 from haystack_integrations.offload.compat import run_hooks_async as _run_hooks_async
 from haystack_integrations.offload.compat import run_tool_async as _run_tool_async
 from haystack_integrations.offload.context import RESUMING_KEY, resume_context
-from haystack_integrations.offload.errors import OffloadError, StorageError
+from haystack_integrations.offload.errors import StorageError
 from haystack_integrations.offload.hooks.write_behind import settle_run
 from haystack_integrations.offload.leases import renewing
 from haystack_integrations.offload.metrics import approval
@@ -257,12 +255,12 @@ async def resume_async(
             await resumed.run_once(agent, state, pending)
         if resumed.held is not None:
             reply = await resumed.held_again(state)
-            await resumed.audit([*events, *resumed.events, *resumed.answered(reply[OUTCOMES_KEY])])
+            await append_audit_async(store, *events, *resumed.events, *resumed.answered(reply[OUTCOMES_KEY]))
             return reply
         conversation = await after_tool_async(agent, state, [*state.data["messages"], *resumed.results])
         await resumed.finish(conversation, held_again=None)
     outcomes = resumed.outcomes(conversation)
-    await resumed.audit([*events, *resumed.events, *resumed.answered(outcomes)])
+    await append_audit_async(store, *events, *resumed.events, *resumed.answered(outcomes))
     if state.data.get("stop_run") is not None:
         return _stopped(agent, state, conversation, str(state.data["stop_run"]), outcomes)
     exit_tool = _exit_condition(agent, pending, resumed.results)
@@ -399,8 +397,6 @@ class _Resumed:
     held: HeldStep | None = None
     probed: set[str] = field(default_factory=set)
     """The calls whose documents `listing` holds (the held message's); a call the hooks brought in is read when met."""
-    done: StepDone | None = None
-    """The step's done record, once `finish` wrote it."""
 
     def pending(self, state: State) -> ChatMessage | None:
         """The message whose calls the Agent would run now, as the hooks left it (None: nothing runs)."""
@@ -528,13 +524,15 @@ class _Resumed:
         }
         if request is None:  # no request to name the document after
             return _event(self.step, "approval.executed", self.worker, detail, **ids)
-        return executed_event(
-            record,
+        return RecordedEvent(
+            at=record.recorded_at,
+            event="approval.executed",
+            actor=record.recorded_by,
             tenant=self.step.tenant,
             session=self.step.session,
             step_id=self.step.step_id,
-            request_id=request,
-            idempotency=item.idempotency,
+            detail=detail,
+            **ids,
         )
 
     async def _hold_may_have_run(
@@ -621,26 +619,6 @@ class _Resumed:
             finished_at=now(),
         )
         await self.ledger.finish_step_async(self.step.sequence, done)
-        self.done = done
-
-    async def audit(self, events: list[AuditEvent]) -> None:
-        """
-        Append the finished step's audit. The step is closed and its calls ran, whatever this append does: a failure
-        is logged, not raised (the caller hears what ran), and the next request that reads the step appends the
-        ``approval.executed`` events its call records prove (`repair_finished_async`).
-        """
-        store = self.ledger.store
-        try:
-            await append_audit_async(store, *events)
-        except OffloadError as error:
-            logger.warning(
-                "Held step %s ran, but its audit append failed (repaired at the next request that reads it): %s",
-                self.step.step_id,
-                error,
-            )
-            return
-        if self.done is not None:
-            mark_audited(self.step.tenant, self.step.session, self.done)
 
     def outcomes(self, conversation: list[ChatMessage]) -> list[CallOutcome]:
         """One outcome per call of the held step, read from what the step added to the conversation."""
