@@ -160,6 +160,26 @@ class LoadBalancer:
         """Requests the balancer has open on `server` now."""
         return int(self.stats()[server].get("scur") or 0)
 
+    def times_down(self, server: str) -> int:
+        """How often HAProxy's health checks have taken `server` out (``chkdown``)."""
+        return int(self.stats()[server].get("chkdown") or 0)
+
+    def wait_down(self, server: str, since: int, patience: float = 15.0) -> None:
+        """Wait until HAProxy has taken `server` out more than `since` times, as a rolling restart waits."""
+        deadline = time.monotonic() + patience
+        while self.times_down(server) <= since:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"HAProxy did not take {server} out within {patience} s: {self.stats()[server]}")
+            time.sleep(0.05)
+
+    def wait_up(self, server: str, patience: float = 15.0) -> None:
+        """Wait until HAProxy's checks have put `server` back in service."""
+        deadline = time.monotonic() + patience
+        while self.stats()[server].get("status") != "UP":
+            if time.monotonic() > deadline:
+                raise AssertionError(f"HAProxy did not put {server} back within {patience} s: {self.stats()[server]}")
+            time.sleep(0.05)
+
 
 HOSTS = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
 
