@@ -4,15 +4,36 @@ The session's audit record: one small document per event in ``.audit/``, named s
 
 import asyncio
 import itertools
+import logging
 import secrets
 import threading
+from collections import OrderedDict
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from haystack_integrations.offload.approvals.approval_records import ApprovalDecision, ApprovalRequest, AuditEvent
-from haystack_integrations.offload.approvals.ledger import session_scope
-from haystack_integrations.offload.errors import ResultNotFoundError
+from haystack.dataclasses import ChatMessage
+
+from haystack_integrations.offload.approvals.approval_records import (
+    ApprovalDecision,
+    ApprovalRequest,
+    AuditEvent,
+    CallRecord,
+    StepDone,
+    arguments_digest,
+)
+from haystack_integrations.offload.approvals.ledger import (
+    ApprovalLedger,
+    ApprovalSnapshot,
+    call_key,
+    idempotency_key,
+    sequence_of,
+    session_scope,
+)
+from haystack_integrations.offload.errors import OffloadError, ResultNotFoundError
 from haystack_integrations.offload.types import Documents, SessionDocumentSource
+
+logger = logging.getLogger(__name__)
 
 NAMESPACE = "audit"
 _counter = itertools.count(1)
@@ -90,6 +111,135 @@ def decided_event(request: ApprovalRequest, record: ApprovalDecision) -> Recorde
     )
 
 
+def executed_event(
+    record: CallRecord, *, tenant: str, session: str, step_id: str, request_id: str, idempotency: str
+) -> RecordedEvent:
+    """
+    The ``approval.executed`` event of an approved call that ran, restating its record: whoever writes it (the worker
+    that ran the call, a takeover reusing its result, a repair) writes the same document.
+
+    :param record: The call's record.
+    :param tenant: The session's tenant.
+    :param session: The session.
+    :param step_id: The step that ran (or reused) the call.
+    :param request_id: The newest request about the call that was decided.
+    :param idempotency: The call's idempotency key.
+    :returns: The event.
+    """
+    result = ChatMessage.from_dict(record.result).tool_call_result
+    call = result.origin if result is not None else None
+    return RecordedEvent(
+        at=record.recorded_at,
+        event="approval.executed",
+        actor=record.recorded_by,
+        tenant=tenant,
+        session=session,
+        step_id=step_id,
+        detail={
+            "error": bool(result is not None and result.error),
+            "attempt": record.attempt,
+            "idempotency_key": idempotency,
+        },
+        request_id=request_id,
+        tool_call_id=call.id if call is not None else None,
+        tool_name=call.tool_name if call is not None else None,
+        arguments_digest=arguments_digest(call.arguments) if call is not None else None,
+    )
+
+
+# The finished steps whose audit this process holds complete (appended here, or checked): each is checked once per
+# process, so the requests that read a finished step cost no more after the first. Bounded: a forgotten one is checked
+# again (a few reads), never audited twice (the events' names are fixed).
+_AUDITED: "OrderedDict[tuple[str, str, str, str], None]" = OrderedDict()
+_AUDITED_LOCK = threading.Lock()
+_AUDITED_MAX = 4096
+
+
+def _audited_key(tenant: str, session: str, done: StepDone) -> tuple[str, str, str, str]:
+    return (tenant, session, done.step_id, done.finished_at.isoformat())
+
+
+def mark_audited(tenant: str, session: str, done: StepDone) -> None:
+    """
+    Note that a finished step's audit is complete (its events were appended), so `repair_finished_async` skips it.
+
+    :param tenant: The session's tenant.
+    :param session: The session.
+    :param done: The step's done record.
+    """
+    with _AUDITED_LOCK:
+        _AUDITED[_audited_key(tenant, session, done)] = None
+        while len(_AUDITED) > _AUDITED_MAX:
+            _AUDITED.popitem(last=False)
+
+
+def _was_audited(tenant: str, session: str, done: StepDone) -> bool:
+    with _AUDITED_LOCK:
+        return _audited_key(tenant, session, done) in _AUDITED
+
+
+def owes_audit_check(ledger: ApprovalLedger, snapshot: ApprovalSnapshot) -> bool:
+    """
+    :param ledger: The session's ledger.
+    :param snapshot: What a request read of the newest step.
+    :returns: Whether the step is finished and this process has not checked its audit yet.
+    """
+    done = snapshot.done
+    return done is not None and not _was_audited(ledger.tenant, ledger.session, done)
+
+
+async def repair_finished_async(ledger: ApprovalLedger, snapshot: ApprovalSnapshot) -> None:
+    """
+    Append the ``approval.executed`` events the session's newest finished step owes: those of its approved calls whose
+    result is recorded (they ran) though the append after the step finished failed.
+
+    Read by name, no listing: the step's chain, a GET per call for its record and one per event; a write per missing
+    event. Checked once per process and step. Never raises: a failure is logged and the next request tries again.
+
+    :param ledger: The session's ledger.
+    :param snapshot: What the request read of the newest step; nothing is done unless it is finished.
+    """
+    step, done = snapshot.step, snapshot.done
+    if step is None or done is None or not owes_audit_check(ledger, snapshot):
+        return
+    try:
+        chain = [step]
+        while chain[-1].continues is not None:
+            chain.append(await ledger.step_async(sequence_of(str(chain[-1].continues))))
+        first_step_id = chain[-1].step_id
+        # The request `resume` named each call's event after (`Rulings.request_of`): by guard and call, later steps
+        # winning, in the order the guards first asked; then the last guard's.
+        by_guard: dict[tuple[str, str], str] = {}
+        for held in reversed(chain):
+            for request in held.requests():
+                if request.tool_call_id is not None:
+                    by_guard[(request.guard, request.tool_call_id)] = request.request_id
+        requests = {call_id: request_id for (_, call_id), request_id in by_guard.items()}
+        calls = [
+            (call_key(first_step_id, call.id, position), requests[call.id])
+            for position, call in enumerate(step.chat_message().tool_calls)
+            if call.id is not None and call.id in requests
+        ]
+        records = await asyncio.gather(*(ledger.call_record_async(key) for key, _ in calls))
+        events = [
+            executed_event(
+                record,
+                tenant=ledger.tenant,
+                session=ledger.session,
+                step_id=step.step_id,
+                request_id=request,
+                idempotency=idempotency_key(ledger.tenant, ledger.session, key),
+            )
+            for (key, request), record in zip(calls, records, strict=True)
+            if record is not None
+        ]
+        await append_missing_async(ledger.store, events)
+    except OffloadError as error:
+        logger.warning("Could not check the audit of finished step %s: %s", step.step_id, error)
+        return
+    mark_audited(ledger.tenant, ledger.session, done)
+
+
 def _about(request: ApprovalRequest) -> dict[str, Any]:
     return {
         "tenant": request.tenant,
@@ -129,8 +279,7 @@ def append_audit(store: SessionDocumentSource, *events: AuditEvent) -> None:
 
 async def append_audit_async(store: SessionDocumentSource, *events: AuditEvent) -> None:
     """Async `append_audit`; the events are written concurrently (their names already fix their order)."""
-    documents = _documents(store)
-    await asyncio.gather(*(documents.put_async(_name(event), event.model_dump_json().encode()) for event in events))
+    await _put_all(_documents(store), events)
 
 
 async def append_missing_async(store: SessionDocumentSource, events: list[RecordedEvent]) -> None:
@@ -145,7 +294,17 @@ async def append_missing_async(store: SessionDocumentSource, events: list[Record
     documents = _documents(store)
     present = await asyncio.gather(*(_exists(documents, _name(event)) for event in events))
     missing = [event for event, found in zip(events, present, strict=True) if not found]
-    await asyncio.gather(*(documents.put_async(_name(event), event.model_dump_json().encode()) for event in missing))
+    await _put_all(documents, missing)
+
+
+async def _put_all(documents: Documents, events: Sequence[AuditEvent]) -> None:
+    # Concurrently, and every write ends before this does, failed or not: a write left running would land after the
+    # caller has been told the append failed, beside the repair that follows.
+    writes = (documents.put_async(_name(event), event.model_dump_json().encode()) for event in events)
+    outcomes = await asyncio.gather(*writes, return_exceptions=True)
+    failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+    if failures:
+        raise failures[0]
 
 
 async def _exists(documents: Documents, name: str) -> bool:

@@ -17,7 +17,14 @@ from haystack_integrations.offload.approvals.approval_records import (
     approved_arguments,
     arguments_digest,
 )
-from haystack_integrations.offload.approvals.audit import append_audit, append_audit_async, decided_event
+from haystack_integrations.offload.approvals.audit import (
+    append_audit,
+    append_audit_async,
+    decided_event,
+    owes_audit_check,
+    repair_finished_async,
+)
+from haystack_integrations.offload.approvals.blocking import run_blocking
 from haystack_integrations.offload.approvals.errors import (
     ApprovalAlreadyDecidedError,
     ApprovalExpiredError,
@@ -50,13 +57,18 @@ def pending_approvals(store: SessionDocumentSource) -> list[ApprovalRequest]:
     :raises ValueError: If the store is not scoped to one session.
     """
     ledger = ApprovalLedger(store)
-    return ledger.saw_waiting(_waiting_in(ledger.snapshot()))
+    snapshot = ledger.snapshot()
+    if owes_audit_check(ledger, snapshot):  # a finished step's audit, if its append failed
+        run_blocking(repair_finished_async(ledger, snapshot))
+    return ledger.saw_waiting(_waiting_in(snapshot))
 
 
 async def pending_approvals_async(store: SessionDocumentSource) -> list[ApprovalRequest]:
     """Async `pending_approvals`."""
     ledger = ApprovalLedger(store)
-    return ledger.saw_waiting(_waiting_in(await ledger.snapshot_async()))
+    snapshot = await ledger.snapshot_async()
+    await repair_finished_async(ledger, snapshot)  # a finished step's audit, if its append failed
+    return ledger.saw_waiting(_waiting_in(snapshot))
 
 
 def decide(
@@ -130,6 +142,7 @@ async def open_step_async(store: SessionDocumentSource) -> "OpenStep | None":
     snapshot = await ledger.snapshot_async()
     step, listing = snapshot.step, snapshot.listing
     if step is None or snapshot.done is not None:
+        await repair_finished_async(ledger, snapshot)  # a finished step's audit, if its append failed
         ledger.saw_waiting([])
         return None
     at = now()

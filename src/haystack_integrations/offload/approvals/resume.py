@@ -11,11 +11,10 @@ import contextvars
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Coroutine, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from haystack.components.agents import Agent
 from haystack.components.agents.state.state import State
@@ -47,9 +46,12 @@ from haystack_integrations.offload.approvals.audit import (
     append_audit_async,
     append_missing_async,
     decided_event,
+    executed_event,
+    mark_audited,
     new_event,
     requested_event,
 )
+from haystack_integrations.offload.approvals.blocking import run_blocking
 from haystack_integrations.offload.approvals.channels import APPROVAL_REQUIRED, DurableApprovals
 from haystack_integrations.offload.approvals.errors import (
     ApprovalClaimedError,
@@ -81,7 +83,7 @@ from haystack_integrations.offload.approvals.outcomes import (
 from haystack_integrations.offload.compat import run_hooks_async as _run_hooks_async
 from haystack_integrations.offload.compat import run_tool_async as _run_tool_async
 from haystack_integrations.offload.context import RESUMING_KEY, resume_context
-from haystack_integrations.offload.errors import StorageError
+from haystack_integrations.offload.errors import OffloadError, StorageError
 from haystack_integrations.offload.hooks.write_behind import settle_run
 from haystack_integrations.offload.leases import renewing
 from haystack_integrations.offload.metrics import approval
@@ -99,8 +101,6 @@ MAY_HAVE_RUN_TTL = 7 * 24 * 3600.0
 """Seconds a "may have run" request can be decided."""
 
 _IDEMPOTENCY_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("offload_idempotency_key", default=None)
-
-T = TypeVar("T")
 
 
 def current_idempotency_key() -> str | None:
@@ -167,7 +167,7 @@ def resume(
     :raises ResumeInterruptedError: If the step ran but the Agent then failed to continue; the conversation with the
         step's results is on the error's ``messages``, so nothing is lost.
     """
-    return _run_sync(
+    return run_blocking(
         resume_async(agent, messages, store, hook_context=hook_context, worker=worker, lease=lease, **run_kwargs)
     )
 
@@ -255,12 +255,12 @@ async def resume_async(
             await resumed.run_once(agent, state, pending)
         if resumed.held is not None:
             reply = await resumed.held_again(state)
-            await append_audit_async(store, *events, *resumed.events, *resumed.answered(reply[OUTCOMES_KEY]))
+            await resumed.audit([*events, *resumed.events, *resumed.answered(reply[OUTCOMES_KEY])])
             return reply
         conversation = await after_tool_async(agent, state, [*state.data["messages"], *resumed.results])
         await resumed.finish(conversation, held_again=None)
     outcomes = resumed.outcomes(conversation)
-    await append_audit_async(store, *events, *resumed.events, *resumed.answered(outcomes))
+    await resumed.audit([*events, *resumed.events, *resumed.answered(outcomes)])
     if state.data.get("stop_run") is not None:
         return _stopped(agent, state, conversation, str(state.data["stop_run"]), outcomes)
     exit_tool = _exit_condition(agent, pending, resumed.results)
@@ -397,6 +397,8 @@ class _Resumed:
     held: HeldStep | None = None
     probed: set[str] = field(default_factory=set)
     """The calls whose documents `listing` holds (the held message's); a call the hooks brought in is read when met."""
+    done: StepDone | None = None
+    """The step's done record, once `finish` wrote it."""
 
     def pending(self, state: State) -> ChatMessage | None:
         """The message whose calls the Agent would run now, as the hooks left it (None: nothing runs)."""
@@ -524,15 +526,13 @@ class _Resumed:
         }
         if request is None:  # no request to name the document after
             return _event(self.step, "approval.executed", self.worker, detail, **ids)
-        return RecordedEvent(
-            at=record.recorded_at,
-            event="approval.executed",
-            actor=record.recorded_by,
+        return executed_event(
+            record,
             tenant=self.step.tenant,
             session=self.step.session,
             step_id=self.step.step_id,
-            detail=detail,
-            **ids,
+            request_id=request,
+            idempotency=item.idempotency,
         )
 
     async def _hold_may_have_run(
@@ -619,6 +619,26 @@ class _Resumed:
             finished_at=now(),
         )
         await self.ledger.finish_step_async(self.step.sequence, done)
+        self.done = done
+
+    async def audit(self, events: list[AuditEvent]) -> None:
+        """
+        Append the finished step's audit. The step is closed and its calls ran, whatever this append does: a failure
+        is logged, not raised (the caller hears what ran), and the next request that reads the step appends the
+        ``approval.executed`` events its call records prove (`repair_finished_async`).
+        """
+        store = self.ledger.store
+        try:
+            await append_audit_async(store, *events)
+        except OffloadError as error:
+            logger.warning(
+                "Held step %s ran, but its audit append failed (repaired at the next request that reads it): %s",
+                self.step.step_id,
+                error,
+            )
+            return
+        if self.done is not None:
+            mark_audited(self.step.tenant, self.step.session, self.done)
 
     def outcomes(self, conversation: list[ChatMessage]) -> list[CallOutcome]:
         """One outcome per call of the held step, read from what the step added to the conversation."""
@@ -927,20 +947,6 @@ def _reply(
         "exit_reason": reason,
         OUTCOMES_KEY: outcomes,
     }
-
-
-def _run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
-    """Run the async core from sync code: on a new loop here, or in a helper thread when a loop already runs here."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        running = False
-    else:
-        running = True
-    if not running:
-        return asyncio.run(coroutine)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="offload-resume") as pool:
-        return pool.submit(asyncio.run, coroutine).result()
 
 
 # Running the calls as the Agent runs a step: its ``before_tool`` hooks, its tool executor, its ``after_tool`` hooks.
