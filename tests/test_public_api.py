@@ -102,6 +102,8 @@ SUBPACKAGE_NAMES = {
         "pending_approvals_async",
         "read_audit",
         "read_audit_async",
+        "repair_audit",
+        "repair_audit_async",
         "resume",
         "resume_async",
     ],

@@ -128,6 +128,28 @@ def test_audit_prints_a_sessions_approval_record(filled: FilledStore, capsys: py
     assert code == 0 and "No approval events" in out
 
 
+def test_audit_repair_appends_the_executed_event_of_a_call_that_ran_once(
+    filled: FilledStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The state a failed append leaves: the call ran and its record holds the result, its audit event is missing.
+    documents = filled.root.for_session("acme", "chat-1").documents("audit")
+    [executed] = [name for name in documents.list() if name.endswith(".executed.json")]
+    written = json.loads(documents.get(executed))
+    documents.delete(executed)
+    session = ["--tenant", "acme", "--session", "chat-1"]
+    assert "approval.executed" not in [
+        event["event"] for event in _json(capsys, "audit", *filled.arguments(), *session)
+    ]
+
+    code, out, err = _run(capsys, "audit", *filled.arguments(), *session, "--repair", "--json")
+    assert code == 0 and "appended 1 approval.executed event(s)" in err, err
+    assert [event["event"] for event in json.loads(out)].count("approval.executed") == 1
+    assert json.loads(documents.get(executed)) == written  # the same document, restated from the call's record
+    code, out, err = _run(capsys, "audit", *filled.arguments(), *session, "--repair", "--json")
+    assert code == 0 and "appended 0 approval.executed event(s)" in err, err
+    assert [event["event"] for event in json.loads(out)].count("approval.executed") == 1
+
+
 def test_audit_text_lines_its_rows_up_under_its_header_and_marks_what_it_cut(
     filled: FilledStore, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -713,10 +713,14 @@ def _confirmed(question: str) -> bool:
 
 
 def _audit(arguments: argparse.Namespace) -> int:
-    from haystack_integrations.offload.approvals import read_audit
+    from haystack_integrations.offload.approvals import read_audit, repair_audit
 
     tenant, session = _audited_session(arguments)
-    events = read_audit(_root(arguments).for_session(tenant, session))
+    store = _root(arguments).for_session(tenant, session)
+    if arguments.repair:
+        appended = repair_audit(store)
+        print(f"Repaired {tenant}/{session}: appended {appended} approval.executed event(s).", file=sys.stderr)
+    events = read_audit(store)
     if arguments.json:
         print_json([event.model_dump(mode="json") for event in events])
         return 0
@@ -889,6 +893,11 @@ def _add_operator_commands(commands: Any) -> None:
     )
     audit.add_argument("--tenant", help="the session's tenant (with --session, instead of tenant/session)")
     audit.add_argument("--session", help="the session whose audit record to print (with --tenant)")
+    audit.add_argument(
+        "--repair",
+        action="store_true",
+        help="first append the approval.executed events of calls that ran but whose audit append failed",
+    )
 
     doctor = commands.add_parser(
         "doctor",

@@ -13,7 +13,7 @@ from haystack_integrations.offload.approvals.approval_records import (
     CallOutcome,
     Decision,
 )
-from haystack_integrations.offload.approvals.audit import read_audit, read_audit_async
+from haystack_integrations.offload.approvals.audit import read_audit, read_audit_async, repair_audit, repair_audit_async
 from haystack_integrations.offload.approvals.channels import (
     APPROVAL_REQUIRED,
     ApprovalCallback,
@@ -71,6 +71,8 @@ __all__ = [
     "pending_approvals_async",
     "read_audit",
     "read_audit_async",
+    "repair_audit",
+    "repair_audit_async",
     "resume",
     "resume_async",
 ]

@@ -19,9 +19,11 @@ from haystack_integrations.offload.approvals.approval_records import (
     ApprovalRequest,
     AuditEvent,
     CallRecord,
+    HeldStep,
     StepDone,
     arguments_digest,
 )
+from haystack_integrations.offload.approvals.blocking import run_blocking
 from haystack_integrations.offload.approvals.ledger import (
     ApprovalLedger,
     ApprovalSnapshot,
@@ -203,41 +205,74 @@ async def repair_finished_async(ledger: ApprovalLedger, snapshot: ApprovalSnapsh
     if step is None or done is None or not owes_audit_check(ledger, snapshot):
         return
     try:
-        chain = [step]
-        while chain[-1].continues is not None:
-            chain.append(await ledger.step_async(sequence_of(str(chain[-1].continues))))
-        first_step_id = chain[-1].step_id
-        # The request `resume` named each call's event after (`Rulings.request_of`): by guard and call, later steps
-        # winning, in the order the guards first asked; then the last guard's.
-        by_guard: dict[tuple[str, str], str] = {}
-        for held in reversed(chain):
-            for request in held.requests():
-                if request.tool_call_id is not None:
-                    by_guard[(request.guard, request.tool_call_id)] = request.request_id
-        requests = {call_id: request_id for (_, call_id), request_id in by_guard.items()}
-        calls = [
-            (call_key(first_step_id, call.id, position), requests[call.id])
-            for position, call in enumerate(step.chat_message().tool_calls)
-            if call.id is not None and call.id in requests
-        ]
-        records = await asyncio.gather(*(ledger.call_record_async(key) for key, _ in calls))
-        events = [
-            executed_event(
-                record,
-                tenant=ledger.tenant,
-                session=ledger.session,
-                step_id=step.step_id,
-                request_id=request,
-                idempotency=idempotency_key(ledger.tenant, ledger.session, key),
-            )
-            for (key, request), record in zip(calls, records, strict=True)
-            if record is not None
-        ]
-        await append_missing_async(ledger.store, events)
+        await append_missing_async(ledger.store, await _executed_events_owed(ledger, step))
     except OffloadError as error:
         logger.warning("Could not check the audit of finished step %s: %s", step.step_id, error)
         return
     mark_audited(ledger.tenant, ledger.session, done)
+
+
+async def repair_audit_async(store: SessionDocumentSource) -> int:
+    """
+    Append every ``approval.executed`` event a session's audit lacks for a call that ran, in every finished step (the
+    operator's repair; requests repair the newest step only). A step read per held step, so it costs the history.
+
+    :param store: The session's store.
+    :returns: How many events were appended.
+    :raises StorageError: If the backend fails.
+    """
+    ledger = ApprovalLedger(store)
+    newest = await ledger.newest_async() or 0
+    dones = await asyncio.gather(*(ledger.done_async(sequence) for sequence in range(1, newest + 1)))
+    finished = [sequence for sequence, done in enumerate(dones, start=1) if done is not None]
+    steps = await asyncio.gather(*(ledger.step_async(sequence) for sequence in finished))
+    owed = await asyncio.gather(*(_executed_events_owed(ledger, step) for step in steps))
+    return await append_missing_async(store, [event for events in owed for event in events])
+
+
+def repair_audit(store: SessionDocumentSource) -> int:
+    """
+    Sync `repair_audit_async`.
+
+    ```python
+    appended = repair_audit(results.for_session("acme", "chat-42"))
+    ```
+    """
+    return run_blocking(repair_audit_async(store))
+
+
+async def _executed_events_owed(ledger: ApprovalLedger, step: HeldStep) -> list[RecordedEvent]:
+    """The ``approval.executed`` events of `step`'s approved calls whose result is recorded."""
+    chain = [step]
+    while chain[-1].continues is not None:
+        chain.append(await ledger.step_async(sequence_of(str(chain[-1].continues))))
+    first_step_id = chain[-1].step_id
+    # The request `resume` named each call's event after (`Rulings.request_of`): by guard and call, later steps
+    # winning, in the order the guards first asked; then the last guard's.
+    by_guard: dict[tuple[str, str], str] = {}
+    for held in reversed(chain):
+        for request in held.requests():
+            if request.tool_call_id is not None:
+                by_guard[(request.guard, request.tool_call_id)] = request.request_id
+    requests = {call_id: request_id for (_, call_id), request_id in by_guard.items()}
+    calls = [
+        (call_key(first_step_id, call.id, position), requests[call.id])
+        for position, call in enumerate(step.chat_message().tool_calls)
+        if call.id is not None and call.id in requests
+    ]
+    records = await asyncio.gather(*(ledger.call_record_async(key) for key, _ in calls))
+    return [
+        executed_event(
+            record,
+            tenant=ledger.tenant,
+            session=ledger.session,
+            step_id=step.step_id,
+            request_id=request,
+            idempotency=idempotency_key(ledger.tenant, ledger.session, key),
+        )
+        for (key, request), record in zip(calls, records, strict=True)
+        if record is not None
+    ]
 
 
 def _about(request: ApprovalRequest) -> dict[str, Any]:
@@ -282,19 +317,21 @@ async def append_audit_async(store: SessionDocumentSource, *events: AuditEvent) 
     await _put_all(_documents(store), events)
 
 
-async def append_missing_async(store: SessionDocumentSource, events: list[RecordedEvent]) -> None:
+async def append_missing_async(store: SessionDocumentSource, events: list[RecordedEvent]) -> int:
     """
     Append the recorded events the session's audit does not hold yet: a read per event (their names are known, so
     the audit, which only grows, is never listed), and a write per missing event.
 
     :param store: The session's store.
     :param events: Events restating the session's records.
+    :returns: How many were missing (and appended).
     :raises StorageError: If the backend fails.
     """
     documents = _documents(store)
     present = await asyncio.gather(*(_exists(documents, _name(event)) for event in events))
     missing = [event for event, found in zip(events, present, strict=True) if not found]
     await _put_all(documents, missing)
+    return len(missing)
 
 
 async def _put_all(documents: Documents, events: Sequence[AuditEvent]) -> None:
