@@ -66,7 +66,6 @@ from haystack_integrations.offload.approvals.outcomes import (
     expired,
     in_process_shape,
 )
-from haystack_integrations.offload.approvals.resume import Ruling, Rulings
 from haystack_integrations.offload.approvals.rules import (
     AskOncePerSession,
     Rule,
@@ -85,6 +84,7 @@ from haystack_integrations.offload.approvals.rules import (
     save_policies_async,
     serialize_rules,
 )
+from haystack_integrations.offload.approvals.rulings import Ruling, Rulings
 from haystack_integrations.offload.context import RESULT_STORE_CONTEXT_KEY, RESUMING_KEY, context_store, hook_context_of
 from haystack_integrations.offload.metrics import approval
 from haystack_integrations.offload.types import SessionDocumentSource

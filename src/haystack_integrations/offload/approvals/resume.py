@@ -18,45 +18,42 @@ from typing import Any
 
 from haystack.components.agents import Agent
 from haystack.components.agents.state.state import State
-from haystack.components.agents.state.state_utils import replace_values
 from haystack.dataclasses import ChatMessage, ToolCall
-from haystack.hooks.protocol import AFTER_TOOL, BEFORE_TOOL
-from haystack.tools import flatten_tools_or_toolsets
-from haystack.tools.tool import Tool
 
+from haystack_integrations.offload.approvals.agent_step import (
+    after_tool_async,
+    before_tool_async,
+    continuing_agent,
+    execute_async,
+    exit_condition,
+    resumed_state,
+    run_tools,
+)
 from haystack_integrations.offload.approvals.approval_records import (
     MAY_HAVE_RUN_GUARD,
-    ApprovalDecision,
     ApprovalRequest,
     AuditEvent,
     CallOutcome,
     CallRecord,
-    Decision,
-    Denial,
     ExecutionClaim,
     HeldCall,
     HeldStep,
     StepClaim,
     StepDone,
     arguments_digest,
-    binding_problem,
 )
 from haystack_integrations.offload.approvals.audit import (
-    RecordedEvent,
     append_audit_async,
     append_missing_async,
-    decided_event,
     executed_event,
     mark_audited,
     new_event,
-    requested_event,
 )
 from haystack_integrations.offload.approvals.blocking import run_blocking
 from haystack_integrations.offload.approvals.channels import APPROVAL_REQUIRED, DurableApprovals
 from haystack_integrations.offload.approvals.errors import (
     ApprovalClaimedError,
     ApprovalNotFoundError,
-    ApprovalPendingError,
     ResumeConversationError,
     ResumeInterruptedError,
 )
@@ -68,7 +65,6 @@ from haystack_integrations.offload.approvals.ledger import (
     idempotency_key,
     now,
     request_id,
-    sequence_of,
 )
 from haystack_integrations.offload.approvals.outcomes import (
     APPROVAL_REQUIRED_META_KEY,
@@ -77,14 +73,10 @@ from haystack_integrations.offload.approvals.outcomes import (
     ResultFormat,
     approval_notice,
     denial_result,
-    denied_by_person,
-    expired,
 )
-from haystack_integrations.offload.compat import run_hooks_async as _run_hooks_async
-from haystack_integrations.offload.compat import run_tool_async as _run_tool_async
+from haystack_integrations.offload.approvals.rulings import Ruling, Rulings, read_rulings
 from haystack_integrations.offload.context import RESUMING_KEY, resume_context
 from haystack_integrations.offload.errors import OffloadError, StorageError
-from haystack_integrations.offload.hooks.write_behind import settle_run
 from haystack_integrations.offload.leases import renewing
 from haystack_integrations.offload.metrics import approval
 from haystack_integrations.offload.types import SessionDocumentSource
@@ -208,7 +200,7 @@ async def resume_async(
     # held `step` again gave before holding (put back here) are recorded with it, so a lost turn of this one keeps them.
     added_from = len(messages)
     messages = _with_preceding(messages, step)
-    rulings = await _rulings(ledger, listing, step, at, before=added_from)
+    rulings = await read_rulings(ledger, listing, step, at, before=added_from)
     _check_conversation(messages, step)
     # Before the step is claimed: what is recorded of its calls (as a listing would have told), and the audit of
     # every request and decision (one whose append failed is appended now, or nothing runs), read at once.
@@ -263,7 +255,7 @@ async def resume_async(
     await resumed.audit([*events, *resumed.events, *resumed.answered(outcomes)])
     if state.data.get("stop_run") is not None:
         return _stopped(agent, state, conversation, str(state.data["stop_run"]), outcomes)
-    exit_tool = _exit_condition(agent, pending, resumed.results)
+    exit_tool = exit_condition(agent, pending, resumed.results)
     if exit_tool is not None:
         return _stopped(agent, state, conversation, exit_tool, outcomes)
     continuing = {**run_kwargs, **_state_values(agent, state)}
@@ -273,108 +265,6 @@ async def resume_async(
         raise _interrupted(error, conversation, outcomes) from error
     result[OUTCOMES_KEY] = outcomes
     return result
-
-
-# What the decisions rule for each call. Resuming re-enters the Agent's step at ``before_tool`` with the held message,
-# so every hook of the chain runs again and is obeyed; an `ApprovalHook` finds in `Rulings` the rulings on *its*
-# requests (by guard) and applies them as the in-process channel applies an answer; a call it guards with no decision
-# yet is held again, as a new step that continues this one.
-
-
-@dataclass(frozen=True)
-class Ruling:
-    """What a decision means for one call: run it (with these arguments), or answer it with a denial."""
-
-    request: ApprovalRequest
-    arguments: dict[str, Any] | None = None
-    denial: Denial | None = None
-    decided_by: str | None = None
-    by_person: bool = False
-    """Whether a person's decision is behind the ruling (not an expiry or a refused binding)."""
-
-    def decision(self) -> Decision | None:
-        """The person's answer this ruling carries, for policies that learn (None when no person answered)."""
-        if not self.by_person:
-            return None
-        if self.denial is None:
-            return Decision.approve(self.arguments, by=self.decided_by)
-        return Decision.deny(self.denial.feedback, by=self.decided_by)
-
-
-@dataclass(frozen=True)
-class Rulings:
-    """
-    The decided requests of a resumed step and of the steps it continues, by guard and tool call id.
-
-    :param step: The step being resumed.
-    :param first_step_id: The step that first held its message (calls keep their claim keys from it).
-    :param by_call: ``(guard, tool call id) -> Ruling``.
-    :param state: The run's state values recorded when the first step held.
-    :param before: How many messages of the resumed conversation come before what the resume adds.
-    """
-
-    step: HeldStep
-    first_step_id: str
-    by_call: dict[tuple[str, str], Ruling] = field(default_factory=dict)
-    state: dict[str, Any] | None = None
-    before: int = 0
-    """How many messages of the resumed conversation come before what the resume adds (a lost turn's answers that it
-    puts back, then the held message)."""
-    audited: list[RecordedEvent] = field(default_factory=list)
-    """What the audit must hold before any call runs: every request of the steps, and every decision on them."""
-
-    def preceding(self, messages: list[ChatMessage]) -> list[dict[str, Any]]:
-        """What this resume added before the pending message, to keep with a step that holds it again."""
-        return [message.to_dict() for message in messages[self.before : -1]]
-
-    def ruling(self, guard: str, call: ToolCall) -> Ruling | None:
-        """
-        The ruling of `guard` on `call`, if it has decided (or its request expired).
-
-        A call whose arguments are neither those asked about nor those approved is not the call decided on: no ruling.
-
-        :param guard: The guard's name.
-        :param call: The pending call.
-        :returns: The ruling, or None.
-        """
-        if call.id is None:
-            return None
-        ruling = self.by_call.get((guard, call.id))
-        if ruling is None:
-            return None
-        digest = arguments_digest(call.arguments)
-        known = {ruling.request.arguments_digest}
-        if ruling.arguments is not None:
-            known.add(arguments_digest(ruling.arguments))
-        return ruling if digest in known and ruling.request.tool_name == call.tool_name else None
-
-    def request_of(self, call: ToolCall) -> str | None:
-        """The id of the newest request about `call` that was decided (for the audit of what ran)."""
-        found = [ruling.request for (_, call_id), ruling in self.by_call.items() if call_id == call.id]
-        return found[-1].request_id if found else None
-
-
-def ruling_for(
-    request: ApprovalRequest, decision: ApprovalDecision | None, *, tenant: str, session: str, at: datetime
-) -> Ruling:
-    """
-    Turn a request and its decision (None: expired undecided) into a ruling, checking the decision's binding.
-
-    :param request: The request, from its held step.
-    :param decision: Its decision, or None when it expired undecided.
-    :param tenant: The resuming store's tenant.
-    :param session: The resuming store's session.
-    :param at: Now.
-    :returns: The ruling.
-    """
-    if decision is None:
-        return Ruling(request, denial=expired("nobody decided before the request expired."))
-    problem = binding_problem(decision, request, tenant=tenant, session=session, now=at)
-    if problem is not None:
-        return Ruling(request, denial=problem, decided_by=decision.decided_by)
-    if not decision.approved:
-        return Ruling(request, denial=denied_by_person(decision.reason), decided_by=decision.decided_by, by_person=True)
-    return Ruling(request, arguments=dict(decision.arguments or {}), decided_by=decision.decided_by, by_person=True)
 
 
 @dataclass
@@ -782,46 +672,6 @@ async def _next_attempt(ledger: ApprovalLedger, listing: ApprovalListing, step: 
     return attempts[-1] + 1
 
 
-async def _rulings(
-    ledger: ApprovalLedger, listing: ApprovalListing, step: HeldStep, at: datetime, *, before: int
-) -> Rulings:
-    """The rulings of this step and of the steps it continues (later steps' rulings win); raise if some wait."""
-    chain = [step]
-    while chain[-1].continues is not None:
-        chain.append(await ledger.step_async(sequence_of(str(chain[-1].continues))))
-    rulings = Rulings(step=step, first_step_id=chain[-1].step_id, state=chain[-1].state, before=before)
-    waiting = []
-    for held in reversed(chain):
-        requests = held.requests()
-        # The snapshot read the resumed step's decisions; the steps it continues are read by name.
-        found = await asyncio.gather(
-            *(
-                ledger.decision_async(r.request_id) if held is not step or listing.decided(r.request_id) else _none()
-                for r in requests
-            )
-        )
-        for request, decision in zip(requests, found, strict=True):
-            rulings.audited.append(requested_event(request))
-            if decision is not None:
-                rulings.audited.append(decided_event(request, decision))
-            if decision is None and not request.expired(at):
-                waiting.append(request.request_id)
-                continue
-            if request.tool_call_id is not None:
-                ruling = ruling_for(request, decision, tenant=step.tenant, session=step.session, at=at)
-                rulings.by_call[(request.guard, request.tool_call_id)] = ruling
-    if waiting:
-        raise ApprovalPendingError(
-            f"{len(waiting)} approval request(s) of this step still wait for a decision: {', '.join(waiting)}.",
-            waiting,
-        )
-    return rulings
-
-
-async def _none() -> None:
-    return None
-
-
 def _without_notice(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
     """The conversation without the "approval required" notices a stop left at its end (resume answers them)."""
     kept = list(messages)
@@ -883,24 +733,6 @@ def _text(message: ChatMessage | None) -> str | None:
 # Continuing like the Agent would
 
 
-def _exit_condition(agent: Agent, assistant: ChatMessage | None, results: list[ChatMessage]) -> str | None:
-    """The Agent's own rule: an exit-condition tool that ran without error ends the run (any errored one cancels)."""
-    if agent.exit_conditions == ["text"] or assistant is None:
-        return None
-    errored = {
-        message.tool_call_result.origin.tool_name
-        for message in results
-        if message.tool_call_result is not None and message.tool_call_result.error
-    }
-    found = None
-    for call in assistant.tool_calls:
-        if call.tool_name in agent.exit_conditions:
-            if call.tool_name in errored:
-                return None
-            found = found or call.tool_name
-    return found
-
-
 def _interrupted(error: Exception, conversation: list[ChatMessage], outcomes: list[CallOutcome]) -> Exception:
     return ResumeInterruptedError(
         f"The held step ran, but continuing the conversation failed: {error}. The conversation with the step's "
@@ -908,19 +740,6 @@ def _interrupted(error: Exception, conversation: list[ChatMessage], outcomes: li
         conversation,
         outcomes,
     )
-
-
-def continuing_agent(agent: Agent) -> Agent:
-    """
-    The Agent that continues the conversation: the same one, minus its prompts.
-
-    An Agent renders its ``system_prompt`` before, and its ``user_prompt`` after, the messages of every run. The
-    conversation resume hands over already starts with the system prompt and holds the user's turn, so rendering them
-    again would duplicate both; a clone without prompts (same generator, tools and hooks) continues it as it is.
-    """
-    if agent.system_prompt is None and agent.user_prompt is None:
-        return agent
-    return agent.clone(system_prompt=None, user_prompt=None, required_variables=None)
 
 
 def _state_values(agent: Agent, state: State) -> dict[str, Any]:
@@ -947,128 +766,3 @@ def _reply(
         "exit_reason": reason,
         OUTCOMES_KEY: outcomes,
     }
-
-
-# Running the calls as the Agent runs a step: its ``before_tool`` hooks, its tool executor, its ``after_tool`` hooks.
-# The one place that depends on the private Haystack functions the Agent runs tools with (through `compat`).
-
-
-def run_tools(agent: Agent, selection: Any) -> list[Tool]:
-    """
-    The tools a resumed run uses: the Agent's, or the run's ``tools=`` selection (tools or names of the Agent's tools).
-
-    :param agent: The Agent.
-    :param selection: The ``tools`` argument the caller passes to the run, or None.
-    :returns: The flat list of tools.
-    """
-    if selection is None:
-        return flatten_tools_or_toolsets(agent.tools)
-    if isinstance(selection, list) and all(isinstance(name, str) for name in selection):
-        known = {tool.name: tool for tool in flatten_tools_or_toolsets(agent.tools)}
-        return [known[name] for name in selection if name in known]
-    return flatten_tools_or_toolsets(selection)
-
-
-def resumed_state(
-    agent: Agent,
-    messages: list[ChatMessage],
-    *,
-    tools: list[Tool],
-    hook_context: dict[str, Any],
-    values: dict[str, Any],
-) -> State:
-    """
-    A `State` like the one the Agent builds for a step, for running the resumed calls and ``after_tool`` hooks.
-
-    :param agent: The Agent.
-    :param messages: The conversation so far (without the held step).
-    :param tools: The run's tools.
-    :param hook_context: The run's `hook_context`.
-    :param values: The caller's run keyword arguments; those named in the Agent's ``state_schema`` seed the state.
-    :returns: The state.
-    """
-    state = State(
-        schema=agent.resolved_state_schema,
-        data={key: value for key, value in values.items() if key in agent.state_schema},
-    )
-    state.set("messages", list(messages))
-    state.set("step_count", 0)
-    state.set("token_usage", {})
-    state.set("context_tokens", 0)
-    state.set("tool_call_counts", {tool.name: 0 for tool in tools})
-    state.set("exit_reason", None)
-    state.set("continue_run", False)
-    state.set("tools", tools)
-    state.set("hook_context", hook_context)
-    return state
-
-
-async def execute_async(agent: Agent, calls: list[ToolCall], state: State) -> list[ChatMessage]:
-    """
-    Run `calls` as the Agent would in one step.
-
-    :param agent: The Agent (its ``raise_on_tool_invocation_failure`` and ``tool_concurrency_limit`` apply).
-    :param calls: The calls to run, with their final arguments.
-    :param state: The resumed state; tools read from and write to it.
-    :returns: One tool message per call, in the order of `calls`.
-    """
-    if not calls:
-        return []
-    messages, _ = await _run_tool_async(
-        messages=[ChatMessage.from_assistant(tool_calls=calls)],
-        state=state,
-        tools=state.data["tools"],
-        raise_on_failure=agent.raise_on_tool_invocation_failure,
-        max_workers=agent.tool_concurrency_limit,
-    )
-    _count(state, calls)
-    return _in_call_order(calls, messages)
-
-
-async def before_tool_async(agent: Agent, state: State) -> None:
-    """
-    Run the Agent's whole ``before_tool`` chain over the state, as the Agent does before it runs a step's calls.
-
-    :param agent: The Agent.
-    :param state: The resumed state, ending with the held message; hooks may rewrite it or stop the run.
-    """
-    await _run_hooks_async(hooks=agent.hooks, hook_point=BEFORE_TOOL, state=state)
-
-
-async def after_tool_async(agent: Agent, state: State, conversation: list[ChatMessage]) -> list[ChatMessage]:
-    """
-    Run the Agent's ``after_tool`` hooks over the resumed conversation and return it as they left it.
-
-    Uploads a write-behind `OffloadHook` started are waited for, as at the end of a run.
-
-    :param agent: The Agent.
-    :param state: The resumed state.
-    :param conversation: The conversation ending with the held step and its results.
-    :returns: The conversation after the hooks (e.g. with large results offloaded).
-    """
-    state.set("messages", conversation, handler_override=replace_values)
-    await _run_hooks_async(hooks=agent.hooks, hook_point=AFTER_TOOL, state=state)
-    # A resume is a run of its own with no after_run: settle here, so every pointer returned names a stored result.
-    await settle_run(state, wait=True)
-    return list(state.data["messages"])
-
-
-def _count(state: State, calls: list[ToolCall]) -> None:
-    counts = dict(state.data.get("tool_call_counts") or {})
-    for call in calls:
-        counts[call.tool_name] = counts.get(call.tool_name, 0) + 1
-    state.set("tool_call_counts", counts, handler_override=replace_values)
-
-
-def _in_call_order(calls: list[ToolCall], messages: list[ChatMessage]) -> list[ChatMessage]:
-    # The executor puts unknown-tool errors first; match each result to its call by identity to restore the order.
-    ordered: list[ChatMessage] = []
-    for call in calls:
-        for message in messages:
-            result = message.tool_call_result
-            if result is not None and result.origin is call:
-                ordered.append(message)
-                break
-        else:  # pragma: no cover - the executor answers every call it is given
-            raise RuntimeError(f"The tool executor returned no result for the call to {call.tool_name!r}.")
-    return ordered

@@ -35,14 +35,10 @@ from haystack_integrations.offload.approvals import (
     read_audit_async,
     resume_async,
 )
+from haystack_integrations.offload.approvals.agent_step import continuing_agent
 from haystack_integrations.offload.approvals.decisions import newest_done_async, open_step_async
 from haystack_integrations.offload.approvals.ledger import sequence_of
-from haystack_integrations.offload.approvals.resume import (
-    DEFAULT_RESUME_LEASE,
-    OUTCOMES_KEY,
-    continuing_agent,
-    default_worker,
-)
+from haystack_integrations.offload.approvals.resume import DEFAULT_RESUME_LEASE, OUTCOMES_KEY, default_worker
 from haystack_integrations.offload.context import offload_context
 from haystack_integrations.offload.errors import InvalidReferenceError, ResultNotFoundError
 from haystack_integrations.offload.hooks.pointers import OFFLOADED_META_KEY
