@@ -48,6 +48,7 @@ from haystack_integrations.offload.approvals import (
     ResumeConversationError,
     ResumeInterruptedError,
 )
+from haystack_integrations.offload.approvals.ledger import ApprovalLedger
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 from haystack_integrations.offload.testing.relay import LatencyProxy
 
@@ -649,3 +650,12 @@ def test_a_failure_after_the_step_ran_hands_back_the_conversation(ledger: Path, 
     final = make_agent({"send_invoice": AlwaysAskPolicy()}).run(caught.value.messages)
     assert final["last_message"].text == "final: invoice sent to acme for 120"
     assert len(ledger_lines(ledger)) == 1
+
+
+async def test_a_missing_step_reads_the_same_in_sync_and_async(session: FsspecToolResultStore) -> None:
+    ledger = ApprovalLedger(session)
+    with pytest.raises(ApprovalNotFoundError) as sync_error:
+        ledger.step(7)
+    with pytest.raises(ApprovalNotFoundError) as async_error:
+        await ledger.step_async(7)
+    assert str(sync_error.value) == str(async_error.value) == "No held step 7 ('step.00000007.json') in this session."

@@ -213,6 +213,10 @@ def _step_name(sequence: int) -> str:
     return f"step.{sequence:08d}.json"
 
 
+def _no_step(sequence: int) -> str:
+    return f"No held step {sequence} ({_step_name(sequence)!r}) in this session."
+
+
 def _resume_name(sequence: int, attempt: int) -> str:
     return f"resume.{sequence:08d}.{attempt:03d}.json"
 
@@ -579,7 +583,7 @@ class ApprovalLedger:
         """
         found = self._steps.get(sequence) or self._optional(_step_name(sequence), HeldStep)
         if found is None:
-            raise ApprovalNotFoundError(f"No held step {sequence} in this session.")
+            raise ApprovalNotFoundError(_no_step(sequence))
         self._steps[sequence] = found
         return found
 
@@ -587,7 +591,7 @@ class ApprovalLedger:
         """Async `step`."""
         found = await self._step_or_none_async(sequence)
         if found is None:
-            raise ApprovalNotFoundError(f"No step record {_step_name(sequence)!r} in this session.")
+            raise ApprovalNotFoundError(_no_step(sequence))
         return found
 
     # Decisions

@@ -387,7 +387,7 @@ async def load_policies_async(
 
 
 def load_policies(rules: Mapping[RuleKey, Rule], guard: str, ledger: ApprovalLedger | None) -> SessionPolicies:
-    """Sync `load_async`."""
+    """Sync `load_policies_async`."""
     found = SessionPolicies()
     for key, rule in rules.items():
         if learns(rule):
@@ -405,7 +405,7 @@ async def save_policies_async(policies: SessionPolicies, guard: str, ledger: App
 
 
 def save_policies(policies: SessionPolicies, guard: str, ledger: ApprovalLedger | None) -> None:
-    """Sync `save_async`."""
+    """Sync `save_policies_async`."""
     if ledger is not None:
         for key in policies.learned:
             data = json.dumps(component_to_dict(policies.copies[key], name="approval_rule")).encode()
