@@ -1512,7 +1512,7 @@ class _FilesystemHandle:
     def _s3_sessions_for(self, signs_as_tenant: bool) -> SharedSessions:
         # Called by tenant handles while holding their own lock, never this one's.
         with self._closing_lock:
-            return self._s3_sessions.setdefault(signs_as_tenant, SharedSessions(across_stores=True))
+            return self._s3_sessions.setdefault(signs_as_tenant, SharedSessions())
 
     def _s3fs_fallback(self, options: dict[str, Any]) -> Callable[[], StorageIO] | None:
         """s3fs, made on first need, for the keys obstore cannot list or delete; None without s3fs."""

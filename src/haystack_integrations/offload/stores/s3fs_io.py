@@ -314,7 +314,8 @@ def s3_io_with_loop_clients(
     :returns: The I/O.
     """
     sessions = sessions if sessions is not None else SharedSessions()
-    if getattr(fs, "session", _NO_SESSION_ATTRIBUTE) is None and sessions.shares_across_stores:
+    # The sync client too, so every client of the store sends PUTs without "Expect: 100-continue" (`SharedAioSession`).
+    if getattr(fs, "session", _NO_SESSION_ATTRIBUTE) is None:
         sessions.attach(fs)
     clients: LoopLocal[AsyncFileSystem] = LoopLocal(
         lambda: sessions.attach(make_client()), _close_s3_client, _close_s3_client_now
@@ -323,16 +324,14 @@ def s3_io_with_loop_clients(
 
 
 class SharedSessions:
-    """Gives every loop's client of one store the same aiobotocore session, made from the first client's settings."""
+    """
+    Gives every client of one store (its sync client and each loop's), or of several (a root's tenant clients), the
+    same aiobotocore session, made from the first client's settings.
+    """
 
-    def __init__(self, *, across_stores: bool = False) -> None:
-        """
-        :param across_stores: Shared by several stores' clients (a root's tenant clients): each store's sync client
-            gets the session too.
-        """
+    def __init__(self) -> None:
         self._session: Any = None
         self._lock = threading.Lock()
-        self.shares_across_stores = across_stores
 
     def attach(self, fs: AsyncFileSystem) -> AsyncFileSystem:
         """Set `fs`'s session to the shared one, unless it has one already (a ``session`` storage option)."""
@@ -356,6 +355,7 @@ def _shared_session_class() -> type:
     """An aiobotocore session that clients on several event loops (and threads) may share."""
     from aiobotocore.credentials import AioRefreshableCredentials  # s3fs's dependency: only needed with s3fs
     from aiobotocore.session import AioSession
+    from botocore.handlers import add_expect_header
 
     class SharedAioSession(AioSession):  # type: ignore[misc]
         """
@@ -364,11 +364,17 @@ def _shared_session_class() -> type:
         Client creation is serialized (botocore sessions are not safe to build clients from concurrently: lazily made
         components race), and refreshable credentials, shared by every client, get a `CrossLoopLock` instead of
         their `asyncio.Lock`, which would bind to the first loop that waits on a refresh and fail on any other.
+
+        Its clients send no ``Expect: 100-continue``: aiohttp starts the read timeout only once a body is sent, and
+        holds the body until "100 Continue" comes, so a PUT to an endpoint that never answers waited past botocore's
+        read_timeout, until the retry policy's attempt limit (obstore sends no such header either).
         """
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._creating_client = CrossLoopLock()
+            # Clients copy the session's handlers when made: none of them adds the header.
+            self.unregister("before-call.s3", add_expect_header)
 
         async def _create_client(self, *args: Any, **kwargs: Any) -> Any:
             async with self._creating_client:
