@@ -5,6 +5,7 @@ its sender's, and a competitor's claim is still refused, because every turn docu
 Everything runs against moto's server over HTTP behind `FaultProxy`; ``roots.direct`` reads what really got stored.
 """
 
+import json
 from datetime import UTC, datetime
 
 import pytest
@@ -12,7 +13,13 @@ from haystack.dataclasses import ChatMessage
 from ops_helpers import FAST_RETRY, Roots
 
 from haystack_integrations.offload.sessions.conversation_cache import ConversationCache
-from haystack_integrations.offload.sessions.history import SessionBusyError, SessionHistory
+from haystack_integrations.offload.sessions.history import (
+    CHAIN_LIMIT,
+    SessionBusyError,
+    SessionHistory,
+    StaleHistoryError,
+    TurnEnd,
+)
 from haystack_integrations.offload.testing.faults import Fault, FaultProxy
 from haystack_integrations.offload.testing.local_s3 import RequestLog
 
@@ -70,3 +77,54 @@ async def test_a_head_that_could_not_be_written_costs_a_longer_read_never_a_wron
         conversation = [*turn.conversation, ChatMessage.from_user(f"q{number}"), ChatMessage.from_assistant("a")]
         await cold.finish(turn, status="completed", messages=conversation, reply="a")
     assert (await history.read()).conversation == conversation
+
+
+def _exchange(number: int) -> list[ChatMessage]:
+    return [ChatMessage.from_user(f"question {number} " + "q" * 300), ChatMessage.from_assistant(f"answer {number}")]
+
+
+async def _claimed_turn(history: SessionHistory, number: int) -> tuple[list[ChatMessage], TurnEnd]:
+    """One turn as `ChatService` claims it: on the read for a turn, and again on a full read if the claim was stale."""
+    try:
+        turn = await history.begin(await history.read(for_turn=True), kind="message", text=f"question {number}")
+    except StaleHistoryError:
+        turn = await history.begin(await history.read(), kind="message", text=f"question {number}")
+    assert turn.start.turn == number
+    conversation = [*turn.conversation, *_exchange(number)]
+    return conversation, await history.finish(turn, status="completed", messages=conversation, reply="a")
+
+
+async def test_a_worker_lost_between_a_segment_and_its_head_leaves_every_reader_the_right_conversation(
+    roots: Roots, fault_proxy: FaultProxy, s3_requests: RequestLog
+) -> None:
+    # The turn's end (a segment) is stored and its head PUT fails every try: the store then holds what a worker killed
+    # between the two leaves, a head naming the checkpoint before. Readers walk past it (docs/design.md).
+    warm = SessionHistory(roots.faulty.for_session("acme", "chat-1"), worker="web-1", cache=ConversationCache())
+    for number in range(1, 29):
+        conversation, _ = await _claimed_turn(warm, number)
+    documents = roots.direct.for_session("acme", "chat-1").documents("history")
+    behind = json.loads(documents.get("head.json"))
+    lost = SessionHistory(roots.faulty.for_session("acme", "chat-1"), worker="web-2", cache=ConversationCache())
+    fault_proxy.inject(*[Fault.SLOW_DOWN] * FAST_RETRY.attempts, method="PUT", path_contains="/.history/head.json")
+    conversation, end = await _claimed_turn(lost, 29)
+    assert end.base == "segment" and fault_proxy.faults.counts() == {Fault.SLOW_DOWN: FAST_RETRY.attempts}
+    assert json.loads(documents.get("head.json")) == behind and behind["checkpoint"] + CHAIN_LIMIT == 29
+
+    # A cold reader: the head, a batch of ends from the checkpoint it names (all there, the segment last), a second
+    # batch to find the newest end, the next start; never a LIST.
+    cold = SessionHistory(roots.direct.for_session("acme", "chat-1"), worker="cold", cache=ConversationCache(0))
+    s3_requests.clear()
+    state = await cold.read()
+    assert state.conversation == conversation and state.next_turn == 30 and state.log.segment == 29
+    assert s3_requests.count(method="GET") == 1 + 2 * (CHAIN_LIMIT + 1) + 1
+    assert s3_requests.count(query_contains="list-type") == 0
+
+    # The worker that served turn 28 still holds the stale head: unchanged, so its claim of turn 29 is what finds the
+    # turn taken; it reads the segment and claims turn 30.
+    s3_requests.clear()
+    conversation, end = await _claimed_turn(warm, 30)
+    assert conversation == [*state.conversation, *_exchange(30)] and end.base == "append" and end.segment == 29
+    assert [request.status for request in s3_requests.filter(method="PUT", path_contains="start")] == [412, 200]
+    fresh = SessionHistory(roots.direct.for_session("acme", "chat-1"), worker="cold", cache=ConversationCache(0))
+    assert (await fresh.read()).conversation == conversation
+    assert [start.worker for start in await fresh.starts()] == ["web-1"] * 28 + ["web-2", "web-1"]

@@ -1,7 +1,8 @@
 """
 What a turn of `SessionHistory` costs on S3, counted on moto's server: the same at turn 10 as at turn 200.
 
-A turn is what `ChatService` does per message: read the history, claim the next turn, record its end.
+A turn is what `ChatService` does per message: read the history for a turn (``read(for_turn=True)``), claim the next
+turn, record its end; a claim refused on a cached conversation (`StaleHistoryError`) reads again and claims again.
 """
 
 import json
@@ -17,7 +18,13 @@ from haystack.dataclasses import ChatMessage
 from haystack_integrations.offload import FsspecToolResultStore
 from haystack_integrations.offload.sessions import ChatService
 from haystack_integrations.offload.sessions.conversation_cache import ConversationCache
-from haystack_integrations.offload.sessions.history import CHAIN_LIMIT, SessionHistory, TurnEnd, TurnStart
+from haystack_integrations.offload.sessions.history import (
+    CHAIN_LIMIT,
+    SessionHistory,
+    StaleHistoryError,
+    TurnEnd,
+    TurnStart,
+)
 from haystack_integrations.offload.stores.fsspec_store import end_session_async
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 
@@ -34,7 +41,10 @@ def _exchange(number: int) -> list[ChatMessage]:
 
 
 async def _turn(history: SessionHistory, number: int) -> list[ChatMessage]:
-    turn = await history.begin(await history.read(), kind="message", text=f"question {number}")
+    try:
+        turn = await history.begin(await history.read(for_turn=True), kind="message", text=f"question {number}")
+    except StaleHistoryError:  # the cached conversation was behind: read what the other workers added, claim again
+        turn = await history.begin(await history.read(), kind="message", text=f"question {number}")
     assert turn.start.turn == number
     conversation = [*turn.conversation, *_exchange(number)]
     await history.finish(turn, status="completed", messages=conversation, reply=f"answer {number}")
@@ -74,8 +84,9 @@ async def test_a_turn_on_the_worker_that_served_the_last_one_costs_the_same_at_1
         await _turn(warm, size + 1)  # the worker now holds the session's conversation
         costs[size] = await _measured_turn(store, s3_requests, warm, size + 2)
     (methods_10, read_10), (methods_200, read_200) = costs[10], costs[200]
-    # The head and the next turn's claim: two small GETs whatever the length, and never a LIST.
-    assert methods_10["GET"] == methods_200["GET"] == 2 and methods_10["LIST"] == methods_200["LIST"] == 0
+    # The head alone, one small GET whatever the length, and never a LIST: the claim (a conditional create) is what
+    # tells whether another worker ran the next turn, so no GET probes for it.
+    assert methods_10["GET"] == methods_200["GET"] == 1 and methods_10["LIST"] == methods_200["LIST"] == 0
     assert read_200 <= 1.5 * read_10
     assert methods_10["PUT"] <= 3 and methods_200["PUT"] <= 3  # the claim, the end, and maybe the head
 
@@ -116,6 +127,64 @@ async def test_a_cached_conversation_follows_turns_run_by_other_workers(
     state = await first.read()
     assert state.conversation == conversation and state.next_turn == 24
     assert s3_requests.count(method="GET") == 2 + 2 * 2  # head and claim; then an end and a claim per turn behind
+
+
+async def test_a_claim_on_a_cached_conversation_that_is_behind_is_refused_and_the_turn_read_again(
+    s3_server: LocalS3Server, s3_requests: RequestLog
+) -> None:
+    store, _ = await _session_at(s3_server, 20)
+    first = SessionHistory(store, worker="w1", cache=ConversationCache())
+    await _turn(first, 21)
+    conversation = await _turn(SessionHistory(store, worker="w2", cache=ConversationCache()), 22)  # an append
+    s3_requests.clear()
+    stale = await first.read(for_turn=True)
+    # The head alone (one GET), unchanged by an append: the cached conversation cannot show turn 22 ...
+    assert s3_requests.count(method="GET") == 1 and not stale.checked and stale.next_turn == 22
+    # ... and the claim is what finds it taken: nothing claimed, nothing run, turn 22 still w2's.
+    with pytest.raises(StaleHistoryError):
+        await first.begin(stale, kind="message", text="late")
+    assert json.loads(store.documents("history").get("turn.00000022.start.json"))["worker"] == "w2"
+    state = await first.read()
+    assert state.checked and state.conversation == conversation and state.next_turn == 23
+    assert await _turn(first, 23) == [*conversation, *_exchange(23)]
+
+
+async def test_a_claim_first_read_tells_a_purged_and_recreated_session_by_its_head(s3_server: LocalS3Server) -> None:
+    store, _ = await _session_at(s3_server, 3)
+    history = SessionHistory(store, worker="w1", cache=ConversationCache())
+    await _turn(history, 4)
+    await end_session_async(store, documents=True)
+    # Purged: no head, so the cached conversation is not used (the claim of turn 5 alone would have succeeded).
+    state = await history.read(for_turn=True)
+    assert (state.next_turn, state.conversation, state.checked) == (1, [], True)
+    await _turn(history, 1)
+    await end_session_async(store, documents=True)
+    # Re-created by another worker with two turns: its head is not the one cached here (tokens differ).
+    other = SessionHistory(store, worker="w2", cache=ConversationCache())
+    await _turn(other, 1)
+    recreated = await _turn(other, 2)
+    state = await history.read(for_turn=True)
+    assert (state.next_turn, state.conversation) == (3, recreated)
+
+
+async def test_workers_taking_turns_about_claim_first_at_most_once_each(
+    s3_server: LocalS3Server, s3_requests: RequestLog
+) -> None:
+    # Round-robin routing: each worker's cached conversation is behind at every visit. A refused claim costs a PUT,
+    # so after one a worker checks the next turn's start first again (as before claiming first existed).
+    store = _store(s3_server)
+    caches = [ConversationCache(), ConversationCache()]
+    services = [_service(cache) for cache in caches]
+    refused: Counter[int] = Counter()
+    for number in range(1, 17):
+        s3_requests.clear()
+        outcome = await services[number % 2].send_message(store, f"question {number} " + "q" * 300)
+        assert outcome.turn == number
+        claims = s3_requests.filter(method="PUT", path_contains="/.history/")
+        refused[number % 2] += sum(request.status == 412 for request in claims)
+    assert max(refused.values()) <= 1 and not any(cache.claims_first for cache in caches)
+    texts = [message.text for message in (await services[0].transcript(store)).messages if message.role == "user"]
+    assert texts == [f"question {number} " + "q" * 300 for number in range(1, 17)]
 
 
 async def test_a_cached_conversation_is_not_used_after_the_session_is_purged(s3_server: LocalS3Server) -> None:
@@ -193,5 +262,7 @@ async def test_a_chat_service_turn_sends_the_same_requests_at_10_and_200_turns(
         cold = await _served_turn(_service(ConversationCache(0)), store, s3_requests, "cold")
         counts[size] = (warm, cold)
     (warm_10, cold_10), (warm_200, cold_200) = counts[10], counts[200]
-    assert warm_10["GET"] == warm_200["GET"] == 2 and warm_10["LIST"] == warm_200["LIST"] == 0
+    # The head only (the claim is the check that no other worker ran the next turn), at both lengths.
+    assert warm_10["GET"] == warm_200["GET"] == 1 and warm_10["LIST"] == warm_200["LIST"] == 0
+    assert warm_10["PUT"] <= 3 and warm_200["PUT"] <= 3  # the claim, the end, and the head at most one turn in 10
     assert cold_200["GET"] <= cold_10["GET"] + 1 and cold_10["LIST"] == cold_200["LIST"] == 0

@@ -33,9 +33,10 @@ logger = logging.getLogger(__name__)
 
 NAMESPACE = "history"
 HEAD_DOCUMENT = "head.json"
-CHAIN_LIMIT = 8
+CHAIN_LIMIT = 10
 """Turns after the newest checkpoint or segment before a turn's end holds a segment: a cold read gets at most this many
-ends beside the checkpoint and segment, whatever the session's length."""
+ends beside the checkpoint and segment, whatever the session's length. The head is rewritten with each segment, so this
+is also how rarely a turn pays a third PUT (at 8, the heads put a warm turn over $31 a million; `docs/design.md`)."""
 DEFAULT_TURN_LEASE = 300.0
 """Seconds a started turn blocks its session before another request may declare it abandoned."""
 
@@ -52,6 +53,15 @@ _END = re.compile(r"turn\.(?P<turn>\d{8})\.end\.json")
 
 class SessionBusyError(OffloadError, RuntimeError):
     """Another request holds (or just claimed) the session's next turn; nothing was run. The server answers 409."""
+
+
+class StaleHistoryError(SessionBusyError):
+    """
+    The claim made on this worker's cached conversation found the next turn taken (another worker ran it, or runs it).
+
+    Nothing was claimed or run: read the history again with a plain `SessionHistory.read` and claim again (what
+    `ChatService` does). Unhandled, it is a `SessionBusyError`, which a client retries.
+    """
 
 
 class TurnAbandonedError(OffloadError, RuntimeError):
@@ -170,6 +180,9 @@ class HistoryState:
     """Where `conversation` stands in the store (which checkpoint, how much was appended since)."""
     basis: CachedConversation | None = field(default=None, repr=False, compare=False)
     """The conversation's JSON as read, for `finish` and this worker's cache (None: not cacheable)."""
+    checked: bool = True
+    """Whether the next turn's start was read. False: ``read(for_turn=True)`` left that to the claim, so `open_start`
+    is not known and `begin` raises `StaleHistoryError` if the claim finds the turn taken."""
 
     def busy(self, at: datetime) -> bool:
         """Whether a turn is running (started, not ended, lease not passed) at `at`."""
@@ -232,7 +245,8 @@ class SessionHistory:
 
     Multi-user use: create one per request (it holds the session's store and nothing else); the store's scope is the
     only thing that ties it to a tenant and session. The conversations a worker served stay in its `cache`, checked
-    against the store on every read, so the worker's next turn in a session reads two small documents.
+    against the store on every read, so the worker's next turn in a session reads two small documents, or only the
+    head when the read is for claiming the turn (``read(for_turn=True)``: the claim is the other check).
     """
 
     def __init__(
@@ -262,7 +276,7 @@ class SessionHistory:
         self.documents: SessionDocuments = store.documents(NAMESPACE)
         self._key: Hashable = (store.url, *store.scope)
 
-    async def read(self) -> HistoryState:
+    async def read(self, *, for_turn: bool = False) -> HistoryState:
         """
         Read the history, at a cost that does not grow with the session's length.
 
@@ -271,24 +285,36 @@ class SessionHistory:
         checkpoint and the ends since the newest segment it names, then the next turn's start. A session whose turns
         were stored before head documents existed is listed once, as before.
 
+        :param for_turn: The read is for claiming the next turn (`begin`) and nothing else: on a worker whose cache
+            holds the session, and whose cached conversations are seldom behind (`ConversationCache.claims_first`),
+            only the head is read; the claim's conditional create then tells whether another worker ran the next
+            turn (`StaleHistoryError`: read again without this). Never for showing a conversation (it may be behind).
         :returns: The conversation so far and the state of the newest turn.
         :raises HistoryRecordError: If a history document is not a valid record.
         :raises SessionBusyError: If the history was purged while it was read.
         :raises StorageError: If the backend fails.
         """
-        state = await self._read_state()
+        state = await self._read_state(for_turn)
         self._keep(state.basis)
         return state
 
-    async def _read_state(self) -> HistoryState:
+    async def _read_state(self, for_turn: bool) -> HistoryState:
         cached = self.cache.get(self._key)
         if not isinstance(cached, CachedConversation):
             return await self._read_from_head(await self._get(HEAD_DOCUMENT))
+        if for_turn and self.cache.claims_first:
+            # The head still tells a purged (or purged and re-created) session from this one; the claim does the rest.
+            head = await self._get(HEAD_DOCUMENT)
+            if head == cached.head:
+                return _Chain.of(cached).state(open_start=None, checked=False)
+            self.cache.discard(self._key)
+            return await self._read_from_head(head)
         head, start = await asyncio.gather(self._get(HEAD_DOCUMENT), self._get(_start_name(cached.turn + 1)))
         if head != cached.head:
             # A checkpoint or segment written elsewhere, or the session purged: what is cached may not lead there.
             self.cache.discard(self._key)
             return await self._read_from_head(head)
+        self.cache.observe(current=start is None)
         chain = _Chain.of(cached)
         while start is not None:  # another worker ran turns since: read them one by one (no segment was written)
             found, start_after = await asyncio.gather(
@@ -312,6 +338,8 @@ class SessionHistory:
         :param actor: Who asked, for the record.
         :returns: The claimed turn, with the conversation to continue.
         :raises SessionBusyError: If a turn is running or another request claimed this one first.
+        :raises StaleHistoryError: If `state` came from ``read(for_turn=True)`` and the turn was taken: nothing was
+            claimed; read again (without `for_turn`) and claim again.
         :raises QuotaExceededError: If the session or its tenant is at its quota; nothing was claimed or run.
         :raises CreateOutcomeUnknownError: If whether the claim landed could not be told (retryable: nothing ran).
         """
@@ -335,7 +363,14 @@ class SessionHistory:
                 _start_name(start.turn), start.model_dump_json().encode(), enforce_quota=True
             )
         except DocumentExistsError as error:
+            if not state.checked:
+                self.cache.observe(current=False)
+                raise StaleHistoryError(
+                    f"Turn {start.turn} was taken since this worker's cached conversation; read again and retry."
+                ) from error
             raise SessionBusyError("Another request to this session started a turn first; nothing was run.") from error
+        if not state.checked:
+            self.cache.observe(current=True)
         return Turn(start=start, conversation=state.conversation, log=state.log, basis=state.basis)
 
     def renewing(self, turn: Turn) -> contextlib.AbstractAsyncContextManager[None]:
@@ -619,7 +654,9 @@ class _Chain:
             return None
         return CachedConversation(self.turn, self.head, tuple(self.messages), self.log, self.last)
 
-    def state(self, *, open_start: TurnStart | None, next_turn: int | None = None) -> HistoryState:
+    def state(
+        self, *, open_start: TurnStart | None, next_turn: int | None = None, checked: bool = True
+    ) -> HistoryState:
         newest = self.turn if open_start is None else open_start.turn
         return HistoryState(
             next_turn=next_turn if next_turn is not None else newest + 1,
@@ -628,4 +665,5 @@ class _Chain:
             open_start=open_start,
             log=self.log,
             basis=self.cached(),
+            checked=checked,
         )

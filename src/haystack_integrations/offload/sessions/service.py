@@ -58,6 +58,7 @@ from haystack_integrations.offload.sessions.history import (
     HistoryState,
     SessionBusyError,
     SessionHistory,
+    StaleHistoryError,
     Turn,
     TurnStatus,
 )
@@ -233,9 +234,16 @@ class ChatService:
                 f"The message has {len(text)} characters; at most {MAX_MESSAGE_CHARS} are allowed."
             )
         history = self._history(store)
-        state = await history.read()
-        await self._refuse_while_held(store, state)
-        turn, conversation = await self._begin(history, state, progress, kind="message", text=text, actor=actor)
+        state = await history.read(for_turn=True)
+        while True:
+            await self._refuse_while_held(store, state)
+            try:
+                turn, conversation = await self._begin(history, state, progress, kind="message", text=text, actor=actor)
+                break
+            except StaleHistoryError:
+                # This worker's cached conversation was behind (the claim found the turn taken; nothing ran): read what
+                # the other workers added. That read checks the next turn itself, so a refusal now is a real race.
+                state = await history.read()
         if not conversation and self.system_prompt:
             conversation.append(ChatMessage.from_system(self.system_prompt))
         messages = [*conversation, ChatMessage.from_user(text)]
