@@ -16,12 +16,10 @@ from typing import Any
 
 from haystack.dataclasses import ChatMessage
 
+from haystack_integrations.offload import InvalidReferenceError, ResultNotFoundError, StorageError
 from haystack_integrations.offload.approvals import ApprovalRequest
-from haystack_integrations.offload.errors import InvalidReferenceError, ResultNotFoundError, StorageError
-from haystack_integrations.offload.hooks.compaction_rounds import COMPACTION_META_KEY
-from haystack_integrations.offload.hooks.pointers import OFFLOADED_META_KEY
-from haystack_integrations.offload.sessions.errors import NotFoundError
-from haystack_integrations.offload.sessions.service import ChatService, TurnOutcome
+from haystack_integrations.offload.hooks import COMPACTION_META_KEY, OFFLOADED_META_KEY
+from haystack_integrations.offload.sessions import ChatService, NotFoundError, TurnOutcome
 from haystack_integrations.offload.stores import FsspecToolResultStore
 from haystack_integrations.offload.stores.names import new_object_name
 from haystack_integrations.offload.stores.scope import validate_scope_id

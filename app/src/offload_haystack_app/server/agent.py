@@ -18,9 +18,9 @@ from haystack.hooks.human_in_the_loop import AlwaysAskPolicy
 from haystack.hooks.tool_result_offloading import AlwaysOffload, OffloadOverChars
 from haystack.tools.tool import Tool
 
-from haystack_integrations.offload.approvals.hook import ApprovalHook
+from haystack_integrations.offload import ApprovalHook
 from haystack_integrations.offload.hooks import OffloadCompactionHook, OffloadHook
-from haystack_integrations.offload.sessions.progress import (
+from haystack_integrations.offload.sessions import (
     OffloadProgressHook,
     ToolCallProgressHook,
     ToolResultProgressHook,

@@ -22,9 +22,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from haystack_integrations.offload.errors import OffloadError, StorageError, StoragePermissionError
-from haystack_integrations.offload.sessions.errors import ApprovalPendingConflict, NotFoundError
-from haystack_integrations.offload.sessions.service import ChatService
+from haystack_integrations.offload import OffloadError, StorageError, StoragePermissionError
+from haystack_integrations.offload.sessions import ApprovalPendingConflict, ChatService, NotFoundError
 from haystack_integrations.offload.stores import FsspecToolResultStore
 from haystack_integrations.offload.stores.exclusive_creates import ExclusiveCreateCheck
 from offload_haystack_app.server.agent import build_agent

@@ -1,12 +1,12 @@
 """How the HTTP API answers what `ChatService` refuses (`ERROR_STATUSES`, `error_status`), storage failures included."""
 
+from haystack_integrations.offload import QuotaExceededError, StorageError, StoragePermissionError
 from haystack_integrations.offload.approvals import (
     ApprovalAlreadyDecidedError,
     ApprovalExpiredError,
     InvalidApprovalEditError,
 )
-from haystack_integrations.offload.errors import QuotaExceededError, StorageError, StoragePermissionError
-from haystack_integrations.offload.sessions.errors import (
+from haystack_integrations.offload.sessions import (
     InvalidMessageError,
     NotFoundError,
     NothingToResumeError,

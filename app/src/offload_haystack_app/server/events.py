@@ -11,7 +11,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 
-from haystack_integrations.offload.sessions.progress import TurnProgress
+from haystack_integrations.offload.sessions import TurnProgress
 from offload_haystack_app.server.errors import error_status
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ with a typo gives a server that starts, shows its page, and fails every user's f
 
 import httpx
 
-from haystack_integrations.offload.errors import OffloadError
+from haystack_integrations.offload import OffloadError
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_CHECK_TIMEOUT = 5.0

@@ -16,9 +16,14 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from haystack_integrations.offload.errors import InvalidScopeIdError, OffloadError
-from haystack_integrations.offload.sessions.progress import TurnProgress
-from haystack_integrations.offload.sessions.service import DEFAULT_PAGE_BYTES, MAX_PAGE_BYTES, ChatService, ResultPage
+from haystack_integrations.offload import InvalidScopeIdError, OffloadError
+from haystack_integrations.offload.sessions import (
+    DEFAULT_PAGE_BYTES,
+    MAX_PAGE_BYTES,
+    ChatService,
+    ResultPage,
+    TurnProgress,
+)
 from haystack_integrations.offload.stores import FsspecToolResultStore
 from offload_haystack_app.server.auth import Caller, TokenTable
 from offload_haystack_app.server.events import (

@@ -8,9 +8,7 @@ The response function picks tool calls from phrases in the last user message, an
 import re
 
 from haystack.components.generators.chat import MockChatGenerator
-from haystack.dataclasses import ChatMessage, ToolCall
-
-from haystack_integrations.offload.compat import last_assistant_index
+from haystack.dataclasses import ChatMessage, ChatRole, ToolCall
 
 SCRIPTED_MODEL_LABEL = "scripted model (MockChatGenerator), no LLM is called"
 SCRIPTED_CONTEXT_WINDOW = 4_000
@@ -125,10 +123,15 @@ def _newest_reference(messages: list[ChatMessage], tool_name: str | None) -> str
     return None
 
 
+def _after_newest_assistant(messages: list[ChatMessage]) -> list[ChatMessage]:
+    newest = max((n for n, message in enumerate(messages) if message.role == ChatRole.ASSISTANT), default=-1)
+    return messages[newest + 1 :]
+
+
 def _summary(messages: list[ChatMessage]) -> str:
     lines = []
     # This step's tool results: everything after the newest assistant message.
-    for message in messages[last_assistant_index(messages=messages) + 1 :]:
+    for message in _after_newest_assistant(messages):
         result = message.tool_call_result
         if result is None:
             continue

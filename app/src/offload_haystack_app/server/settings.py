@@ -18,7 +18,7 @@ from haystack.utils import Secret
 from pydantic import Field, SecretStr, TypeAdapter, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from haystack_integrations.offload.approvals.resume import DEFAULT_RESUME_LEASE
+from haystack_integrations.offload.approvals import DEFAULT_RESUME_LEASE
 from haystack_integrations.offload.stores import AssumeRoleCredentials, FsspecToolResultStore, Quota, TenantKeys
 from haystack_integrations.offload.stores.encryption import MIN_MASTER_SECRET_CHARACTERS
 from haystack_integrations.offload.stores.options import check_region, with_s3_choices, with_timeouts

@@ -14,7 +14,7 @@ import contextvars
 import logging
 import time
 
-from haystack_integrations.offload.errors import OffloadError
+from haystack_integrations.offload import OffloadError
 from haystack_integrations.offload.stores import FsspecToolResultStore
 from haystack_integrations.offload.stores.exclusive_creates import ExclusiveCreateCheck
 from haystack_integrations.offload.stores.options import redacted_url

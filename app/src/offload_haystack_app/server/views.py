@@ -14,18 +14,19 @@ from haystack.hooks.human_in_the_loop.strategies import (
     USER_FEEDBACK_TEMPLATE,
 )
 
-from haystack_integrations.offload.approvals import META_KEY, ApprovalDecision, ApprovalRequest, AuditEvent, CallOutcome
-from haystack_integrations.offload.approvals.approval_records import APPROVAL_DENIED, APPROVAL_EXPIRED
-from haystack_integrations.offload.approvals.outcomes import APPROVAL_REQUIRED_META_KEY
-from haystack_integrations.offload.hooks.pointers import OFFLOADED_META_KEY
-from haystack_integrations.offload.sessions.service import (
-    DecisionOutcome,
-    SessionSummary,
-    Transcript,
-    TurnOutcome,
-    media_type_of,
-    record_named,
+from haystack_integrations.offload.approvals import (
+    APPROVAL_DENIED,
+    APPROVAL_EXPIRED,
+    APPROVAL_REQUIRED_META_KEY,
+    META_KEY,
+    ApprovalDecision,
+    ApprovalRequest,
+    AuditEvent,
+    CallOutcome,
 )
+from haystack_integrations.offload.hooks import OFFLOADED_META_KEY
+from haystack_integrations.offload.sessions import DecisionOutcome, SessionSummary, Transcript, TurnOutcome
+from haystack_integrations.offload.sessions.service import media_type_of, record_named
 from haystack_integrations.offload.stores import StoredResult
 
 MAX_TOOL_TEXT_CHARS = 4000

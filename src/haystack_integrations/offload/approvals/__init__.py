@@ -7,6 +7,9 @@ any worker: everything lives under the session's scope in the store.
 """
 
 from haystack_integrations.offload.approvals.approval_records import (
+    APPROVAL_DENIED,
+    APPROVAL_EXPIRED,
+    APPROVAL_INVALID,
     ApprovalDecision,
     ApprovalRequest,
     AuditEvent,
@@ -37,14 +40,19 @@ from haystack_integrations.offload.approvals.errors import (
     ResumeConversationError,
     ResumeInterruptedError,
 )
-from haystack_integrations.offload.approvals.outcomes import META_KEY
-from haystack_integrations.offload.approvals.resume import resume, resume_async
+from haystack_integrations.offload.approvals.outcomes import APPROVAL_REQUIRED_META_KEY, META_KEY
+from haystack_integrations.offload.approvals.resume import DEFAULT_RESUME_LEASE, resume, resume_async
 from haystack_integrations.offload.approvals.rules import AskOncePerSession, AskWhen
 from haystack_integrations.offload.context import APPROVAL_CHANNEL_KEY
 
 __all__ = [
     "APPROVAL_CHANNEL_KEY",
+    "APPROVAL_DENIED",
+    "APPROVAL_EXPIRED",
+    "APPROVAL_INVALID",
     "APPROVAL_REQUIRED",
+    "APPROVAL_REQUIRED_META_KEY",
+    "DEFAULT_RESUME_LEASE",
     "META_KEY",
     "ApprovalAlreadyDecidedError",
     "ApprovalCallback",

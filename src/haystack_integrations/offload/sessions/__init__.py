@@ -26,8 +26,17 @@ _import_structure = {
     ],
     "conversation_cache": ["ConversationCache"],
     "history": ["SessionBusyError", "SessionHistory", "TurnAbandonedError"],
-    "progress": ["TurnProgress"],
-    "service": ["ChatService", "DecisionOutcome", "ResultPage", "SessionSummary", "Transcript", "TurnOutcome"],
+    "progress": ["OffloadProgressHook", "ToolCallProgressHook", "ToolResultProgressHook", "TurnProgress"],
+    "service": [
+        "DEFAULT_PAGE_BYTES",
+        "MAX_PAGE_BYTES",
+        "ChatService",
+        "DecisionOutcome",
+        "ResultPage",
+        "SessionSummary",
+        "Transcript",
+        "TurnOutcome",
+    ],
 }
 
 if TYPE_CHECKING:
@@ -46,7 +55,12 @@ if TYPE_CHECKING:
     from .history import SessionBusyError as SessionBusyError
     from .history import SessionHistory as SessionHistory
     from .history import TurnAbandonedError as TurnAbandonedError
+    from .progress import OffloadProgressHook as OffloadProgressHook
+    from .progress import ToolCallProgressHook as ToolCallProgressHook
+    from .progress import ToolResultProgressHook as ToolResultProgressHook
     from .progress import TurnProgress as TurnProgress
+    from .service import DEFAULT_PAGE_BYTES as DEFAULT_PAGE_BYTES
+    from .service import MAX_PAGE_BYTES as MAX_PAGE_BYTES
     from .service import ChatService as ChatService
     from .service import DecisionOutcome as DecisionOutcome
     from .service import ResultPage as ResultPage
