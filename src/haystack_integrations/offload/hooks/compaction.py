@@ -28,7 +28,7 @@ from haystack_integrations.offload.compat import last_assistant_index as _last_a
 from haystack_integrations.offload.context import run_store
 from haystack_integrations.offload.hooks.compaction_rounds import OffloadRounds
 from haystack_integrations.offload.hooks.pointers import OffloadPlan
-from haystack_integrations.offload.hooks.writes import offload, offload_async
+from haystack_integrations.offload.hooks.step_offload import offload, offload_async
 
 logger = logging.getLogger(__name__)
 

@@ -14,6 +14,7 @@ from haystack.utils.deserialization import deserialize_component_inplace
 
 from haystack_integrations.offload.context import run_store
 from haystack_integrations.offload.hooks.pointers import OffloadPlan, plan, store_tenant
+from haystack_integrations.offload.hooks.step_offload import offload, offload_async
 from haystack_integrations.offload.hooks.strategies import (
     deserialize_strategies,
     policy_for,
@@ -21,7 +22,6 @@ from haystack_integrations.offload.hooks.strategies import (
     validate_strategies,
 )
 from haystack_integrations.offload.hooks.write_behind import settle_run
-from haystack_integrations.offload.hooks.writes import offload, offload_async
 from haystack_integrations.offload.metrics import result_offloaded
 
 
