@@ -89,6 +89,8 @@ FAULT_KINDS = ["reset-after", "503", "timeout"]
 # Client-side S3 settings: a withheld answer costs the read timeout, then the store retries (bounded).
 S3_TIMEOUTS = {"read_timeout": 1.0, "connect_timeout": 1.0}
 RETRY = RetryPolicy(attempts=4, base_delay=0.05, max_delay=0.5, deadline=10.0, attempt_timeout=3.0)
+_TESTS = Path(__file__).resolve().parents[1] / "tests"
+"""The test rigs this benchmark borrows (tests/support/): the Ceph RGW launcher and the isolation the RGW lane uses."""
 LEASE = 3.0
 """Seconds of both leases (a turn's, a resuming worker's claim), so a dead worker's work is recovered within the run."""
 CALL_TIMEOUT = 30.0
@@ -235,15 +237,17 @@ def session_plans(count: int, run: str) -> list[SessionPlan]:
 # Server processes: the S3 server (moto's, or a one-node Ceph RGW) and the fault proxy, each in a process of its own
 
 
-def _s3_process(connection: Connection, server_kind: str) -> None:
+def _s3_process(connection: Connection, server_kind: str, isolation: bool) -> None:
     # The Ceph launcher is a test rig of ours (tests/support/), not part of the library.
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    sys.path.insert(0, str(_TESTS))
     from haystack_integrations.offload.testing.local_s3 import LocalS3Server
     from support.ceph_rgw import CephRGWServer
 
-    server_class = CephRGWServer if server_kind == "rgw" else LocalS3Server
-    with server_class(bucket=BUCKET) as server:
-        connection.send(server.storage_options())
+    server = CephRGWServer(bucket=BUCKET, sts=isolation) if server_kind == "rgw" else LocalS3Server(bucket=BUCKET)
+    with server:
+        # With isolation, the role every tenant's STS credentials come from (as the RGW lane's `real_s3_tenant_role`).
+        role_arn = server.create_tenant_role() if isolation else None
+        connection.send({"options": server.storage_options(), "role_arn": role_arn})
         while connection.recv() != "stop":
             pass
         connection.send(None)
@@ -308,6 +312,33 @@ class WorkerConfig:
     die_at: int | None = None
     """SIGKILL this process right after the side effect of its n-th tool execution (None: never)."""
     engine: str = "fsspec"
+    isolation: "Isolation | None" = None
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """
+    Per-tenant isolation on RGW, as the tests' isolated lane builds its stores (``tests/support/isolation.py``): every
+    tenant's requests sign with STS credentials of `role_arn` limited to its prefix, and each tenant has its own SSE-C
+    key. STS is asked directly (`sts_endpoint_url`, not through the fault proxy): the faults are the object store's.
+    """
+
+    role_arn: str
+    sts_endpoint_url: str
+
+    def store_kwargs(self) -> dict[str, Any]:
+        """The store's ``credentials`` and ``encryption`` arguments."""
+        if str(_TESTS) not in sys.path:
+            sys.path.insert(0, str(_TESTS))
+        from support.isolation import isolation_kwargs
+
+        return isolation_kwargs(self.role_arn, sts_endpoint_url=self.sts_endpoint_url)
+
+
+def _store(url: str, storage_options: dict[str, Any], engine: str, isolation: Isolation | None, **kwargs: Any) -> Any:
+    """A root store on `url`, isolated per tenant when `isolation` is given."""
+    extra = isolation.store_kwargs() if isolation is not None else {}
+    return FsspecToolResultStore(url, storage_options=storage_options, engine=engine, **extra, **kwargs)
 
 
 def _requests_of(pending: list[Any]) -> list[dict[str, Any]]:
@@ -386,7 +417,7 @@ def _worker_process(connection: Connection, config: WorkerConfig) -> None:
 
 
 async def _worker(connection: Connection, config: WorkerConfig) -> None:
-    root = FsspecToolResultStore(config.url, storage_options=config.storage_options, retry=RETRY, engine=config.engine)
+    root = _store(config.url, config.storage_options, config.engine, config.isolation, retry=RETRY)
     await root.warm_up_async()
     service = ChatService(build_agent(), turn_lease=LEASE, resume_lease=LEASE, worker=config.name)
     loop = asyncio.get_running_loop()
@@ -825,7 +856,10 @@ class RunResult:
     continues: int = 0
     no_continue: int = 0
     audit_gaps: int = 0
-    """Calls that ran without their request's `approval.requested` and `approval.decided` in the audit."""
+    """Calls whose audit is wrong as the flows left it: a call that ran without its request's `approval.requested`,
+    `approval.decided` and exactly one `approval.executed`, or a call that never ran with an `approval.executed`."""
+    audit_gaps_after_read: int = 0
+    """Of those, the ones still wrong after the checker's own reads (which repair a finished step's executed events)."""
     kills: int = 0
     hung_requests: int = 0
     """Requests a live worker never answered (its worker was restarted after `CALL_TIMEOUT`)."""
@@ -833,6 +867,8 @@ class RunResult:
     """Requests in flight at a killed worker, by operation (the client saw its connection drop)."""
     s3_requests: int = 0
     faults: dict[str, int] = field(default_factory=dict)
+    methods: dict[str, int] = field(default_factory=dict)
+    """S3 requests by HTTP method, as the proxy saw them."""
     round_trip_p50_ms: float = 0.0
     round_trip_p95_ms: float = 0.0
     round_trips: int = 0
@@ -857,13 +893,16 @@ async def check(
     runs = read_ledger(ledger)
     for plan, flow in zip(plans, flows, strict=True):
         store = root.for_session(plan.tenant, plan.session)
+        # The audit first, as the flows left it: the reads below (pending, the open step) repair a finished step's
+        # missing `approval.executed` events, as any request would, and would hide what a failed append left.
+        left = await service.audit(store)
         transcript = await service.transcript(store)
         answered = {
             str(m.tool_call_result.origin.id): m.tool_call_result for m in transcript.messages if m.tool_call_result
         }
-        audited = {(e.event, e.tool_call_id) for e in await service.audit(store)}
         pending = await service.pending(store)
         step = await open_step_async(store)
+        after = await service.audit(store) if _audit_faults(plan, runs, left) else left
         if pending or step is not None or transcript.busy:
             result.stuck += 1
             result.notes.append(
@@ -893,10 +932,14 @@ async def check(
             elif executed:
                 result.unapproved_run += 1
                 result.notes.append(f"{plan.session}/{call_id}: {tool} ran without approval ({len(executed)}x)")
-            missing = [e for e in ("approval.requested", "approval.decided") if (e, call_id) not in audited]
-            if executed and missing:
+            fault = _audit_fault(call_id, executed, left)
+            if fault is not None:
                 result.audit_gaps += 1
-                result.notes.append(f"{plan.session}/{call_id}: ran, {' and '.join(missing)} not in the audit")
+                still = _audit_fault(call_id, executed, after)
+                then = f"still after the checker's reads: {still}" if still else "repaired by the checker's reads"
+                trail = [(e.event, e.request_id, e.actor) for e in left if e.tool_call_id == call_id]
+                result.notes.append(f"{plan.session}/{call_id}: {fault} ({then}); audit {trail}")
+                result.audit_gaps_after_read += still is not None
             answer = answered.get(call_id)
             if executed and (answer is None or answer.error):
                 result.results_missing += 1
@@ -905,6 +948,24 @@ async def check(
                 result.answers_missing += 1
                 why = await _without_done_record(store)
                 result.notes.append(f"{plan.session}/{call_id}: denial/guard answer not in the transcript{why}")
+
+
+def _audit_fault(call_id: str, executed: list[dict[str, Any]], events: list[Any]) -> str | None:
+    """
+    What is wrong with one call's audit, or None: a call that ran (its ledger line) must have its request's
+    ``approval.requested`` and ``approval.decided`` and exactly one ``approval.executed``; one that never ran, none.
+    """
+    counts = Counter(e.event for e in events if e.tool_call_id == call_id)
+    if not executed:
+        return f"never ran, {counts['approval.executed']} approval.executed" if counts["approval.executed"] else None
+    wrong = [f"{e} missing" for e in ("approval.requested", "approval.decided") if not counts[e]]
+    if counts["approval.executed"] != 1:
+        wrong.append(f"{counts['approval.executed']} approval.executed")
+    return f"ran {len(executed)}x, {', '.join(wrong)}" if wrong else None
+
+
+def _audit_faults(plan: SessionPlan, runs: dict[str, list[dict[str, Any]]], events: list[Any]) -> bool:
+    return any(_audit_fault(call_id, runs.get(plan.ref(call_id), []), events) for call_id, _, _ in plan.calls)
 
 
 async def _without_done_record(store: FsspecToolResultStore) -> str:
@@ -929,6 +990,7 @@ async def run_scenario(
     proxy: ServerProcess,
     seed: int,
     baseline_wall: float | None,
+    isolation: Isolation | None = None,
 ) -> RunResult:
     run = f"run{seed}-{uuid.uuid4().hex[:6]}"
     url = f"s3://{BUCKET}/{run}"
@@ -942,7 +1004,7 @@ async def run_scenario(
         if scenario.kills == "mid-call" and kills_left[0] > 0 and slot == 0:
             die_at = rng.randint(1, 4)  # the n-th execution of this worker dies right after its side effect
             kills_left[0] -= 1
-        return WorkerConfig(url, proxied, str(ledger), f"w{slot}.{generation}", die_at, args.engine)
+        return WorkerConfig(url, proxied, str(ledger), f"w{slot}.{generation}", die_at, args.engine, isolation)
 
     proxy.ask(("plan", (0.0, seed)))
     pool = WorkerPool(args.workers, make_config)
@@ -989,7 +1051,7 @@ async def run_scenario(
         cut_requests=cut,
         hung_requests=hung,
     )
-    direct = FsspecToolResultStore(url, storage_options=s3_options, engine=args.engine)
+    direct = _store(url, s3_options, args.engine, isolation)
     await check(plans, flows, direct, ledger, result)
     ledger.unlink(missing_ok=True)
     trips = sorted(trip for done in flows for trip in done.round_trips)
@@ -1000,6 +1062,7 @@ async def run_scenario(
     result.round_trips = len(trips)
     result.s3_requests = report["requests"]
     result.faults = report["faults"]
+    result.methods = report["methods"]
     result.may_have_run_asks = sum(done.may_have_run_asks for done in flows)
     result.elsewhere = sum(done.elsewhere for done in flows)
     result.continues = sum(done.continues for done in flows)
@@ -1024,10 +1087,11 @@ def _share(part: int, whole: int) -> str:
 def tables(setup: dict[str, Any], results: list[RunResult]) -> str:
     base = results[0]
     base_requests = base.s3_requests / max(base.sessions, 1)
+    isolated = ", STS credentials and an SSE-C key per tenant" if setup.get("isolation") else ""
     lines = [
         f"{setup['sessions']} sessions per run, {setup['workers']} worker processes, {setup['concurrency']} flows at "
-        f"a time; {setup['server']} S3 ({setup['engine']} engine) and the fault proxy in processes of their own "
-        f"(faults per request); leases {LEASE:.0f} s; S3 read timeout "
+        f"a time; {setup['server']} S3 ({setup['engine']} engine{isolated}) and the fault proxy in processes of "
+        f"their own (faults per request); leases {LEASE:.0f} s; S3 read timeout "
         f"{S3_TIMEOUTS['read_timeout']:.0f} s; {setup['cpus']} CPUs; seed {setup['seed']}. Faults drawn among "
         "reset-after, 503 SlowDown and timeout.",
         "",
@@ -1084,13 +1148,15 @@ async def main_async(args: argparse.Namespace) -> list[RunResult]:
         scenarios += [
             Scenario(f"SIGKILL mid-call + {args.kills_with_faults:.0%} faults", args.kills_with_faults, "mid-call")
         ]
-    s3 = ServerProcess(_s3_process, args.server)
-    proxy = ServerProcess(_proxy_process, s3.hello["endpoint_url"])
+    s3 = ServerProcess(_s3_process, args.server, args.isolation)
+    options = s3.hello["options"]
+    isolation = Isolation(s3.hello["role_arn"], options["endpoint_url"]) if args.isolation else None
+    proxy = ServerProcess(_proxy_process, options["endpoint_url"])
     results: list[RunResult] = []
     try:
         for number, scenario in enumerate(scenarios):
             baseline_wall = results[0].wall_s if results else None
-            result = await run_scenario(scenario, args, s3.hello, proxy, args.seed + number, baseline_wall)
+            result = await run_scenario(scenario, args, options, proxy, args.seed + number, baseline_wall, isolation)
             summary = {k: v for k, v in asdict(result).items() if k not in {"notes", "unexpected"}}
             print(f"# {json.dumps(summary)}", file=sys.stderr, flush=True)
             for note in result.notes[:20]:
@@ -1127,9 +1193,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--server", choices=["moto", "rgw"], default="moto", help="the S3 server (rgw: a Ceph RGW)")
     parser.add_argument("--engine", choices=["fsspec", "obstore"], default="fsspec", help="the store's S3 engine")
+    parser.add_argument(
+        "--isolation",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="per-tenant STS credentials and SSE-C keys, as the tests' isolated RGW lane (default: on for rgw; "
+        "moto cannot: it has no role to assume here)",
+    )
     parser.add_argument("--quick", action="store_true", help="10 sessions; baseline, 10%% faults, one kill mid-call")
     parser.add_argument("--json", help="also write the numbers to this file")
     args = parser.parse_args(argv)
+    if args.isolation is None:
+        args.isolation = args.server == "rgw"
+    if args.isolation and args.server != "rgw":
+        parser.error("--isolation needs --server rgw (STS roles are made on the RGW this benchmark starts)")
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # aiohttp's "Unclosed client session" at teardown
     if args.quick:
         args.sessions, args.rates, args.kills, args.kills_with_faults = 10, [0.10], 1, 0.0
@@ -1144,6 +1221,7 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed,
         "server": args.server,
         "engine": args.engine,
+        "isolation": args.isolation,
     }
     print(tables(setup, results))
     if args.json:

@@ -186,7 +186,12 @@ HOSTS = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
 
 @contextlib.contextmanager
 def deployment(
-    count: int, store: str, storage_options: Mapping[str, Any], tokens: Mapping[str, str], workdir: Path
+    count: int,
+    store: str,
+    storage_options: Mapping[str, Any],
+    tokens: Mapping[str, str],
+    workdir: Path,
+    settings: Mapping[str, str] | None = None,
 ) -> Iterator[tuple[list[Replica], LoadBalancer]]:
     """
     `count` replicas (up to 3) on `store`, each ready, behind a started `LoadBalancer`; all killed when it ends.
@@ -196,9 +201,11 @@ def deployment(
     :param storage_options: Its options.
     :param tokens: Bearer token -> tenant.
     :param workdir: Where the logs and HAProxy's configuration go.
+    :param settings: More ``OFFLOAD_SERVER_*`` variables every replica gets (e.g. a tenant role and an SSE-C master
+        key for isolation per tenant).
     :yields: The replicas and the balancer.
     """
-    environment = replica_environment(store, storage_options, tokens)
+    environment = {**replica_environment(store, storage_options, tokens), **(settings or {})}
     replicas = [Replica(f"r{n}", host, environment, workdir / f"r{n}.log") for n, host in enumerate(HOSTS[:count], 1)]
     balancer = LoadBalancer(replicas, workdir)
     try:
