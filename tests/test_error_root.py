@@ -57,6 +57,7 @@ BUILT_IN_BASES: dict[str, type[Exception]] = {
     "stores.failures.EncryptionKeyMissingError": PermissionError,
     "cli.CommandError": Exception,
     "sessions.history.SessionBusyError": RuntimeError,
+    "sessions.history.StaleHistoryError": RuntimeError,
     "sessions.history.TurnAbandonedError": RuntimeError,
     "sessions.history.HistoryRecordError": ValueError,
 }

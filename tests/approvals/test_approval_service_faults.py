@@ -567,10 +567,11 @@ async def test_a_call_that_runs_has_its_request_and_decision_in_the_audit_though
 
 
 class _ExecutedAuditDown(FaultPlan):
-    """Answer 500 to every PUT of an ``.executed.json`` audit event while armed; note every audit request."""
+    """Answer 500 to every PUT of an audit event of one kind (``.executed.json``) while armed; note audit requests."""
 
-    def __init__(self) -> None:
+    def __init__(self, kind: str = "executed") -> None:
         super().__init__()
+        self.suffix = f".{kind}.json"
         self.armed = True
         self.failed = 0
         self.audit_requests: list[tuple[str, str]] = []
@@ -578,10 +579,14 @@ class _ExecutedAuditDown(FaultPlan):
     def decide(self, request: ProxiedRequest) -> Fault | None:
         if "/.audit/" in request.target:
             self.audit_requests.append((request.method, request.target))
-        if self.armed and request.method == "PUT" and request.target.split("?")[0].endswith(".executed.json"):
+        if self.armed and request.method == "PUT" and request.target.split("?")[0].endswith(self.suffix):
             self.failed += 1
             return Fault.INTERNAL_ERROR
         return super().decide(request)
+
+    def puts(self) -> set[str]:
+        """The audit documents written since `audit_requests` was last emptied (a PUT sent again counts once)."""
+        return {target.split("?")[0] for method, target in self.audit_requests if method == "PUT"}
 
 
 @pytest.mark.s3
@@ -696,3 +701,93 @@ def test_the_sync_pending_approvals_repairs_a_finished_steps_audit_too(
     assert pending_approvals(faulty_session) == []
     executed = [e for e in read_audit(faulty_session) if e.event == "approval.executed"]
     assert [(e.tool_call_id, e.request_id) for e in executed] == [("c1", request.request_id)]
+
+
+def _events(events: list[Any], kind: str) -> list[tuple[str | None, str | None]]:
+    return [(event.tool_call_id, event.actor) for event in events if event.event == kind]
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("written_before_names_were_fixed", [False, True])
+async def test_a_denial_whose_audit_append_failed_is_audited_once_at_the_next_request(
+    faulty_session: FsspecToolResultStore, fault_proxy: FaultProxy, written_before_names_were_fixed: bool
+) -> None:
+    invoice_hook, _ = approvals()
+    service = ChatService(agent_with([invoice_hook]))
+    held = await service.send_message(
+        faulty_session, plan(("send_invoice", {"customer": "a", "amount": 5}, "c1")).text or ""
+    )
+    [request] = held.pending
+    audit_down = _ExecutedAuditDown("denied")
+    fault_proxy.plan = audit_down
+    try:
+        outcome = await service.decide(faulty_session, request.request_id, approved=False, reason="No.", actor="alice")
+    finally:
+        audit_down.armed = False
+    assert audit_down.failed >= 1
+    assert outcome.resumed is not None and [o.outcome for o in outcome.resumed.approval_outcomes] == ["denied"]
+    assert _events(await service.audit(faulty_session), "approval.denied") == []
+    if written_before_names_were_fixed:
+        # A step finished by the code before: its denial is in the audit under a random name, which a repair must see.
+        worker = next(e.actor for e in await service.audit(faulty_session) if e.event == "approval.resumed")
+        old = new_event(
+            event="approval.denied",
+            actor=worker,
+            tenant="acme",
+            session="chat-1",
+            step_id=request.step_id,
+            request_id=request.request_id,
+            tool_call_id="c1",
+            tool_name="send_invoice",
+            detail={"reason": "written by the code before"},
+        )
+        await append_audit_async(faulty_session, old)
+
+    del audit_down.audit_requests[:]
+    assert await service.pending(faulty_session) == []
+    assert len(audit_down.puts()) == (0 if written_before_names_were_fixed else 1)
+    [(call, actor)] = _events(await service.audit(faulty_session), "approval.denied")
+    assert call == "c1" and actor is not None and actor != "alice"  # the worker that finished the step
+    # Checked once per worker: the next request sends nothing to the audit.
+    del audit_down.audit_requests[:]
+    assert await service.pending(faulty_session) == []
+    assert audit_down.audit_requests == []
+    assert len(_events(await service.audit(faulty_session), "approval.denied")) == 1
+
+
+@pytest.mark.s3
+async def test_a_may_have_run_hold_whose_audit_append_failed_is_audited_once_at_the_next_request(
+    faulty_session: FsspecToolResultStore, fault_proxy: FaultProxy, ledger: Path
+) -> None:
+    STOP_ONCE.clear()
+    invoice_hook, _ = approvals()
+    service = ChatService(agent_with([invoice_hook], invoice=flaky_invoice), turn_lease=0.3, resume_lease=0.3)
+    held = await service.send_message(
+        faulty_session, plan(("send_invoice", {"customer": "b", "amount": 7}, "c1")).text or ""
+    )
+    [request] = held.pending
+    with pytest.raises(Stop):  # the worker dies mid-call
+        await service.decide(faulty_session, request.request_id, approved=True)
+    await asyncio.sleep(0.4)
+    audit_down = _ExecutedAuditDown("may_have_run")
+    fault_proxy.plan = audit_down
+    try:
+        again = await service.resume(faulty_session)
+    finally:
+        audit_down.armed = False
+    assert audit_down.failed >= 1 and [r.guard for r in again.pending] == ["may-have-run"]
+    assert _events(await service.audit(faulty_session), "approval.may_have_run") == []
+
+    del audit_down.audit_requests[:]
+    [uncertain] = await service.pending(faulty_session)
+    assert len(audit_down.puts()) == 1
+    [event] = [e for e in await service.audit(faulty_session) if e.event == "approval.may_have_run"]
+    assert (event.tool_call_id, event.request_id, event.detail["held_as"]) == (
+        "c1",
+        uncertain.request_id,
+        uncertain.request_id,
+    )
+    del audit_down.audit_requests[:]
+    assert await service.pending(faulty_session) == [uncertain]
+    assert audit_down.audit_requests == []
+    assert len(ran(ledger)) == 1

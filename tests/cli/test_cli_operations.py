@@ -142,11 +142,11 @@ def test_audit_repair_appends_the_executed_event_of_a_call_that_ran_once(
     ]
 
     code, out, err = _run(capsys, "audit", *filled.arguments(), *session, "--repair", "--json")
-    assert code == 0 and "appended 1 approval.executed event(s)" in err, err
+    assert code == 0 and "appended 1 audit event(s)" in err, err
     assert [event["event"] for event in json.loads(out)].count("approval.executed") == 1
     assert json.loads(documents.get(executed)) == written  # the same document, restated from the call's record
     code, out, err = _run(capsys, "audit", *filled.arguments(), *session, "--repair", "--json")
-    assert code == 0 and "appended 0 approval.executed event(s)" in err, err
+    assert code == 0 and "appended 0 audit event(s)" in err, err
     assert [event["event"] for event in json.loads(out)].count("approval.executed") == 1
 
 

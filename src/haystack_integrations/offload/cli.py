@@ -719,7 +719,7 @@ def _audit(arguments: argparse.Namespace) -> int:
     store = _root(arguments).for_session(tenant, session)
     if arguments.repair:
         appended = repair_audit(store)
-        print(f"Repaired {tenant}/{session}: appended {appended} approval.executed event(s).", file=sys.stderr)
+        print(f"Repaired {tenant}/{session}: appended {appended} audit event(s) its records prove.", file=sys.stderr)
     events = read_audit(store)
     if arguments.json:
         print_json([event.model_dump(mode="json") for event in events])
@@ -896,7 +896,7 @@ def _add_operator_commands(commands: Any) -> None:
     audit.add_argument(
         "--repair",
         action="store_true",
-        help="first append the approval.executed events of calls that ran but whose audit append failed",
+        help="first append the events a failed append lost (executed, denied, expired, ...), from the records",
     )
 
     doctor = commands.add_parser(

@@ -16,7 +16,8 @@ from haystack_integrations.offload.approvals.approval_records import (
     CallOutcome,
     Decision,
 )
-from haystack_integrations.offload.approvals.audit import read_audit, read_audit_async, repair_audit, repair_audit_async
+from haystack_integrations.offload.approvals.audit import read_audit, read_audit_async
+from haystack_integrations.offload.approvals.audit_repair import repair_audit, repair_audit_async
 from haystack_integrations.offload.approvals.channels import (
     APPROVAL_REQUIRED,
     ApprovalCallback,

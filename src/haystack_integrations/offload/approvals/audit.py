@@ -4,10 +4,8 @@ The session's audit record: one small document per event in ``.audit/``, named s
 
 import asyncio
 import itertools
-import logging
 import secrets
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -18,24 +16,15 @@ from haystack_integrations.offload.approvals.approval_records import (
     ApprovalDecision,
     ApprovalRequest,
     AuditEvent,
+    CallOutcome,
     CallRecord,
     HeldStep,
     StepDone,
     arguments_digest,
 )
-from haystack_integrations.offload.approvals.blocking import run_blocking
-from haystack_integrations.offload.approvals.ledger import (
-    ApprovalLedger,
-    ApprovalSnapshot,
-    call_key,
-    idempotency_key,
-    sequence_of,
-    session_scope,
-)
-from haystack_integrations.offload.errors import OffloadError, ResultNotFoundError
+from haystack_integrations.offload.approvals.ledger import session_scope
+from haystack_integrations.offload.errors import ResultNotFoundError
 from haystack_integrations.offload.types import Documents, SessionDocumentSource
-
-logger = logging.getLogger(__name__)
 
 NAMESPACE = "audit"
 _counter = itertools.count(1)
@@ -149,130 +138,52 @@ def executed_event(
     )
 
 
-# The finished steps whose audit this process holds complete (appended here, or checked): each is checked once per
-# process, so the requests that read a finished step cost no more after the first. Bounded: a forgotten one is checked
-# again (a few reads), never audited twice (the events' names are fixed).
-_AUDITED: "OrderedDict[tuple[str, str, str, str], None]" = OrderedDict()
-_AUDITED_LOCK = threading.Lock()
-_AUDITED_MAX = 4096
-
-
-def _audited_key(tenant: str, session: str, done: StepDone) -> tuple[str, str, str, str]:
-    return (tenant, session, done.step_id, done.finished_at.isoformat())
-
-
-def mark_audited(tenant: str, session: str, done: StepDone) -> None:
+def outcome_event(step: HeldStep, done: StepDone, outcome: CallOutcome) -> RecordedEvent:
     """
-    Note that a finished step's audit is complete (its events were appended), so `repair_finished_async` skips it.
+    The event of a call of a finished step that did not run there (denied, expired, held again, ...), restating the
+    step's done record: whoever writes it (the worker that finished the step, a repair) writes the same document.
 
-    :param tenant: The session's tenant.
-    :param session: The session.
-    :param done: The step's done record.
+    :param step: The finished step.
+    :param done: Its done record.
+    :param outcome: The call's outcome; it must name its request.
+    :returns: The event, at the step's end (plus the call's position in microseconds, to keep the calls' order).
     """
-    with _AUDITED_LOCK:
-        _AUDITED[_audited_key(tenant, session, done)] = None
-        while len(_AUDITED) > _AUDITED_MAX:
-            _AUDITED.popitem(last=False)
+    return RecordedEvent(
+        at=done.finished_at + timedelta(microseconds=outcome.position),
+        event=f"approval.{outcome.outcome.replace('-', '_')}",
+        actor=done.finished_by,
+        tenant=step.tenant,
+        session=step.session,
+        step_id=step.step_id,
+        request_id=outcome.request_id,
+        tool_call_id=outcome.tool_call_id,
+        tool_name=outcome.tool_name,
+        detail={"reason": outcome.reason},
+    )
 
 
-def _was_audited(tenant: str, session: str, done: StepDone) -> bool:
-    with _AUDITED_LOCK:
-        return _audited_key(tenant, session, done) in _AUDITED
-
-
-def owes_audit_check(ledger: ApprovalLedger, snapshot: ApprovalSnapshot) -> bool:
+def may_have_run_event(step_id: str, request: ApprovalRequest, idempotency: str) -> RecordedEvent:
     """
-    :param ledger: The session's ledger.
-    :param snapshot: What a request read of the newest step.
-    :returns: Whether the step is finished and this process has not checked its audit yet.
+    The ``approval.may_have_run`` event of a call whose worker stopped mid-call, restating the request that holds it.
+
+    :param step_id: The step whose resume found the call claimed and not recorded.
+    :param request: The "may have run" request holding the call again.
+    :param idempotency: The call's idempotency key.
+    :returns: The event, at the request's creation (plus its position in microseconds).
     """
-    done = snapshot.done
-    return done is not None and not _was_audited(ledger.tenant, ledger.session, done)
-
-
-async def repair_finished_async(ledger: ApprovalLedger, snapshot: ApprovalSnapshot) -> None:
-    """
-    Append the ``approval.executed`` events the session's newest finished step owes: those of its approved calls whose
-    result is recorded (they ran) though the append after the step finished failed.
-
-    Read by name, no listing: the step's chain, a GET per call for its record and one per event; a write per missing
-    event. Checked once per process and step. Never raises: a failure is logged and the next request tries again.
-
-    :param ledger: The session's ledger.
-    :param snapshot: What the request read of the newest step; nothing is done unless it is finished.
-    """
-    step, done = snapshot.step, snapshot.done
-    if step is None or done is None or not owes_audit_check(ledger, snapshot):
-        return
-    try:
-        await append_missing_async(ledger.store, await _executed_events_owed(ledger, step))
-    except OffloadError as error:
-        logger.warning("Could not check the audit of finished step %s: %s", step.step_id, error)
-        return
-    mark_audited(ledger.tenant, ledger.session, done)
-
-
-async def repair_audit_async(store: SessionDocumentSource) -> int:
-    """
-    Append every ``approval.executed`` event a session's audit lacks for a call that ran, in every finished step (the
-    operator's repair; requests repair the newest step only). A step read per held step, so it costs the history.
-
-    :param store: The session's store.
-    :returns: How many events were appended.
-    :raises StorageError: If the backend fails.
-    """
-    ledger = ApprovalLedger(store)
-    newest = await ledger.newest_async() or 0
-    dones = await asyncio.gather(*(ledger.done_async(sequence) for sequence in range(1, newest + 1)))
-    finished = [sequence for sequence, done in enumerate(dones, start=1) if done is not None]
-    steps = await asyncio.gather(*(ledger.step_async(sequence) for sequence in finished))
-    owed = await asyncio.gather(*(_executed_events_owed(ledger, step) for step in steps))
-    return await append_missing_async(store, [event for events in owed for event in events])
-
-
-def repair_audit(store: SessionDocumentSource) -> int:
-    """
-    Sync `repair_audit_async`.
-
-    ```python
-    appended = repair_audit(results.for_session("acme", "chat-42"))
-    ```
-    """
-    return run_blocking(repair_audit_async(store))
-
-
-async def _executed_events_owed(ledger: ApprovalLedger, step: HeldStep) -> list[RecordedEvent]:
-    """The ``approval.executed`` events of `step`'s approved calls whose result is recorded."""
-    chain = [step]
-    while chain[-1].continues is not None:
-        chain.append(await ledger.step_async(sequence_of(str(chain[-1].continues))))
-    first_step_id = chain[-1].step_id
-    # The request `resume` named each call's event after (`Rulings.request_of`): by guard and call, later steps
-    # winning, in the order the guards first asked; then the last guard's.
-    by_guard: dict[tuple[str, str], str] = {}
-    for held in reversed(chain):
-        for request in held.requests():
-            if request.tool_call_id is not None:
-                by_guard[(request.guard, request.tool_call_id)] = request.request_id
-    requests = {call_id: request_id for (_, call_id), request_id in by_guard.items()}
-    calls = [
-        (call_key(first_step_id, call.id, position), requests[call.id])
-        for position, call in enumerate(step.chat_message().tool_calls)
-        if call.id is not None and call.id in requests
-    ]
-    records = await asyncio.gather(*(ledger.call_record_async(key) for key, _ in calls))
-    return [
-        executed_event(
-            record,
-            tenant=ledger.tenant,
-            session=ledger.session,
-            step_id=step.step_id,
-            request_id=request,
-            idempotency=idempotency_key(ledger.tenant, ledger.session, key),
-        )
-        for (key, request), record in zip(calls, records, strict=True)
-        if record is not None
-    ]
+    return RecordedEvent(
+        at=request.created + timedelta(microseconds=request.position),
+        event="approval.may_have_run",
+        actor=request.requested_by,
+        tenant=request.tenant,
+        session=request.session,
+        step_id=step_id,
+        request_id=request.request_id,
+        tool_call_id=request.tool_call_id,
+        tool_name=request.tool_name,
+        arguments_digest=request.arguments_digest,
+        detail={"held_as": request.request_id, "idempotency_key": idempotency},
+    )
 
 
 def _about(request: ApprovalRequest) -> dict[str, Any]:
@@ -287,14 +198,24 @@ def _about(request: ApprovalRequest) -> dict[str, Any]:
     }
 
 
-def _name(event: AuditEvent) -> str:
+def event_name(event: AuditEvent) -> str:
+    """
+    :param event: An event.
+    :returns: Its document's name: its time first, then its request and kind (a `RecordedEvent`), else a nonce.
+    """
     stamp = f"{event.at.strftime('%Y%m%dT%H%M%S%f')}Z"
     if isinstance(event, RecordedEvent):
         return f"{stamp}-{event.request_id}.{event.event.removeprefix('approval.')}.json"
     return f"{stamp}-{next(_counter):012d}-{secrets.token_hex(4)}.json"
 
 
-def _documents(store: SessionDocumentSource) -> Documents:
+def audit_documents(store: SessionDocumentSource) -> Documents:
+    """
+    :param store: The session's store.
+    :returns: Its audit namespace.
+    :raises TypeError: If the store keeps no documents.
+    :raises ValueError: If the store is not scoped to one session.
+    """
     session_scope(store)  # the same checks, and errors, as the approval ledger's
     return store.documents(NAMESPACE)
 
@@ -307,14 +228,14 @@ def append_audit(store: SessionDocumentSource, *events: AuditEvent) -> None:
     :param events: The events, in order.
     :raises StorageError: If the backend fails.
     """
-    documents = _documents(store)
+    documents = audit_documents(store)
     for event in events:
-        documents.put(_name(event), event.model_dump_json().encode())
+        documents.put(event_name(event), event.model_dump_json().encode())
 
 
 async def append_audit_async(store: SessionDocumentSource, *events: AuditEvent) -> None:
     """Async `append_audit`; the events are written concurrently (their names already fix their order)."""
-    await _put_all(_documents(store), events)
+    await put_events_async(audit_documents(store), events)
 
 
 async def append_missing_async(store: SessionDocumentSource, events: list[RecordedEvent]) -> int:
@@ -327,24 +248,35 @@ async def append_missing_async(store: SessionDocumentSource, events: list[Record
     :returns: How many were missing (and appended).
     :raises StorageError: If the backend fails.
     """
-    documents = _documents(store)
-    present = await asyncio.gather(*(_exists(documents, _name(event)) for event in events))
+    documents = audit_documents(store)
+    present = await asyncio.gather(*(event_exists_async(documents, event_name(event)) for event in events))
     missing = [event for event, found in zip(events, present, strict=True) if not found]
-    await _put_all(documents, missing)
+    await put_events_async(documents, missing)
     return len(missing)
 
 
-async def _put_all(documents: Documents, events: Sequence[AuditEvent]) -> None:
-    # Concurrently, and every write ends before this does, failed or not: a write left running would land after the
-    # caller has been told the append failed, beside the repair that follows.
-    writes = (documents.put_async(_name(event), event.model_dump_json().encode()) for event in events)
+async def put_events_async(documents: Documents, events: Sequence[AuditEvent]) -> None:
+    """
+    Write events concurrently; every write ends before this does, failed or not (a write left running would land
+    after the caller has been told the append failed, beside the repair that follows).
+
+    :param documents: The audit namespace.
+    :param events: The events.
+    :raises StorageError: The first write's failure, once all have ended.
+    """
+    writes = (documents.put_async(event_name(event), event.model_dump_json().encode()) for event in events)
     outcomes = await asyncio.gather(*writes, return_exceptions=True)
     failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
     if failures:
         raise failures[0]
 
 
-async def _exists(documents: Documents, name: str) -> bool:
+async def event_exists_async(documents: Documents, name: str) -> bool:
+    """
+    :param documents: The audit namespace.
+    :param name: An event's document name.
+    :returns: Whether it is there (one GET).
+    """
     try:
         await documents.get_async(name)
     except ResultNotFoundError:
@@ -367,13 +299,13 @@ def read_audit(store: SessionDocumentSource) -> list[AuditEvent]:
     :raises TypeError: If the store keeps no documents.
     :raises ValueError: If the store is not scoped to one session.
     """
-    documents = _documents(store)
+    documents = audit_documents(store)
     return _parsed([(name, documents.get(name)) for name in documents.list()])
 
 
 async def read_audit_async(store: SessionDocumentSource) -> list[AuditEvent]:
     """Async `read_audit`; the documents are read concurrently."""
-    documents = _documents(store)
+    documents = audit_documents(store)
     names = await documents.list_async()
     contents = await asyncio.gather(*(documents.get_async(name) for name in names))
     return _parsed(list(zip(names, contents, strict=True)))

@@ -21,9 +21,8 @@ from haystack_integrations.offload.approvals.audit import (
     append_audit,
     append_audit_async,
     decided_event,
-    owes_audit_check,
-    repair_finished_async,
 )
+from haystack_integrations.offload.approvals.audit_repair import owes_audit_check, repair_newest_async
 from haystack_integrations.offload.approvals.blocking import run_blocking
 from haystack_integrations.offload.approvals.errors import (
     ApprovalAlreadyDecidedError,
@@ -58,8 +57,8 @@ def pending_approvals(store: SessionDocumentSource) -> list[ApprovalRequest]:
     """
     ledger = ApprovalLedger(store)
     snapshot = ledger.snapshot()
-    if owes_audit_check(ledger, snapshot):  # a finished step's audit, if its append failed
-        run_blocking(repair_finished_async(ledger, snapshot))
+    if owes_audit_check(ledger, snapshot):  # the newest step's audit, if an append failed
+        run_blocking(repair_newest_async(ledger, snapshot))
     return ledger.saw_waiting(_waiting_in(snapshot))
 
 
@@ -67,7 +66,7 @@ async def pending_approvals_async(store: SessionDocumentSource) -> list[Approval
     """Async `pending_approvals`."""
     ledger = ApprovalLedger(store)
     snapshot = await ledger.snapshot_async()
-    await repair_finished_async(ledger, snapshot)  # a finished step's audit, if its append failed
+    await repair_newest_async(ledger, snapshot)  # the newest step's audit, if an append failed
     return ledger.saw_waiting(_waiting_in(snapshot))
 
 
@@ -141,8 +140,8 @@ async def open_step_async(store: SessionDocumentSource) -> "OpenStep | None":
     ledger = ApprovalLedger(store)
     snapshot = await ledger.snapshot_async()
     step, listing = snapshot.step, snapshot.listing
+    await repair_newest_async(ledger, snapshot)  # the newest step's audit, if an append failed
     if step is None or snapshot.done is not None:
-        await repair_finished_async(ledger, snapshot)  # a finished step's audit, if its append failed
         ledger.saw_waiting([])
         return None
     at = now()

@@ -46,9 +46,11 @@ from haystack_integrations.offload.approvals.audit import (
     append_audit_async,
     append_missing_async,
     executed_event,
-    mark_audited,
+    may_have_run_event,
     new_event,
+    outcome_event,
 )
+from haystack_integrations.offload.approvals.audit_repair import mark_audited
 from haystack_integrations.offload.approvals.blocking import run_blocking
 from haystack_integrations.offload.approvals.channels import APPROVAL_REQUIRED, DurableApprovals
 from haystack_integrations.offload.approvals.errors import (
@@ -68,13 +70,13 @@ from haystack_integrations.offload.approvals.ledger import (
 )
 from haystack_integrations.offload.approvals.outcomes import (
     APPROVAL_REQUIRED_META_KEY,
-    META_KEY,
     RESULT_FORMATS,
     ResultFormat,
     approval_notice,
     denial_result,
 )
 from haystack_integrations.offload.approvals.rulings import Ruling, Rulings, read_rulings
+from haystack_integrations.offload.approvals.step_outcomes import step_outcomes
 from haystack_integrations.offload.context import RESUMING_KEY, resume_context
 from haystack_integrations.offload.errors import OffloadError, StorageError
 from haystack_integrations.offload.leases import renewing
@@ -449,17 +451,7 @@ class _Resumed:
         approval("may_have_run", len(held.requests()), tenant=self.step.tenant)
         keys = {item.call.id: item.idempotency for item in plan}
         for request in held.requests():
-            self.events.append(
-                _event(
-                    self.step,
-                    "approval.may_have_run",
-                    self.worker,
-                    {"held_as": request.request_id, "idempotency_key": keys.get(request.tool_call_id)},
-                    tool_call_id=request.tool_call_id,
-                    tool_name=request.tool_name,
-                    arguments_digest=request.arguments_digest,
-                )
-            )
+            self.events.append(may_have_run_event(self.step.step_id, request, keys[request.tool_call_id]))
         return held
 
     def _held_call(self, step_id: str, item: "_Call", created: datetime) -> HeldCall:
@@ -515,7 +507,7 @@ class _Resumed:
         """
         Append the finished step's audit. The step is closed and its calls ran, whatever this append does: a failure
         is logged, not raised (the caller hears what ran), and the next request that reads the step appends the
-        ``approval.executed`` events its call records prove (`repair_finished_async`).
+        events its records prove (`audit_repair.repair_newest_async`).
         """
         store = self.ledger.store
         try:
@@ -528,53 +520,13 @@ class _Resumed:
             )
             return
         if self.done is not None:
-            mark_audited(self.step.tenant, self.step.session, self.done)
+            mark_audited(self.ledger, self.step, self.done)
+        if self.held is not None and self.held.guard == MAY_HAVE_RUN_GUARD:
+            mark_audited(self.ledger, self.held, None)
 
     def outcomes(self, conversation: list[ChatMessage]) -> list[CallOutcome]:
         """One outcome per call of the held step, read from what the step added to the conversation."""
-        answered = {
-            message.tool_call_result.origin.id: message
-            for message in conversation[self.before :]
-            if message.tool_call_result is not None
-        }
-        held_calls = {call.tool_call_id for call in self.held.calls} if self.held is not None else set()
-        outcomes = []
-        for call, tool_call in zip(self.step.calls, self.step.chat_message().tool_calls, strict=True):
-            request = call.request.request_id if call.request is not None else None
-            common: dict[str, Any] = {
-                "position": call.position,
-                "tool_call_id": call.tool_call_id,
-                "tool_name": call.tool_name,
-                "request_id": request,
-            }
-            ran = self.ran.get(str(tool_call.id))
-            if ran is not None:
-                outcome, key, _ = ran
-                result = answered.get(tool_call.id)
-                digest = (
-                    arguments_digest(result.tool_call_result.origin.arguments)
-                    if result and result.tool_call_result
-                    else None
-                )
-                outcomes.append(CallOutcome(outcome=outcome, arguments_digest=digest, idempotency_key=key, **common))  # type: ignore[arg-type]
-                continue
-            if tool_call.id in held_calls:
-                outcomes.append(
-                    CallOutcome(
-                        outcome="may-have-run" if self._uncertain(tool_call) else "not-run",
-                        reason="held again",
-                        **common,
-                    )
-                )
-                continue
-            answer = answered.get(tool_call.id)
-            meta = answer.meta.get(META_KEY) if answer is not None else None
-            if isinstance(meta, dict) and meta.get("kind"):
-                kind = str(meta["kind"]).removeprefix("approval-")
-                outcomes.append(CallOutcome(outcome=kind, reason=_text(answer), **common))  # type: ignore[arg-type]
-                continue
-            outcomes.append(CallOutcome(outcome="not-run", reason="another hook kept it from running", **common))
-        return outcomes
+        return step_outcomes(self.step, conversation[self.before :], self.ran, self.held)
 
     def answered(self, outcomes: list[CallOutcome]) -> list[AuditEvent]:
         """
@@ -586,7 +538,11 @@ class _Resumed:
         if expired:
             approval("expired", expired, tenant=self.step.tenant)
         return [
-            _event(
+            # Restated from the done record where the call has a request to name the event after, so a repair can
+            # write the same document if this append fails.
+            outcome_event(self.step, self.done, outcome)
+            if outcome.request_id is not None and self.done is not None
+            else _event(
                 self.step,
                 f"approval.{outcome.outcome.replace('-', '_')}",
                 self.worker,
@@ -598,11 +554,6 @@ class _Resumed:
             for outcome in outcomes
             if outcome.outcome not in {"executed", "recorded"}
         ]
-
-    def _uncertain(self, call: ToolCall) -> bool:
-        return self.held is not None and any(
-            held.request is not None and held.tool_call_id == call.id for held in self.held.calls
-        )
 
 
 @dataclass
@@ -722,12 +673,6 @@ def _event(step: HeldStep, event: str, actor: str, detail: dict[str, Any], **ids
     return new_event(
         event=event, actor=actor, tenant=step.tenant, session=step.session, step_id=step.step_id, detail=detail, **ids
     )
-
-
-def _text(message: ChatMessage | None) -> str | None:
-    if message is None or message.tool_call_result is None:
-        return None
-    return str(message.tool_call_result.result)
 
 
 # Continuing like the Agent would
