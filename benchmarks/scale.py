@@ -1,5 +1,8 @@
 """
-What one chat turn's history costs as a session grows: requests, bytes and time at T earlier turns, warm and cold.
+What each per-request operation costs at size, side by side in one run: a chat turn's history at T earlier turns (warm
+and cold), and (`scale_ops`, `scale_tenants`) the first list page at N results, a quota'd first write into a tenant of
+N results, a purge of N results, an approval round trip at A approvals, a tenant's first use and a worker's RSS at up
+to 5,000 tenants. Requests and bytes come from the log of moto's S3 server.
 
 A turn is what `ChatService` does to the history per message: read it, claim the next turn (conditional create),
 record its end. Each size gets a session of its own, seeded through `SessionHistory` on moto's S3 server (real HTTP on
@@ -12,11 +15,18 @@ With ``--before REV`` the history module of git revision REV (e.g. the commit be
 of its own and runs its next turn beside them (that layout keeps no conversation in a worker: every turn is cold), so
 the table shows before and after from one run.
 
-Run from the repository root::
+Run from the repository root (each size flag takes a list; given no values, that operation is skipped)::
 
-    PYTHONPATH=src python benchmarks/scale.py --turns 1 10 100 500 1000 --before 274b53f~1
+    PYTHONPATH=src python benchmarks/scale.py --plot benchmarks/scale.png
 
-Prints the Markdown table kept in benchmarks/README.md.
+    PYTHONPATH=src python benchmarks/scale.py --turns 1 10 100 500 --before 274b53f~1 --lists --quotas --purges
+    --approvals --tenants --fsspec-tenants
+
+The first measures every operation at its default sizes and draws the figure; the second, the turns only, before and
+after.
+
+Prints the Markdown tables kept in benchmarks/README.md; ``--plot PATH`` draws requests against size (matplotlib:
+``pip install "offload-haystack[bench]"``).
 """
 
 import argparse
@@ -40,6 +50,13 @@ from haystack_integrations.offload import FsspecToolResultStore
 from haystack_integrations.offload.sessions.conversation_cache import ConversationCache
 from haystack_integrations.offload.sessions.history import SessionHistory
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scale_* modules, when run as a script
+
+import scale_ops
+import scale_tenants
+
+Curves = dict[str, list[tuple[int, float]]]
 
 MODULE = "src/haystack_integrations/offload/sessions/history.py"
 
@@ -123,7 +140,7 @@ def _requests(cost: Cost) -> str:
     return " ".join(f"{cost.requests[kind]} {kind}" for kind in ("GET", "PUT", "LIST") if cost.requests[kind])
 
 
-async def _run(sizes: list[int], chars: int, revision: str | None) -> None:
+async def _turns(sizes: list[int], chars: int, revision: str | None, curves: Curves) -> None:
     before = _old_module(revision) if revision else None
     kinds = ["warm", "cold", *(["before"] if revision else [])]
     print(f"Each exchange: 2 messages of {chars} characters; S3 = moto server on loopback.\n")
@@ -139,17 +156,103 @@ async def _run(sizes: list[int], chars: int, revision: str | None) -> None:
             for kind in kinds:
                 cost: Cost = rows[kind]
                 cells.append(f"{_requests(cost)} | {cost.read:,} | {cost.seconds * 1000:.1f}")
+                curves.setdefault(f"turn, {kind} (T)", []).append((turns, sum(cost.requests.values())))
             print(f"| {turns} | " + " | ".join(cells) + f" | {rows['sent']:,} |", flush=True)
 
 
+OPERATIONS = {  # flag: (what it measures, its size's name, the function, the row plotted and its label)
+    "lists": ("First list page (20 results) of a session holding N", "N", scale_ops.list_page, "tool", "list page"),
+    "quotas": ("A fresh worker's first write with a Quota, tenant of N", "N", scale_ops.quota_write, "", ""),
+    "purges": ("A tenant's purge of N results (older_than)", "N", scale_ops.purge, "purge", "purge, per 1,000 results"),
+    "approvals": (
+        "A durable approval round trip, A approvals in the session",
+        "A",
+        scale_ops.approvals,
+        "round trip",
+        "approval round trip",
+    ),
+}
+
+
+async def _operation(server: LocalS3Server, flag: str, sizes: list[int], curves: Curves) -> None:
+    title, size_name, function, plotted, label = OPERATIONS[flag]
+    print(f"\n{title}\n")
+    header = None
+    for size in sizes:
+        rows = await function(server, size)
+        if header is None:
+            print(f"| {size_name} | " + " | ".join(f"{kind}: requests | bytes sent | ms" for kind in rows) + " |")
+            print("|---:|" + "---|---:|---:|" * len(rows), flush=True)
+            header = rows
+        cells = " | ".join(f"{m.kinds()} | {m.sent:,} | {m.seconds * 1000:,.0f}" for m in rows.values())
+        print(f"| {size:,} | {cells} |", flush=True)
+        if flag == "quotas":  # beyond the write's own PUT, after the tenant's first quota'd write ever
+            for kind in ("tenant limits", "session limits"):
+                curves.setdefault(f"quota'd first write, {kind}, beyond its PUT (N)", []).append(
+                    (size, rows[kind].total - 1)
+                )
+        elif flag == "purges":  # per 1,000 objects: a purge lists and deletes a page per 1,000 by design
+            curves.setdefault(f"{label} (N)", []).append((size, rows[plotted].total * 1000 / size))
+        else:
+            curves.setdefault(f"{label} ({size_name})", []).append((size, rows[plotted].total))
+
+
+def _tenants(server: LocalS3Server, sizes: dict[str, list[int]], curves: Curves, memory: Curves) -> None:
+    print("\nTenants: credentials and SSE-C keys per tenant, one root store; a first use is a 1 KB write + a page\n")
+    print("First-use figures: medians over the tenants first used since the row before (STS: the run's mean).\n")
+    print("| engine | tenants | RSS MiB | live handles | first use: S3 requests | STS | median ms | CPU ms | wall s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|", flush=True)
+    for engine, counts in sizes.items():
+        points = scale_tenants.measure(server, engine, counts)
+        sts = points[-1]["sts_per_tenant"]
+        for point in points:
+            print(
+                f"| {engine} | {point['tenants']:,} | {point['rss_mib']:.0f} | {point['live']} | "
+                f"{point['s3_requests']:g} | {sts:g} | {point['median_ms']:.0f} | {point['cpu_ms']:.1f} | "
+                f"{point['wall_s']:.0f} |",
+                flush=True,
+            )
+        memory[engine] = [(point["tenants"], point["rss_mib"]) for point in points]
+        first_use = [(point["tenants"], point["s3_requests"] + sts) for point in points]
+        curves[f"tenant first use, S3 + STS, {engine} (tenants)"] = first_use
+
+
+async def _run(arguments: argparse.Namespace) -> Curves:
+    curves: Curves = {}
+    memory: Curves = {}
+    if arguments.turns:
+        await _turns(arguments.turns, arguments.chars, arguments.before, curves)
+    with LocalS3Server() as server:
+        for flag in OPERATIONS:
+            if getattr(arguments, flag):
+                await _operation(server, flag, getattr(arguments, flag), curves)
+        tenants = {"obstore": arguments.tenants, "fsspec": arguments.fsspec_tenants}
+        if any(tenants.values()):
+            _tenants(server, {engine: counts for engine, counts in tenants.items() if counts}, curves, memory)
+    if arguments.plot:
+        from scale_plot import plot
+
+        plot(curves, memory, Path(arguments.plot))
+    return curves
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Measure each size and print the table."""
+    """Measure each size and print the tables."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--turns", type=int, nargs="+", default=[1, 10, 100, 500, 1000])
+    parser.add_argument("--turns", type=int, nargs="*", default=[1, 10, 100, 500, 1000])
     parser.add_argument("--chars", type=int, default=300, help="characters in each message of an exchange")
     parser.add_argument("--before", help="a git revision whose history module to measure beside (cold turns)")
-    arguments = parser.parse_args(argv)
-    asyncio.run(_run(arguments.turns, arguments.chars, arguments.before))
+    parser.add_argument("--lists", type=int, nargs="*", default=[100, 1000, 10_000, 100_000])
+    # 100,000 is left to the command line for quotas and purges: moto's listing reads every key of the bucket per page,
+    # so listing 100,000 objects takes it minutes (our requests are counted all the same).
+    parser.add_argument("--quotas", type=int, nargs="*", default=[100, 1000, 10_000])
+    parser.add_argument("--purges", type=int, nargs="*", default=[1000, 10_000])
+    parser.add_argument("--approvals", type=int, nargs="*", default=[10, 100, 500])
+    parser.add_argument("--tenants", type=int, nargs="*", default=[10, 100, 200, 1000, 5000], help="on obstore")
+    # s3fs clients cost ~50 ms of CPU each: 5,000 tenants take it 10 minutes or more on a busy 2-core machine.
+    parser.add_argument("--fsspec-tenants", type=int, nargs="*", default=[10, 100, 200, 1000, 2000], help="on s3fs")
+    parser.add_argument("--plot", help="write the figure (PNG) here")
+    asyncio.run(_run(parser.parse_args(argv)))
     return 0
 
 
