@@ -9,7 +9,8 @@ _import_structure = {
     "credentials": ["AssumeRoleCredentials"],
     "documents": ["SessionDocuments"],
     "encryption": ["TenantKeys"],
-    "fsspec_store": ["DEFAULT_S3_MAX_POOL_CONNECTIONS", "FsspecToolResultStore", "end_session", "end_session_async"],
+    "filesystem_handle": ["DEFAULT_S3_MAX_POOL_CONNECTIONS"],
+    "fsspec_store": ["FsspecToolResultStore", "end_session", "end_session_async"],
     "pending": ["PendingWrite"],
     "quotas": ["Quota"],
     "records": ["StoredResult"],
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     from .credentials import AssumeRoleCredentials as AssumeRoleCredentials
     from .documents import SessionDocuments as SessionDocuments
     from .encryption import TenantKeys as TenantKeys
-    from .fsspec_store import DEFAULT_S3_MAX_POOL_CONNECTIONS as DEFAULT_S3_MAX_POOL_CONNECTIONS
+    from .filesystem_handle import DEFAULT_S3_MAX_POOL_CONNECTIONS as DEFAULT_S3_MAX_POOL_CONNECTIONS
     from .fsspec_store import FsspecToolResultStore as FsspecToolResultStore
     from .fsspec_store import end_session as end_session
     from .fsspec_store import end_session_async as end_session_async

@@ -136,7 +136,7 @@ async def close_io_async(io: StorageIO) -> None:
         return
     obstore_io = sys.modules.get("haystack_integrations.offload.stores.obstore_io")  # loaded if `io` is obstore's
     if obstore_io is not None and isinstance(io, obstore_io.ObstoreIO):
-        made = getattr(io.fallback, "made", None)  # `_FilesystemHandle`'s lazily made s3fs fallback
+        made = getattr(io.fallback, "made", None)  # `FilesystemHandle`'s lazily made s3fs fallback
         if isinstance(made, StorageIO):
             await close_io_async(made)
         io.drop_stores()
