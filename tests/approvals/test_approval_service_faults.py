@@ -791,3 +791,31 @@ async def test_a_may_have_run_hold_whose_audit_append_failed_is_audited_once_at_
     assert await service.pending(faulty_session) == [uncertain]
     assert audit_down.audit_requests == []
     assert len(ran(ledger)) == 1
+
+
+@pytest.mark.s3
+async def test_a_hold_whose_requested_audit_append_failed_is_audited_at_the_next_request(
+    faulty_session: FsspecToolResultStore, fault_proxy: FaultProxy
+) -> None:
+    invoice_hook, _ = approvals()
+    service = ChatService(agent_with([invoice_hook]))
+    audit_down = _ExecutedAuditDown("requested")
+    fault_proxy.plan = audit_down
+    try:
+        with contextlib.suppress(RunFailedError):  # the hold is stored; its audit append gave up
+            await service.send_message(
+                faulty_session, plan(("send_invoice", {"customer": "a", "amount": 5}, "c1")).text or ""
+            )
+    finally:
+        audit_down.armed = False
+    assert audit_down.failed >= 1
+    assert _events(await service.audit(faulty_session), "approval.requested") == []
+
+    del audit_down.audit_requests[:]
+    [request] = await service.pending(faulty_session)
+    assert len(audit_down.puts()) == 1
+    [event] = [e for e in await service.audit(faulty_session) if e.event == "approval.requested"]
+    assert (event.request_id, event.tool_call_id) == (request.request_id, "c1")
+    del audit_down.audit_requests[:]
+    assert await service.pending(faulty_session) == [request]
+    assert audit_down.audit_requests == []

@@ -24,6 +24,7 @@ from haystack_integrations.offload.approvals.audit import (
     may_have_run_event,
     outcome_event,
     put_events_async,
+    requested_event,
 )
 from haystack_integrations.offload.approvals.blocking import run_blocking
 from haystack_integrations.offload.approvals.ledger import (
@@ -73,10 +74,10 @@ def owes_audit_check(ledger: ApprovalLedger, snapshot: ApprovalSnapshot) -> bool
     """
     :param ledger: The session's ledger.
     :param snapshot: What a request read of the newest step.
-    :returns: Whether the step may owe events (finished, or held as "may have run") and this process has not checked it.
+    :returns: Whether the session has a step and this process has not checked its audit yet.
     """
     step = snapshot.step
-    if step is None or (snapshot.done is None and step.guard != MAY_HAVE_RUN_GUARD):
+    if step is None:
         return False
     with _AUDITED_LOCK:
         return _audited_key(ledger, step, snapshot.done) not in _AUDITED
@@ -86,8 +87,8 @@ async def repair_newest_async(ledger: ApprovalLedger, snapshot: ApprovalSnapshot
     """
     Append the events the session's newest step owes, when the append that wrote them failed: for a finished step,
     ``approval.executed`` for each approved call whose result is recorded and the event of each call answered without
-    running (denied, expired, held again, ...); for a step holding calls that may have run, their
-    ``approval.may_have_run``.
+    running (denied, expired, held again, ...); for a held step, ``approval.requested`` for each request, and
+    ``approval.may_have_run`` for each call that may have run.
 
     Read by name: the step's chain, a GET per call record and per event, a write per missing event. Checked once per
     process and step. Never raises: a failure is logged and the next request tries again.
@@ -145,8 +146,10 @@ async def _repair_async(ledger: ApprovalLedger, step: HeldStep, done: StepDone |
     restated: list[RecordedEvent] = []
     if step.guard == MAY_HAVE_RUN_GUARD and step.continues is not None:
         restated += _may_have_run_events(ledger, first_step_id, step)
-    if done is None:
-        return await _append_restated_async(ledger, restated)
+    if done is None:  # held: what it asks (its decisions and the rest are restated before any call runs)
+        return await append_missing_async(ledger.store, [requested_event(r) for r in step.requests()]) + (
+            await _append_restated_async(ledger, restated)
+        )
     held = await ledger.step_async(sequence_of(done.held_again)) if done.held_again is not None else None
     keys = [call_key(first_step_id, call.id, position) for position, call in enumerate(step.chat_message().tool_calls)]
     records = await asyncio.gather(*(ledger.call_record_async(key) for key in keys))

@@ -47,6 +47,7 @@ from haystack_integrations.offload.approvals.audit import (
     request_event,
     requested_event,
 )
+from haystack_integrations.offload.approvals.audit_repair import mark_audited
 from haystack_integrations.offload.approvals.channels import (
     APPROVAL_REQUIRED,
     ApprovalChannel,
@@ -268,9 +269,11 @@ class ApprovalHook:
             return
         if step.ledger is not None:
             step.apply_memory([step.ledger.remembered(key) for key in step.memory_keys()])
+        held = None
         if isinstance(step.channel, DurableApprovals):
             if step.asks():
-                _stop(state, step, _durable_ledger(step).hold(step.message, **self._holding(step, state)))
+                held = _durable_ledger(step).hold(step.message, **self._holding(step, state))
+                _stop(state, step, held)
         else:
             for request in self._make_requests(step, step.step_id):  # none when no call asks
                 with self._answering(step, request) as answer:
@@ -279,6 +282,8 @@ class ApprovalHook:
             for key, record in step.memories:
                 step.ledger.remember(key, record)
             append_audit(step.ledger.store, *step.events)
+            if held is not None:  # its requests are in the audit: this process need not check (`audit_repair`)
+                mark_audited(step.ledger, held, None)
         _rewrite(state, step)
 
     async def run_async(self, state: State) -> None:
@@ -294,9 +299,11 @@ class ApprovalHook:
             return
         if step.ledger is not None:
             step.apply_memory([await step.ledger.remembered_async(key) for key in step.memory_keys()])
+        held = None
         if isinstance(step.channel, DurableApprovals):
             if step.asks():
-                _stop(state, step, await _durable_ledger(step).hold_async(step.message, **self._holding(step, state)))
+                held = await _durable_ledger(step).hold_async(step.message, **self._holding(step, state))
+                _stop(state, step, held)
         else:
             for request in self._make_requests(step, step.step_id):  # none when no call asks
                 with self._answering(step, request) as answer:
@@ -305,6 +312,8 @@ class ApprovalHook:
             for key, record in step.memories:
                 await step.ledger.remember_async(key, record)
             await append_audit_async(step.ledger.store, *step.events)
+            if held is not None:  # its requests are in the audit: this process need not check (`audit_repair`)
+                mark_audited(step.ledger, held, None)
         _rewrite(state, step)
 
     # Serialization
