@@ -25,7 +25,7 @@ from haystack_integrations.offload.sessions.history import (
     TurnEnd,
     TurnStart,
 )
-from haystack_integrations.offload.stores.fsspec_store import end_session_async
+from haystack_integrations.offload.stores import end_session_async
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 
 pytestmark = pytest.mark.s3

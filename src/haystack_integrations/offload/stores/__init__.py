@@ -10,7 +10,8 @@ _import_structure = {
     "documents": ["SessionDocuments"],
     "encryption": ["TenantKeys"],
     "filesystem_handle": ["DEFAULT_S3_MAX_POOL_CONNECTIONS"],
-    "fsspec_store": ["FsspecToolResultStore", "end_session", "end_session_async"],
+    "fsspec_store": ["FsspecToolResultStore"],
+    "purging": ["end_session", "end_session_async"],
     "pending": ["PendingWrite"],
     "quotas": ["Quota"],
     "records": ["StoredResult"],
@@ -24,9 +25,9 @@ if TYPE_CHECKING:
     from .encryption import TenantKeys as TenantKeys
     from .filesystem_handle import DEFAULT_S3_MAX_POOL_CONNECTIONS as DEFAULT_S3_MAX_POOL_CONNECTIONS
     from .fsspec_store import FsspecToolResultStore as FsspecToolResultStore
-    from .fsspec_store import end_session as end_session
-    from .fsspec_store import end_session_async as end_session_async
     from .pending import PendingWrite as PendingWrite
+    from .purging import end_session as end_session
+    from .purging import end_session_async as end_session_async
     from .quotas import Quota as Quota
     from .records import StoredResult as StoredResult
     from .retention import Retention as Retention

@@ -36,13 +36,11 @@ from haystack_integrations.offload.stores.filesystem_handle import (
     DEFAULT_S3_MAX_POOL_CONNECTIONS as DEFAULT_S3_MAX_POOL_CONNECTIONS,
 )
 from haystack_integrations.offload.stores.filesystem_handle import FilesystemHandle, strip_protocol
-from haystack_integrations.offload.stores.io import MULTIPART_THRESHOLD, Listed
+from haystack_integrations.offload.stores.io import MULTIPART_THRESHOLD
 from haystack_integrations.offload.stores.layout import parse_reference, scope_path
 from haystack_integrations.offload.stores.names import (
-    PROBE_GRACE,
     TEMPORARY_GRACE,
     ContentKind,
-    is_stale_temporary,
     listing_order,
     new_object_name,
     parse_object_name,
@@ -55,6 +53,9 @@ from haystack_integrations.offload.stores.options import (
 )
 from haystack_integrations.offload.stores.pages import list_after_async, session_page_async, sizes_of
 from haystack_integrations.offload.stores.pending import PendingWrite
+from haystack_integrations.offload.stores.purging import end_session as end_session
+from haystack_integrations.offload.stores.purging import end_session_async as end_session_async
+from haystack_integrations.offload.stores.purging import purge_scope_async
 from haystack_integrations.offload.stores.quotas import (
     Quota,
     Reservation,
@@ -64,13 +65,8 @@ from haystack_integrations.offload.stores.quotas import (
 )
 from haystack_integrations.offload.stores.records import ResultsPage, StoredResult
 from haystack_integrations.offload.stores.retention import (
-    DEFAULT_CLOCK_SKEW,
-    IdleSessions,
     Retention,
-    check_age,
-    document_paths,
     read_activity_times_async,
-    storage_times_async,
 )
 from haystack_integrations.offload.stores.retry import RetryPolicy, RetryStats
 from haystack_integrations.offload.stores.scope import check_local_path, check_object_store_path, validate_scope_id
@@ -944,115 +940,9 @@ class FsspecToolResultStore(ToolResultStore):
             (`MAX_AGE`), or `expired` is asked of a store without retention.
         :raises StorageError: If the backend fails; results not yet deleted stay (and stay readable, unless expired).
         """
-        return await self._purge_async(older_than, expired, temporary_grace=TEMPORARY_GRACE)
+        return await purge_scope_async(self, older_than, expired, temporary_grace=TEMPORARY_GRACE)
 
     purge = synced(purge_async)
-
-    async def _purge_async(self, older_than: timedelta | None, expired: bool, *, temporary_grace: timedelta) -> int:
-        self._check_purge(older_than, expired)
-        scope = self._scope_path()
-        await self._handle.in_flight.wait_under(scope + "/")
-        with storage_errors("list results", reference=None):
-            # With each object's time (S3's LastModified): results are dated from the listing, not one HEAD each.
-            listed = await self._handle.request("find", scope, lambda io: io.find_detailed_async(scope))
-        found = {path: entry.size for path, entry in listed.items()}
-        paths = await self._purged_results_async(listed, older_than, expired)
-        idle = self._idle_sessions(found, older_than, expired)
-        if idle is not None:
-            idle.dated(await read_activity_times_async(self._handle.request, idle.to_read()))
-            paths += idle.documents()
-        writes = self._handle.io().writes_temporary_files
-        doomed = paths + _stale_temporaries(found, temporary_grace, writes=writes)  # removed, not counted
-        try:
-            with storage_errors("purge results", reference=None):
-                await self._handle.request("delete", scope, lambda io: io.delete_async(doomed))
-        finally:
-            self._handle.invalidate(self._scope)
-        return len(paths)
-
-    def _check_purge(self, older_than: timedelta | None, expired: bool) -> None:
-        if older_than is not None and expired:
-            raise ValueError("Give older_than or expired=True, not both.")
-        if older_than is not None and older_than <= timedelta(0):
-            raise ValueError(f"older_than must be positive, got {older_than}.")
-        if older_than is not None:
-            check_age(older_than, name="older_than")
-        if expired and self.retention is None:
-            raise ValueError("This store has no retention, so no result expires: pass retention=Retention(...).")
-
-    async def _purged_results_async(
-        self, listed: dict[str, Listed], older_than: timedelta | None, expired: bool
-    ) -> builtins.list[str]:
-        """
-        The results of a listing that a purge deletes. Their names carry their writers' clocks: a name that says a
-        result is old (or is stamped ahead of now) is checked against the storage's clock, so no writer's wrong clock
-        gets a fresh result deleted (or keeps an old one for ever). That clock comes with the listing (S3's
-        LastModified, a file's mtime); only where a listing carries no time is it asked of each such result.
-        """
-        now = datetime.now(UTC)
-        retention = self.retention
-        skew = retention.clock_skew if retention is not None else DEFAULT_CLOCK_SKEW
-
-        def settled(created: datetime, tenant: str | None) -> bool:  # kept, by its name alone
-            if older_than is not None:
-                return now - older_than <= created <= now + skew
-            return retention is not None and retention.live_by_name(created, tenant, now=now)
-
-        def old(created: datetime, tenant: str | None) -> bool:
-            if older_than is not None:
-                return created < now - older_than
-            return retention is None or retention.expired(created, tenant, now=now)
-
-        everything = older_than is None and not expired  # no age to judge
-        prefix = self._scope_path() + "/"
-        candidates = {}
-        sizes = {path: entry.size for path, entry in listed.items()}
-        for record in self._records(sizes, include_expired=True):
-            tenant = self._tenant_of(tuple(record.reference.split("/")))
-            if everything or not settled(record.created, tenant):
-                candidates[prefix + record.reference] = (record.created, tenant)
-        if everything:
-            return builtins.list(candidates)
-        stored = {path: listed[path].modified for path in candidates}
-        mute = [path for path, moment in stored.items() if moment is None]
-        if mute:  # a listing without times (some fsspec filesystems): the storage is asked, of those results only
-            asked = await storage_times_async(self._handle.request, mute)
-            for path in mute:
-                if path in asked:
-                    stored[path] = asked[path]
-                else:
-                    del stored[path]  # gone meanwhile
-        return [
-            path
-            for path, (named, tenant) in candidates.items()
-            if path in stored and old(stored[path] or named, tenant)  # not in `stored`: gone meanwhile
-        ]
-
-    def _idle_sessions(self, found: dict[str, int], older_than: timedelta | None, expired: bool) -> IdleSessions | None:
-        """The sessions of a listing whose documents an age or retention purge may take (None: no such purge)."""
-        now = datetime.now(UTC)
-        retention = self.retention
-        if older_than is not None:
-            cutoff = now - older_than
-            return IdleSessions(found, self._scope_path(), scope=self._scope, cutoff=lambda tenant: cutoff, now=now)
-        if expired and retention is not None:
-
-            def by_tenant(tenant: str) -> datetime | None:
-                return retention.cutoff(tenant, now=now)
-
-            return IdleSessions(found, self._scope_path(), scope=self._scope, cutoff=by_tenant, now=now)
-        return None
-
-    async def _delete_documents_async(self) -> int:
-        scope_path = self._scope_path()
-        try:
-            with storage_errors("delete documents", reference=None):
-                found = await self._handle.request("find", scope_path, lambda io: io.find_async(scope_path))
-                paths = document_paths(found, scope_path)
-                await self._handle.request("delete", scope_path, lambda io: io.delete_async(paths))
-        finally:
-            self._handle.invalidate(self._scope)
-        return len(paths)
 
     # Objects: the operator's view (every object below the scope, by path relative to it)
 
@@ -1211,64 +1101,6 @@ class FsspecToolResultStore(ToolResultStore):
     def __repr__(self) -> str:
         scope = f", scope={'/'.join(self._scope)!r}" if self._scope else ""
         return f"{type(self).__name__}({redacted_url(self.url)!r}{scope})"
-
-
-async def end_session_async(store: FsspecToolResultStore, *, documents: bool = False) -> int:
-    """
-    Delete a session's results now, when the application ends the session.
-
-    ```python
-    from haystack_integrations.offload import end_session
-
-    end_session(results.for_session(tenant=user.org_id, session=chat_id))
-    ```
-
-    :param store: A session store (from `for_session`).
-    :param documents: Also delete the session's documents (approval requests and decisions, claims, audit, history).
-        By default they are kept: they record what happened, and they go with the session once it has been inactive
-        for its retention (``purge(expired=True)``), or with the bucket's lifecycle rule.
-    :returns: How many objects were deleted (besides the temporary files of unfinished local writes, which go too).
-    :raises ValueError: If `store` is not scoped to a session.
-    :raises StorageError: If the backend fails; what was not deleted yet stays.
-    """
-    _require_session(store)
-    # The session is over: a result write still unfinished (or whose writer died) goes with it, whatever its age.
-    deleted = await store._purge_async(None, False, temporary_grace=timedelta(0))
-    if documents:
-        deleted += await store._delete_documents_async()
-    return deleted
-
-
-end_session = synced(end_session_async)
-
-
-def _require_session(store: FsspecToolResultStore) -> None:
-    if store.session is None:
-        raise ValueError("end_session needs a session store: pass root.for_session(tenant, session).")
-
-
-def _stale_temporaries(found: Mapping[str, int], grace: timedelta, *, writes: bool) -> builtins.list[str]:
-    """
-    The temporary files of a listing whose writers died: a local write's, or a killed prober's probe key (the only
-    temporary files on backends that write objects whole).
-
-    :param found: Paths and sizes from a listing.
-    :param grace: How old a result write's temporary file must be to go. A document write's always gets
-        `TEMPORARY_GRACE`: ending a session keeps its documents, and their writes may still be running.
-    :param writes: Whether the backend writes temporary files; if not, every one is a probe key, gone after
-        `PROBE_GRACE` whatever `grace` says.
-    :returns: Their paths.
-    """
-    now = datetime.now(UTC)
-    stale = []
-    for path in found:
-        directory, _, name = path.rpartition("/")
-        in_documents = directory.rpartition("/")[2].startswith(".")
-        # A probe key may belong to a probe running now, whatever the purge (ending a session included).
-        allowed = (TEMPORARY_GRACE if in_documents else grace) if writes else PROBE_GRACE
-        if is_stale_temporary(name, now=now, grace=allowed):
-            stale.append(path)
-    return stale
 
 
 def _check_range(start: int, end: int) -> None:
