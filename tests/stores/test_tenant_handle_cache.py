@@ -114,3 +114,18 @@ async def test_s3fs_tenant_clients_share_one_botocore_session(s3_server: LocalS3
     clients = [entry.value for store in stores for entry in store._handle.io().loop_clients._entries.values()]  # type: ignore[attr-defined]
     assert len(clients) == 3 and len({id(client.session) for client in clients}) == 1
     gc.collect()
+
+
+@pytest.mark.parametrize("tenants", [8, 32])
+async def test_evicted_obstore_clients_are_not_kept_by_fsspecs_instance_cache(
+    s3_server: LocalS3Server, tenants: int
+) -> None:
+    # fsspec caches every filesystem it makes, by its arguments: each tenant's obstore filesystem (its own credential
+    # provider) would stay there after the handle cache let it go, ~21 KiB a tenant for the life of the process.
+    from obstore.fsspec import FsspecStore
+
+    root = _root(s3_server, "obstore", "keys", 2)
+    before = len(FsspecStore._cache)
+    for number in range(tenants):
+        await root.for_session(f"t{number}", "s1").write_async(key="call-1", content="x")
+    assert len(FsspecStore._cache) == before
