@@ -819,3 +819,31 @@ async def test_a_hold_whose_requested_audit_append_failed_is_audited_at_the_next
     del audit_down.audit_requests[:]
     assert await service.pending(faulty_session) == [request]
     assert audit_down.audit_requests == []
+
+
+@pytest.mark.s3
+async def test_a_decision_whose_audit_append_failed_is_audited_at_the_next_request(
+    faulty_session: FsspecToolResultStore, fault_proxy: FaultProxy
+) -> None:
+    invoice_hook, _ = approvals()
+    service = ChatService(agent_with([invoice_hook]))
+    asked = [("send_invoice", {"customer": f"c{n}", "amount": n + 1}, f"c{n}") for n in range(2)]
+    held = await service.send_message(faulty_session, plan(*asked).text or "")
+    first, second = held.pending
+    audit_down = _ExecutedAuditDown("decided")
+    fault_proxy.plan = audit_down
+    try:
+        with pytest.raises(StorageError):  # the decision is stored; its audit append gave up
+            await service.decide(faulty_session, first.request_id, approved=True, actor="alice")
+    finally:
+        audit_down.armed = False
+    assert audit_down.failed >= 1
+    assert _events(await service.audit(faulty_session), "approval.decided") == []
+
+    del audit_down.audit_requests[:]
+    assert await service.pending(faulty_session) == [second]
+    assert len(audit_down.puts()) == 1
+    assert _events(await service.audit(faulty_session), "approval.decided") == [("c0", "alice")]
+    del audit_down.audit_requests[:]
+    assert await service.pending(faulty_session) == [second]
+    assert audit_down.audit_requests == []

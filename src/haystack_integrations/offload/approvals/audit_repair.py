@@ -18,6 +18,7 @@ from haystack_integrations.offload.approvals.audit import (
     RecordedEvent,
     append_missing_async,
     audit_documents,
+    decided_event,
     event_exists_async,
     event_name,
     executed_event,
@@ -52,20 +53,24 @@ _AUDITED_LOCK = threading.Lock()
 _AUDITED_MAX = 4096
 
 
-def _audited_key(ledger: ApprovalLedger, step: HeldStep, done: StepDone | None) -> tuple[str, str, str, str]:
-    return (ledger.tenant, ledger.session, step.step_id, done.finished_at.isoformat() if done is not None else "held")
+def _audited_key(
+    ledger: ApprovalLedger, step: HeldStep, done: StepDone | None, decided: int
+) -> tuple[str, str, str, str]:
+    # A held step is checked again once more of its requests are decided (their decisions' events may be missing).
+    return (ledger.tenant, ledger.session, step.step_id, done.finished_at.isoformat() if done else f"held-{decided}")
 
 
-def mark_audited(ledger: ApprovalLedger, step: HeldStep, done: StepDone | None) -> None:
+def mark_audited(ledger: ApprovalLedger, step: HeldStep, done: StepDone | None, *, decided: int = 0) -> None:
     """
     Note that a step's audit is complete (its events were appended), so the repair skips it in this process.
 
     :param ledger: The session's ledger.
     :param step: The step.
     :param done: Its done record; None while it is held.
+    :param decided: While it is held, how many of its requests are decided.
     """
     with _AUDITED_LOCK:
-        _AUDITED[_audited_key(ledger, step, done)] = None
+        _AUDITED[_audited_key(ledger, step, done, decided)] = None
         while len(_AUDITED) > _AUDITED_MAX:
             _AUDITED.popitem(last=False)
 
@@ -80,15 +85,20 @@ def owes_audit_check(ledger: ApprovalLedger, snapshot: ApprovalSnapshot) -> bool
     if step is None:
         return False
     with _AUDITED_LOCK:
-        return _audited_key(ledger, step, snapshot.done) not in _AUDITED
+        return _audited_key(ledger, step, snapshot.done, _decided(snapshot)) not in _AUDITED
+
+
+def _decided(snapshot: ApprovalSnapshot) -> int:
+    step = snapshot.step
+    return sum(snapshot.listing.decided(r.request_id) for r in step.requests()) if step is not None else 0
 
 
 async def repair_newest_async(ledger: ApprovalLedger, snapshot: ApprovalSnapshot) -> None:
     """
     Append the events the session's newest step owes, when the append that wrote them failed: for a finished step,
     ``approval.executed`` for each approved call whose result is recorded and the event of each call answered without
-    running (denied, expired, held again, ...); for a held step, ``approval.requested`` for each request, and
-    ``approval.may_have_run`` for each call that may have run.
+    running (denied, expired, held again, ...); for a held step, ``approval.requested`` for each request,
+    ``approval.decided`` for each decided one, and ``approval.may_have_run`` for each call that may have run.
 
     Read by name: the step's chain, a GET per call record and per event, a write per missing event. Checked once per
     process and step. Never raises: a failure is logged and the next request tries again.
@@ -104,7 +114,7 @@ async def repair_newest_async(ledger: ApprovalLedger, snapshot: ApprovalSnapshot
     except OffloadError as error:
         logger.warning("Could not check the audit of held step %s: %s", step.step_id, error)
         return
-    mark_audited(ledger, step, snapshot.done)
+    mark_audited(ledger, step, snapshot.done, decided=_decided(snapshot))
 
 
 async def repair_audit_async(store: SessionDocumentSource) -> int:
@@ -146,9 +156,13 @@ async def _repair_async(ledger: ApprovalLedger, step: HeldStep, done: StepDone |
     restated: list[RecordedEvent] = []
     if step.guard == MAY_HAVE_RUN_GUARD and step.continues is not None:
         restated += _may_have_run_events(ledger, first_step_id, step)
-    if done is None:  # held: what it asks (its decisions and the rest are restated before any call runs)
-        return await append_missing_async(ledger.store, [requested_event(r) for r in step.requests()]) + (
-            await _append_restated_async(ledger, restated)
+    if done is None:  # held: what it asks and what was decided (the rest is restated before any call runs)
+        held_requests = step.requests()
+        decisions = await asyncio.gather(*(ledger.decision_async(request.request_id) for request in held_requests))
+        asked = [requested_event(request) for request in held_requests]
+        decided = [decided_event(r, d) for r, d in zip(held_requests, decisions, strict=True) if d is not None]
+        return await append_missing_async(ledger.store, [*asked, *decided]) + await _append_restated_async(
+            ledger, restated
         )
     held = await ledger.step_async(sequence_of(done.held_again)) if done.held_again is not None else None
     keys = [call_key(first_step_id, call.id, position) for position, call in enumerate(step.chat_message().tool_calls)]
