@@ -32,6 +32,7 @@ Prints the Markdown tables kept in benchmarks/README.md; ``--plot PATH`` draws r
 import argparse
 import asyncio
 import importlib.util
+import inspect
 import shutil
 import subprocess
 import sys
@@ -79,7 +80,10 @@ def _exchange(number: int, chars: int) -> list[ChatMessage]:
 
 
 async def _turn(history: Any, number: int, chars: int) -> list[ChatMessage]:
-    turn = await history.begin(await history.read(), kind="message", text=f"question {number}")
+    # Read as `ChatService.send_message` reads for a turn (the history module before had no `for_turn`).
+    for_turn = "for_turn" in inspect.signature(history.read).parameters
+    state = await (history.read(for_turn=True) if for_turn else history.read())
+    turn = await history.begin(state, kind="message", text=f"question {number}")
     conversation = [*turn.conversation, *_exchange(number, chars)]
     await history.finish(turn, status="completed", messages=conversation, reply=f"answer {number}")
     return list(conversation)
