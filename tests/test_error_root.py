@@ -55,7 +55,7 @@ BUILT_IN_BASES: dict[str, type[Exception]] = {
     "stores.failures.MissingCredentialsError": PermissionError,
     "stores.failures.EncryptionKeyRefusedError": PermissionError,
     "stores.failures.EncryptionKeyMissingError": PermissionError,
-    "cli.CommandError": Exception,
+    "cli.toolkit.CommandError": Exception,
     "sessions.history.SessionBusyError": RuntimeError,
     "sessions.history.StaleHistoryError": RuntimeError,
     "sessions.history.TurnAbandonedError": RuntimeError,

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from cli_stores import FilledStore
 
-from haystack_integrations.offload import cli, operations
-from haystack_integrations.offload.cli import main
+from haystack_integrations.offload import operations
+from haystack_integrations.offload.cli import main, toolkit
 from haystack_integrations.offload.operations import scan
 
 COMMANDS = {
@@ -35,8 +35,8 @@ def _run(capsys: pytest.CaptureFixture[str], *arguments: str) -> tuple[int, str,
 def terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     """Standard error is a terminal: whatever object it is when the command runs (capsys installs its own only once
     the test has started) says so."""
-    isatty = cli._stderr_is_a_terminal
-    monkeypatch.setattr(cli, "_stderr_is_a_terminal", lambda: True)
+    isatty = toolkit._stderr_is_a_terminal
+    monkeypatch.setattr(toolkit, "_stderr_is_a_terminal", lambda: True)
     assert isatty() is False  # and without the patch, captured standard error is not one
 
 
@@ -52,7 +52,7 @@ class LongListing:
 def long_listing(monkeypatch: pytest.MonkeyPatch) -> LongListing:
     """Every scan waits until a progress line has been written, as a listing of millions would."""
     listing = LongListing()
-    write = cli._ListingProgress._write
+    write = toolkit.ListingProgress._write
 
     def recording(self: Any, text: str, *, end: bool) -> None:
         write(self, text, end=end)
@@ -62,10 +62,10 @@ def long_listing(monkeypatch: pytest.MonkeyPatch) -> LongListing:
         listing.written.wait(listing.hold)
         return scan(*args, **kwargs)
 
-    monkeypatch.setattr(cli._ListingProgress, "_write", recording)
+    monkeypatch.setattr(toolkit.ListingProgress, "_write", recording)
     monkeypatch.setattr(operations, "scan", slow_scan)
-    monkeypatch.setattr(cli, "PROGRESS_DELAY", 0.01)
-    monkeypatch.setattr(cli, "PROGRESS_INTERVAL", 0.01)
+    monkeypatch.setattr(toolkit, "PROGRESS_DELAY", 0.01)
+    monkeypatch.setattr(toolkit, "PROGRESS_INTERVAL", 0.01)
     return listing
 
 
@@ -84,7 +84,7 @@ def test_progress_forced_goes_to_standard_error_and_leaves_standard_output_alone
             json.loads(out)
         scope = "acme/" if command.startswith("purge") else ""
         listed = len(scan(filled.root, tenant="acme" if scope else None))
-        label = f"{cli.shown_url(filled.url).rstrip('/')}/{scope}"
+        label = f"{toolkit.shown_url(filled.url).rstrip('/')}/{scope}"
         # Not a terminal: plain lines, no carriage returns or escape sequences in a log file.
         assert err.splitlines()[0] == f"listing {label} ..."
         assert err.splitlines()[1].startswith(f"listed {listed:,} object(s) of {label} in ")
@@ -122,7 +122,7 @@ def test_no_progress_on_a_terminal_with_json_or_no_progress(
 def test_a_short_listing_shows_nothing_on_a_terminal(
     filled: FilledStore, capsys: pytest.CaptureFixture[str], terminal: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cli, "PROGRESS_DELAY", 60.0)  # a listing shorter than that leaves standard error empty
+    monkeypatch.setattr(toolkit, "PROGRESS_DELAY", 60.0)  # a listing shorter than that leaves standard error empty
     for command in COMMANDS.values():
         code, out, err = _run(capsys, command[0], *filled.arguments(), *command[1:])
         assert code == 0 and out and err == ""
