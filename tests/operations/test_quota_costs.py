@@ -103,9 +103,9 @@ def test_marks_drift_is_bounded_and_reconciled(s3_server: LocalS3Server) -> None
 
 
 def test_a_reconcile_prunes_old_marks(monkeypatch: pytest.MonkeyPatch) -> None:
-    from haystack_integrations.offload.stores import fsspec_store
+    from haystack_integrations.offload.stores import scope_usage
 
-    monkeypatch.setattr(fsspec_store, "KEPT_MARKS", 3)  # instead of 1000, to see it with a few writes
+    monkeypatch.setattr(scope_usage, "KEPT_MARKS", 3)  # instead of 1000, to see it with a few writes
     root = FsspecToolResultStore("memory://marks-pruned", quota=Quota(tenant_results=1_000, slack=0))
     session = root.for_session("acme", "chat-1")
     for index in range(10):  # slack 0: every write after the first marks what the one before added

@@ -59,9 +59,6 @@ from haystack_integrations.offload.stores.purging import purge_scope_async
 from haystack_integrations.offload.stores.quotas import (
     Quota,
     Reservation,
-    SessionUsage,
-    TenantTotal,
-    usage_by_session,
 )
 from haystack_integrations.offload.stores.records import ResultsPage, StoredResult
 from haystack_integrations.offload.stores.retention import (
@@ -70,13 +67,13 @@ from haystack_integrations.offload.stores.retention import (
 )
 from haystack_integrations.offload.stores.retry import RetryPolicy, RetryStats
 from haystack_integrations.offload.stores.scope import check_local_path, check_object_store_path, validate_scope_id
+from haystack_integrations.offload.stores.scope_usage import ScopeUsage
 from haystack_integrations.offload.stores.sync_api import run_on_io_loop, run_on_own_loop, synced
 from haystack_integrations.offload.stores.tenant_access import (
     ENCRYPTION_KWARGS,
     TenantIsolation,
 )
 from haystack_integrations.offload.stores.translate import storage_errors
-from haystack_integrations.offload.stores.usage_marks import KEPT_MARKS, MARKS_DIRECTORY, Mark, UsageMarks, following
 
 _EXTRAS_BY_PROTOCOL = {"s3": "s3", "s3a": "s3"}
 DEFAULT_RETRY = RetryPolicy()
@@ -324,7 +321,7 @@ class FsspecToolResultStore(ToolResultStore):
             scope_path=self._scope_path,
             request=self._handle.request,
             run_sync=self._run_sync,
-            charge=lambda size, enforce: self._charge_document_async(size, enforce=enforce),
+            charge=lambda size, enforce: ScopeUsage(self).charge_document_async(size, enforce=enforce),
             require_exclusive_creates=self._require_exclusive_creates_async,
         )
         return SessionDocuments(host, namespace)
@@ -378,136 +375,6 @@ class FsspecToolResultStore(ToolResultStore):
             raise ResultExpiredError(message)
         return path, segments
 
-    def _counts(self, tenant: str, name: str) -> bool:
-        """Whether an object name is a result that counts against quotas: a result, not past its retention."""
-        parsed = parse_object_name(name)
-        return parsed is not None and not (
-            self.retention is not None and self.retention.expired(parsed.created, tenant)
-        )
-
-    def _usage_path(self, scope: tuple[str, ...]) -> str:
-        return scope_path(self._handle.root_path(), scope)
-
-    async def _list_usage_async(self, scope: tuple[str, ...], reconcile: bool = False) -> SessionUsage | TenantTotal:
-        if len(scope) == 1 and self._marks_usage():
-            return await self._tenant_usage_async(scope[0], reconcile=reconcile)
-        path = self._usage_path(scope)
-        with storage_errors("check the quota", reference=None):
-            found = await self._handle.request("find", path, lambda io: io.find_async(path))
-        return usage_by_session(sizes_of(found), scope, path, self._counts)
-
-    def _marks_usage(self) -> bool:
-        # Marks need exclusive creates: where this process knows the store ignores them, tenants are listed instead.
-        if self.quota is None or self.quota.tenant_usage != "marks":
-            return False
-        verdict = checked(self._handle.backend_key())
-        return verdict is None or verdict.enforced
-
-    def _usage_marks(self, tenant: str) -> UsageMarks:
-        directory = f"{self._usage_path((tenant,))}/{MARKS_DIRECTORY}"
-
-        async def list_first(path: str) -> str | None:
-            # After "0": marks start with a digit, a local write's temporary file with a dot.
-            start = f"{path}/0"
-            found = await self._handle.request("list", path, lambda io: list_after_async(io, path, start, 1))
-            return found[0][0].rpartition("/")[2] if found else None
-
-        async def get(path: str) -> bytes:
-            return await self._handle.request("get", path, lambda io: io.get_async(path))
-
-        async def create(path: str, data: bytes) -> None:
-            await self._handle.request("put_exclusive", path, lambda io: io.put_exclusive_async(path, data))
-
-        return UsageMarks(directory, list_first, get, create)
-
-    async def _tenant_usage_async(self, tenant: str, *, reconcile: bool) -> TenantTotal:
-        """
-        A tenant's usage from its newest usage mark (one LIST, max-keys 1, and one GET), adding what this worker
-        admitted since its last mark (one exclusive create); from a full listing when a refusal rests on it, no mark
-        exists yet, or the last reconcile is older than `Quota.reconcile_seconds`.
-        """
-        assert self.quota is not None  # noqa: S101 - _marks_usage checked it
-        marks, tracker = self._usage_marks(tenant), self._handle.quota_tracker()
-        with storage_errors("check the quota", reference=None):
-            if reconcile:  # a refusal rests on it: the newest mark this worker knows will do to start from
-                return await self._reconcile_usage_async(tenant, marks, tracker.known_mark(tenant), refusal=True)
-            latest = await marks.latest_async()
-            now = int(datetime.now(UTC).timestamp())
-            if latest is None or now - latest.reconciled >= self.quota.reconcile_seconds:
-                return await self._reconcile_usage_async(tenant, marks, latest)
-            pending = tracker.take_pending(tenant)
-            mark = latest
-            if pending != (0, 0):
-                try:
-                    mark = await marks.append_async(lambda newest: following(newest, *pending), latest=latest)
-                except BaseException:
-                    tracker.restore_pending(tenant, pending)
-                    raise
-            tracker.remember_mark(tenant, mark)
-            return TenantTotal(mark.results, mark.size)
-
-    async def _reconcile_usage_async(
-        self, tenant: str, marks: UsageMarks, before: Mark | None, *, refusal: bool = False
-    ) -> TenantTotal:
-        """
-        List the tenant and write a mark of what the listing found, plus what it may have missed: what marks added
-        while it ran, and this worker's writes in flight when it began or admitted since (they may or may not be in
-        it: counted, to err on the side of more). This worker's writes that landed before it began are in it, and
-        count once. For a refusal, a listing that agrees with the newest mark known here (and what this worker is yet
-        to add) writes nothing: a refused write sends no PUT unless drift is corrected.
-        """
-        scope = (tenant,)
-        path = self._usage_path(scope)
-        tracker = self._handle.quota_tracker()
-        start = tracker.listing_began(tenant)
-        found = await self._handle.request("find", path, lambda io: io.find_async(path))
-        sessions = usage_by_session(sizes_of(found), scope, path, self._counts)
-        listed = (sum(count for count, _ in sessions.values()), sum(size for _, size in sessions.values()))
-        unmarked = tracker.pending(tenant)
-        if refusal and before is not None and listed == (before.results + unmarked[0], before.size + unmarked[1]):
-            # The marks and what this worker has yet to add to them agree with the listing: no drift to correct.
-            return TenantTotal(*listed, sessions=sessions)
-        # All of this worker's unmarked writes are taken (the mark carries them), but only what the listing may have
-        # missed is added to it.
-        pending, unlisted = tracker.take_unlisted(tenant, start)
-        now = int(datetime.now(UTC).timestamp())
-
-        def make(newest: Mark | None) -> Mark:
-            # Marks written since the listing began (all of them, if there was none before it): what they added may
-            # have landed after the listing passed it.
-            added_results = added_size = 0
-            if newest is not None:
-                added_results = newest.results - (before.results if before is not None else 0)
-                added_size = newest.size - (before.size if before is not None else 0)
-            results = listed[0] + max(added_results, 0) + unlisted[0]
-            size = listed[1] + max(added_size, 0) + unlisted[1]
-            return Mark(following(newest, 0, 0).sequence, results, size, now)
-
-        try:
-            # Tried first as the mark after `before`: if none was written since, no LIST is needed to know it.
-            mark = await marks.append_async(make, latest=before)
-        except BaseException:
-            tracker.restore_pending(tenant, pending)
-            raise
-        tracker.remember_mark(tenant, mark)
-        if not refusal:
-            await self._prune_marks_async(marks, mark)
-        return TenantTotal(mark.results, mark.size, sessions=sessions)
-
-    async def _prune_marks_async(self, marks: UsageMarks, mark: Mark) -> None:
-        """
-        Delete marks far older than `mark` (a LIST and a batched delete of up to 1000), so the log stays short: a
-        reconcile (hourly at most) prunes what the marks of the hour before added.
-        """
-        if mark.sequence <= KEPT_MARKS:
-            return
-        directory, oldest_kept = marks.directory, Mark(mark.sequence - KEPT_MARKS, 0, 0, 0).name
-        start = f"{directory}/{oldest_kept}"
-        old = await self._handle.request("list", directory, lambda io: list_after_async(io, directory, start, 1000))
-        doomed = [path for path, _ in old]
-        if doomed:
-            await self._handle.request("delete", directory, lambda io: io.delete_async(doomed))
-
     async def reconcile_usage_async(self, tenant: str | None = None) -> tuple[int, int]:
         """
         Set a tenant's usage marks to what a full listing of the tenant finds (a LIST per 1000 objects), correcting
@@ -519,58 +386,9 @@ class FsspecToolResultStore(ToolResultStore):
         :returns: The tenant's results and bytes as now marked.
         :raises ValueError: If no tenant is given or known, or the store has no quota kept by usage marks.
         """
-        tenant = validate_scope_id(tenant, field="tenant") if tenant is not None else self.tenant
-        if tenant is None or not self._marks_usage():
-            raise ValueError("reconcile_usage needs a tenant and a quota with tenant_usage='marks'.")
-        marks = self._usage_marks(tenant)
-        with storage_errors("reconcile the quota's usage", reference=None):
-            total = await self._reconcile_usage_async(tenant, marks, await marks.latest_async())
-        self._handle.quota_tracker().invalidate((tenant,))
-        return total.results, total.size
+        return await ScopeUsage(self).reconcile_usage_async(tenant)
 
     reconcile_usage = synced(reconcile_usage_async)
-
-    async def _admit_async(self, size: int) -> Reservation | None:
-        if self.quota is None or self.tenant is None or self.session is None:
-            return None
-        return await self._handle.quota_tracker().admit_async(
-            self.quota, self.tenant, self.session, size, self._list_usage_async
-        )
-
-    async def _charge_document_async(self, size: int, *, enforce: bool) -> Reservation | None:
-        """Count a document's bytes against the quota: charged (never refused) by default, or admitted if `enforce`."""
-        if self.quota is None or self.tenant is None or self.session is None:
-            return None
-        tracker = self._handle.quota_tracker()
-        if not enforce:
-            reservation = tracker.charge(self.quota, self.tenant, self.session, size)
-            await self._mark_charges_async(self.tenant)
-            return reservation
-        return await tracker.admit_async(self.quota, self.tenant, self.session, size, self._list_usage_async, results=0)
-
-    async def _mark_charges_async(self, tenant: str) -> None:
-        """
-        Once the documents charged here in a tenant pass its bytes allowance, add them to its usage marks now: a
-        charge waits for no refresh, and other workers must not go more than an allowance without seeing them.
-        """
-        quota, tracker = self.quota, self._handle.quota_tracker()
-        if quota is None or quota.tenant_bytes is None or not self._marks_usage():
-            return
-        pending = tracker.pending(tenant)
-        if pending[1] <= quota.allowance(quota.tenant_bytes):
-            return
-        marks = self._usage_marks(tenant)
-        pending = tracker.take_pending(tenant)
-        try:
-            mark = await marks.append_async(lambda newest: following(newest, *pending))
-        except (OSError, RuntimeError):
-            # A charge is never refused, so neither is it failed: the next refresh marks what this one could not.
-            tracker.restore_pending(tenant, pending)
-            return
-        except BaseException:
-            tracker.restore_pending(tenant, pending)
-            raise
-        tracker.remember_mark(tenant, mark)
 
     def _prepare_write(
         self, key: str, content: object, tool_name: str | None
@@ -673,7 +491,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises QuotaExceededError: If the write would pass the store's quota; nothing was sent.
         """
         path, reference, data = self._prepare_write(key, content, tool_name)
-        reservation = await self._admit_async(_size_of(data))
+        reservation = await ScopeUsage(self).admit_async(_size_of(data))
         await self._put_async(path, data, reservation)
         return reference
 
@@ -703,7 +521,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises RuntimeError: If called outside a running event loop.
         """
         path, reference, data = self._prepare_write(key, content, tool_name)
-        reservation = await self._admit_async(_size_of(data))
+        reservation = await ScopeUsage(self).admit_async(_size_of(data))
         task = asyncio.get_running_loop().create_task(self._put_async(path, data, reservation))
         self._handle.in_flight.track(path, task)
         return PendingWrite(reference, task)
