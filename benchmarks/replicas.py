@@ -30,7 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from support.isolation import TEST_MASTER_SECRET
-from support.replicas import Load, LoadBalancer, check_sessions, deployment
+from support.replicas import Load, check_sessions, deployment
 
 TOKENS = {"acme-bench-token-0123456789": "acme", "globex-bench-token-0123456789": "globex"}
 
@@ -82,16 +82,6 @@ def steady(
     return {"replicas": count, "turns": len(latencies), "per_second": len(latencies) / seconds, "latencies": latencies}
 
 
-def _when_busy(balancer: LoadBalancer, server: str, patience: float = 10.0) -> int:
-    """Wait until HAProxy has a request open on `server` (so the signal comes mid-turn); how many."""
-    deadline = time.monotonic() + patience
-    while time.monotonic() < deadline:
-        if (open_now := balancer.in_flight(server)) > 0:
-            return open_now
-        time.sleep(0.01)
-    return 0
-
-
 def faults(seconds: float, bucket_url: str, options: dict[str, Any], settings: dict[str, str]) -> dict[str, Any]:
     with (
         tempfile.TemporaryDirectory() as workdir,
@@ -104,14 +94,14 @@ def faults(seconds: float, bucket_url: str, options: dict[str, Any], settings: d
         in_flight = []
         # One at a time, each seen down by HAProxy and back before the next goes, as an orchestrator restarts.
         for replica in replicas:
-            in_flight.append(_when_busy(lb, replica.name))
+            in_flight.append(lb.wait_busy(replica.name))
             taken_out = lb.times_down(replica.name)
             replica.stop()
             lb.wait_down(replica.name, since=taken_out)
             replica.start()
             replica.wait_ready()
             lb.wait_up(replica.name)
-        in_flight.append(_when_busy(lb, replicas[1].name))
+        in_flight.append(lb.wait_busy(replicas[1].name))
         taken_out = lb.times_down(replicas[1].name)
         replicas[1].kill()
         lb.wait_down(replicas[1].name, since=taken_out)

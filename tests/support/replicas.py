@@ -160,6 +160,15 @@ class LoadBalancer:
         """Requests the balancer has open on `server` now."""
         return int(self.stats()[server].get("scur") or 0)
 
+    def wait_busy(self, server: str, patience: float = 10.0) -> int:
+        """Wait until the balancer has a request open on `server` (so what comes next happens mid-turn); how many."""
+        deadline = time.monotonic() + patience
+        while time.monotonic() < deadline:
+            if (open_now := self.in_flight(server)) > 0:
+                return open_now
+            time.sleep(0.01)
+        return 0
+
     def times_down(self, server: str) -> int:
         """How often HAProxy's health checks have taken `server` out (``chkdown``)."""
         return int(self.stats()[server].get("chkdown") or 0)

@@ -29,16 +29,6 @@ def replicas(s3_endpoint: Any, tmp_path: Path) -> Iterator[tuple[list[Replica], 
         yield started
 
 
-def _when_busy(balancer: LoadBalancer, server: str, patience: float = 10.0) -> int:
-    """Wait until HAProxy has a request open on `server` (so what comes next happens mid-turn); how many."""
-    deadline = time.monotonic() + patience
-    while time.monotonic() < deadline:
-        if (open_now := balancer.in_flight(server)) > 0:
-            return open_now
-        time.sleep(0.01)
-    return 0
-
-
 def test_rolling_restart_and_a_kill_under_load_lose_nothing(replicas: tuple[list[Replica], LoadBalancer]) -> None:
     servers, balancer = replicas
     load = Load(balancer.url, TOKENS, sessions_per_tenant=3)
@@ -48,7 +38,7 @@ def test_rolling_restart_and_a_kill_under_load_lose_nothing(replicas: tuple[list
     # Rolling restart: one at a time, each seen down by HAProxy and back before the next goes. Restarting before the
     # checks notice (a short drain, a quick start) would leave no failover to test.
     for replica in servers:
-        open_at_signal[f"stop {replica.name}"] = _when_busy(balancer, replica.name)
+        open_at_signal[f"stop {replica.name}"] = balancer.wait_busy(replica.name)
         taken_out = balancer.times_down(replica.name)
         replica.stop()
         balancer.wait_down(replica.name, since=taken_out)
@@ -56,7 +46,7 @@ def test_rolling_restart_and_a_kill_under_load_lose_nothing(replicas: tuple[list
         replica.wait_ready()
         balancer.wait_up(replica.name)
     victim = servers[1]
-    open_at_signal[f"kill {victim.name}"] = _when_busy(balancer, victim.name)
+    open_at_signal[f"kill {victim.name}"] = balancer.wait_busy(victim.name)
     taken_out = balancer.times_down(victim.name)
     victim.kill()
     balancer.wait_down(victim.name, since=taken_out)
