@@ -30,10 +30,14 @@ SCRIPT = textwrap.dedent(
 
     class SlowHandOver(asyncio.SelectorEventLoop):
         def call_soon_threadsafe(self, callback, *args, context=None):
-            handle = super().call_soon_threadsafe(callback, *args, context=context)
             from_obstore = threading.get_ident() not in {thread.ident for thread in threading.enumerate()}
-            if from_obstore and hold.is_set() and not held["released"]:
+            holding = from_obstore and hold.is_set() and not held["released"]
+            if holding:
+                # Counted before the hand-over: once it is made, the program may print the count and exit before
+                # this thread has the GIL back.
                 held["deliveries"] += 1
+            handle = super().call_soon_threadsafe(callback, *args, context=context)
+            if holding:
                 while not is_finalizing() and not (exit_began and time.monotonic() > exit_began[0] + HOLD_SECONDS):
                     libc_and_python.usleep(1000)
                 held["released"] = True
