@@ -18,23 +18,13 @@ import sys
 import time
 import uuid
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
-from haystack.utils import Secret
+from tenant_setup import ROLE, rss_mib, tenant_keys
 
 from haystack_integrations.offload import FsspecToolResultStore
-from haystack_integrations.offload.stores import AssumeRoleCredentials, TenantKeys
+from haystack_integrations.offload.stores import AssumeRoleCredentials
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server
-
-ROLE = "arn:aws:iam::123456789012:role/offload-tenants"
-
-
-def _rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 async def _child(engine: str, url: str, options: dict[str, Any], checkpoints: list[int]) -> list[dict[str, Any]]:
@@ -43,7 +33,7 @@ async def _child(engine: str, url: str, options: dict[str, Any], checkpoints: li
         storage_options=options,
         engine=engine,
         credentials=AssumeRoleCredentials(ROLE),
-        encryption=TenantKeys(Secret.from_token("the benchmark's master secret, not a real one")),
+        encryption=tenant_keys(),
     )
     limit = asyncio.Semaphore(8)
 
@@ -64,7 +54,7 @@ async def _child(engine: str, url: str, options: dict[str, Any], checkpoints: li
         points.append(
             {
                 "tenants": checkpoint,
-                "rss_mib": _rss_mib(),
+                "rss_mib": rss_mib(),
                 "live": _live_handles(root),
                 "median_ms": statistics.median(latencies) * 1000,
                 "cpu_ms": cpu / len(latencies) * 1000,

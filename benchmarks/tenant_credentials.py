@@ -33,10 +33,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from haystack.utils import Secret
+from tenant_setup import ROLE, rss_mib, tenant_keys
 
 from haystack_integrations.offload import FsspecToolResultStore
-from haystack_integrations.offload.stores import AssumeRoleCredentials, TenantKeys
+from haystack_integrations.offload.stores import AssumeRoleCredentials
 from support.ceph_rgw import CephRGWServer
 
 CONTENT = "x" * 20_000
@@ -56,16 +56,6 @@ def one_round(root: FsspecToolResultStore, tenants: int) -> tuple[list[float], f
     return latencies, time.process_time() - cpu
 
 
-ROLE = "arn:aws:iam::123456789012:role/offload-tenants"
-
-
-def _rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
-
-
 def _serve_moto(ready: Any, stop: Any) -> None:
     from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 
@@ -82,7 +72,7 @@ def _measure_memory(engine: str, bucket_url: str, options: dict[str, Any], check
         storage_options=options,
         engine=engine,
         credentials=source,
-        encryption=TenantKeys(Secret.from_token("the benchmark's master secret, not a real one")),
+        encryption=tenant_keys(),
     )
 
     async def serve(first: int, last: int) -> None:
@@ -100,13 +90,13 @@ def _measure_memory(engine: str, bucket_url: str, options: dict[str, Any], check
         points, done = [], 0
         await serve(0, 10)  # warm: imports, the first clients
         gc.collect()
-        points.append({"tenants": 10, "rss_mib": _rss_mib()})
+        points.append({"tenants": 10, "rss_mib": rss_mib()})
         done = 10
         for checkpoint in checkpoints:
             await serve(done, checkpoint)
             done = checkpoint
             gc.collect()
-            points.append({"tenants": checkpoint, "rss_mib": _rss_mib(), "live": len(root._handle._tenant_handles)})
+            points.append({"tenants": checkpoint, "rss_mib": rss_mib(), "live": len(root._handle._tenant_handles)})
         return points
 
     async def renewals() -> dict[str, float]:
@@ -117,7 +107,7 @@ def _measure_memory(engine: str, bucket_url: str, options: dict[str, Any], check
             await serve(0, 20)
             gc.collect()
             if round_number in (1, 10):
-                rss[f"rss_mib_after_{(round_number - 1) * 20 + 20}"] = _rss_mib()
+                rss[f"rss_mib_after_{(round_number - 1) * 20 + 20}"] = rss_mib()
         rss["sts_calls"] = source.calls
         return rss
 
@@ -189,7 +179,7 @@ def main() -> None:
     with CephRGWServer(sts=True) as server:
         role = server.create_tenant_role()
         source, both = AssumeRoleCredentials(role), AssumeRoleCredentials(role)
-        keys = TenantKeys(Secret.from_token("the benchmark's master secret, not a real one"))
+        keys = tenant_keys()
         url = f"s3://{server.bucket}/bench-{uuid.uuid4().hex[:6]}"
         options = server.storage_options()
 
