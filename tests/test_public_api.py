@@ -175,6 +175,7 @@ SUBPACKAGE_NAMES = {
         "AssumeRoleCredentials",
         "DEFAULT_S3_MAX_POOL_CONNECTIONS",
         "FsspecToolResultStore",
+        "MarkedUsage",
         "PendingWrite",
         "Quota",
         "Retention",

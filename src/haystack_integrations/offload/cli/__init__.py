@@ -111,7 +111,10 @@ def _add_operator_commands(commands: Any) -> None:
     add_progress_argument(ls)
 
     du = operator_command(commands, "du", du_command, help="usage per tenant and session")
-    du.add_argument("--tenant", help="only this tenant")
+    du.add_argument(
+        "--tenant", help="only this tenant: its usage mark's totals where quota'd writers keep one (two requests)"
+    )
+    du.add_argument("--exact", action="store_true", help="with --tenant: list every object, per session")
     add_progress_argument(du)
 
     cat = operator_command(commands, "cat", cat_command, help="print one stored result or document (bytes as stored)")

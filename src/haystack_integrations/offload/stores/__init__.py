@@ -17,6 +17,7 @@ _import_structure = {
     "records": ["StoredResult"],
     "retention": ["Retention"],
     "retry": ["RetryPolicy", "RetryStats"],
+    "usage_marks": ["MarkedUsage"],
 }
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from .retention import Retention as Retention
     from .retry import RetryPolicy as RetryPolicy
     from .retry import RetryStats as RetryStats
+    from .usage_marks import MarkedUsage as MarkedUsage
 else:
     _module = LazyImporter(name=__name__, module_file=__file__, import_structure=_import_structure)
     # LazyImporter lists the submodules in __all__ too; the public surface is the names alone.

@@ -74,6 +74,7 @@ from haystack_integrations.offload.stores.tenant_access import (
     TenantIsolation,
 )
 from haystack_integrations.offload.stores.translate import storage_errors
+from haystack_integrations.offload.stores.usage_marks import MarkedUsage
 
 _EXTRAS_BY_PROTOCOL = {"s3": "s3", "s3a": "s3"}
 DEFAULT_RETRY = RetryPolicy()
@@ -389,6 +390,21 @@ class FsspecToolResultStore(ToolResultStore):
         return await ScopeUsage(self).reconcile_usage_async(tenant)
 
     reconcile_usage = synced(reconcile_usage_async)
+
+    async def marked_usage_async(self, tenant: str | None = None) -> MarkedUsage | None:
+        """
+        A tenant's usage as its newest usage mark says, in one LIST (max-keys 1) and one GET whatever the tenant
+        holds: the summary `offload-haystack du` shows. Marks exist once a writer with a `Quota` (``tenant_usage=
+        "marks"``, the default) has written in the tenant; a listing (`operations.scan`) gives exact figures.
+
+        :param tenant: The tenant; a tenant or session store's own by default.
+        :returns: The marked figures, or None if the tenant has no usage mark.
+        :raises ValueError: If no tenant is given or known.
+        :raises StorageError: If the backend fails.
+        """
+        return await ScopeUsage(self).marked_usage_async(tenant)
+
+    marked_usage = synced(marked_usage_async)
 
     def _prepare_write(
         self, key: str, content: object, tool_name: str | None

@@ -14,7 +14,14 @@ from haystack_integrations.offload.stores.pages import list_after_async, sizes_o
 from haystack_integrations.offload.stores.quotas import Reservation, SessionUsage, TenantTotal, usage_by_session
 from haystack_integrations.offload.stores.scope import validate_scope_id
 from haystack_integrations.offload.stores.translate import storage_errors
-from haystack_integrations.offload.stores.usage_marks import KEPT_MARKS, MARKS_DIRECTORY, Mark, UsageMarks, following
+from haystack_integrations.offload.stores.usage_marks import (
+    KEPT_MARKS,
+    MARKS_DIRECTORY,
+    Mark,
+    MarkedUsage,
+    UsageMarks,
+    following,
+)
 
 if TYPE_CHECKING:
     from haystack_integrations.offload.stores.fsspec_store import FsspecToolResultStore
@@ -204,6 +211,14 @@ class ScopeUsage:
             tracker.restore_pending(tenant, pending)
             raise
         tracker.remember_mark(tenant, mark)
+
+    async def marked_usage_async(self, tenant: str | None = None) -> MarkedUsage | None:
+        tenant = validate_scope_id(tenant, field="tenant") if tenant is not None else self._store.tenant
+        if tenant is None:
+            raise ValueError("marked_usage needs a tenant: give one, or call it on a tenant or session store.")
+        with storage_errors("read the tenant's usage mark", reference=None):
+            mark = await self._usage_marks(tenant).latest_async()
+        return MarkedUsage.of(mark) if mark is not None else None
 
     async def reconcile_usage_async(self, tenant: str | None = None) -> tuple[int, int]:
         tenant = validate_scope_id(tenant, field="tenant") if tenant is not None else self._store.tenant

@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 MARKS_DIRECTORY = ".usage"
 KEPT_MARKS = 1000
@@ -51,6 +52,32 @@ class Mark:
     def content(self) -> bytes:
         """The mark's object content."""
         return json.dumps({"results": self.results, "bytes": self.size, "reconciled": self.reconciled}).encode()
+
+
+@dataclass(frozen=True)
+class MarkedUsage:
+    """
+    A tenant's usage as its newest usage mark says: what quota'd writers admitted and charged, as of their last
+    marks. Deletes, purges and expiry show only after the next reconcile (a full listing: hourly while quota'd
+    writers write, or `FsspecToolResultStore.reconcile_usage`).
+    """
+
+    results: int
+    size: int
+    """Bytes of results and session documents."""
+    mark: int
+    """The mark's sequence number (how many marks the tenant has had, less one)."""
+    reconciled: datetime | None
+    """When a reconcile last set the marks to a full listing (None: never; the first mark counted from zero)."""
+
+    @classmethod
+    def of(cls, mark: Mark) -> MarkedUsage:
+        """
+        :param mark: A usage mark.
+        :returns: Its figures.
+        """
+        reconciled = datetime.fromtimestamp(mark.reconciled, UTC) if mark.reconciled else None
+        return cls(results=mark.results, size=mark.size, mark=mark.sequence, reconciled=reconciled)
 
 
 def parse_mark(name: str, data: bytes) -> Mark | None:
