@@ -133,6 +133,8 @@ SUBPACKAGE_NAMES = {
         "whole_number",
     ],
     "hooks": ["COMPACTION_META_KEY", "OFFLOADED_META_KEY", "OffloadCompactionHook", "OffloadHook"],
+    # A module, not a package: what an application calls of it (issue 45, the reference app's `--metrics-tenants`).
+    "metrics": ["label_tenants"],
     "operations": [
         "PurgePlan",
         "Usage",
@@ -170,11 +172,16 @@ SUBPACKAGE_NAMES = {
         "TurnAbandonedError",
         "TurnOutcome",
         "TurnProgress",
+        # Serving a stored result (issue 45: the reference app's views).
+        "media_type_of",
+        "record_named",
     ],
     "stores": [
         "AssumeRoleCredentials",
         "DEFAULT_S3_MAX_POOL_CONNECTIONS",
+        "ExclusiveCreateCheck",
         "FsspecToolResultStore",
+        "MIN_MASTER_SECRET_CHARACTERS",
         "MarkedUsage",
         "PendingWrite",
         "Quota",
@@ -184,8 +191,13 @@ SUBPACKAGE_NAMES = {
         "SessionDocuments",
         "StoredResult",
         "TenantKeys",
+        "check_region",
         "end_session",
         "end_session_async",
+        "redacted_url",
+        "validate_scope_id",
+        "with_s3_choices",
+        "with_timeouts",
     ],
     "tools": [
         "ListToolResults",

@@ -220,7 +220,7 @@ def test_a_real_leak_fails_the_isolation_checks(
     leaked: list[str] = []
 
     async def leak_then_check(
-        service: Any, root: FsspecToolResultStore, outcome: SessionOutcome, intruders: list[tuple[str, str]]
+        service: Any, root: FsspecToolResultStore, outcome: SessionOutcome, intruders: list[tuple[str, str]], gone: str
     ) -> None:
         if not leaked:
             assert (outcome.tenant, outcome.session) == VICTIM and into in intruders
@@ -233,7 +233,7 @@ def test_a_real_leak_fails_the_isolation_checks(
             else:
                 await _leak_approvals(root_path, into)
             leaked.append(leak)
-        await check_isolation(service, root, outcome, intruders)
+        await check_isolation(service, root, outcome, intruders, gone)
 
     monkeypatch.setattr(runner, "_check_isolation", leak_then_check)
     arguments = ["--store", str(root_path), "--tenants", "acme,globex", "--sessions", "2", "--run-id", "leak"]

@@ -17,6 +17,9 @@ from typing import Literal
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
+# What an application calls; the rest is called by the library's parts as they count.
+__all__ = ["label_tenants"]
+
 METER_NAME = "haystack_integrations.offload"
 
 OffloadOutcome = Literal["stored", "under_threshold", "kept_inline", "refused_quota"]

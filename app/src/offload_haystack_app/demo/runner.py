@@ -20,9 +20,7 @@ from haystack_integrations.offload import InvalidReferenceError, ResultNotFoundE
 from haystack_integrations.offload.approvals import ApprovalRequest
 from haystack_integrations.offload.hooks import COMPACTION_META_KEY, OFFLOADED_META_KEY
 from haystack_integrations.offload.sessions import ChatService, NotFoundError, TurnOutcome
-from haystack_integrations.offload.stores import FsspecToolResultStore
-from haystack_integrations.offload.stores.names import new_object_name
-from haystack_integrations.offload.stores.scope import validate_scope_id
+from haystack_integrations.offload.stores import FsspecToolResultStore, validate_scope_id
 from offload_haystack_app.server.agent import build_agent
 from offload_haystack_app.server.demo_tools import expected_blocks, invoice_number
 from offload_haystack_app.server.scripted_model import SCRIPTED_CONTEXT_WINDOW, scripted_generator
@@ -304,16 +302,36 @@ def _payload_chars(blocks: list[str | bytes]) -> int:
     return sum(len(block) if isinstance(block, str) else len(base64.b64encode(block)) for block in blocks)
 
 
+async def _gone_reference(scratch: FsspecToolResultStore) -> str:
+    """
+    A well-formed reference that names nothing anywhere: a result written to a session of its own, then deleted.
+
+    :param scratch: A session no demo conversation uses.
+    :returns: The deleted result's reference.
+    """
+    reference = await scratch.write_async(key="never-read.txt", content="gone", tool_name="web_search")
+    await scratch.delete_async(reference)
+    return reference
+
+
 async def _check_isolation(
-    service: ChatService, root: FsspecToolResultStore, outcome: SessionOutcome, intruders: list[tuple[str, str]]
+    service: ChatService,
+    root: FsspecToolResultStore,
+    outcome: SessionOutcome,
+    intruders: list[tuple[str, str]],
+    gone: str,
 ) -> None:
-    """Other sessions (another tenant's with the same id, a sibling of the same tenant) see nothing of this one."""
+    """
+    Other sessions (another tenant's with the same id, a sibling of the same tenant) see nothing of this one.
+
+    :param gone: A reference that names nothing (`_gone_reference`): what a request for this session's results must
+        look like from another session.
+    """
     victim = f"{outcome.tenant}/{outcome.session}"
-    never_written = new_object_name(key="never-written.txt", kind="text", tool_name="web_search")
     for tenant, session in intruders:
         intruder = root.for_session(tenant, session)
         who = f"{tenant}/{session}"
-        missing = await _not_found_message(service.read_page(intruder, never_written))
+        missing = await _not_found_message(service.read_page(intruder, gone))
         for reference in outcome.references:
             refused = await _not_found_message(service.read_page(intruder, reference))
             outcome.check(
@@ -429,11 +447,13 @@ async def run_demo_async(
             *(_run_session(service, root, tenant, session, number, on_progress) for tenant, session, number in plan)
         )
     )
+    # Written and deleted once per run, in a session of its own: two requests, whatever the number of sessions.
+    gone = await _gone_reference(root.for_session(tenants[0], f"chat-{run_id}-scratch"))
     for outcome in outcomes:
         intruders = [(tenant, outcome.session) for tenant in tenants if tenant != outcome.tenant]
         intruders += [(outcome.tenant, session) for session in sessions if session != outcome.session][:1]
         try:
-            await _check_isolation(service, root, outcome, intruders)
+            await _check_isolation(service, root, outcome, intruders, gone)
         except Exception as error:  # a broken intruder session fails the check instead of ending the demo
             outcome.failures.append(f"the isolation checks failed: {type(error).__name__}: {error}")
     return DemoReport(store_url=store_url, outcomes=outcomes)

@@ -24,8 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from haystack_integrations.offload import OffloadError, StorageError, StoragePermissionError
 from haystack_integrations.offload.sessions import ApprovalPendingConflict, ChatService, NotFoundError
-from haystack_integrations.offload.stores import FsspecToolResultStore
-from haystack_integrations.offload.stores.exclusive_creates import ExclusiveCreateCheck
+from haystack_integrations.offload.stores import ExclusiveCreateCheck, FsspecToolResultStore
 from offload_haystack_app.server.agent import build_agent
 from offload_haystack_app.server.auth import TokenTable
 from offload_haystack_app.server.errors import ERROR_STATUSES, NOT_FOUND_DETAIL, error_status

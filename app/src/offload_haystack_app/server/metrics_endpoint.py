@@ -25,7 +25,7 @@ from opentelemetry.sdk.resources import Resource
 from prometheus_client import REGISTRY
 from prometheus_client.exposition import choose_encoder
 
-from haystack_integrations.offload import metrics
+from haystack_integrations.offload.metrics import label_tenants
 from offload_haystack_app.server.auth import TokenTable
 from offload_haystack_app.server.startup import ServerStartupError
 
@@ -99,7 +99,7 @@ def start_metrics_endpoint(settings: "ServerSettings", *, worker: str) -> Metric
     :raises ServerStartupError: If every port of the range is taken.
     """
     if settings.metrics_tenants:
-        metrics.label_tenants(settings.metrics_tenants)
+        label_tenants(settings.metrics_tenants)
     if settings.metrics_port is None:
         return None
     install_meter_provider(worker)

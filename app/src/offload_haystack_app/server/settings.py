@@ -19,10 +19,17 @@ from pydantic import Field, SecretStr, TypeAdapter, ValidationError, field_valid
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from haystack_integrations.offload.approvals import DEFAULT_RESUME_LEASE
-from haystack_integrations.offload.stores import AssumeRoleCredentials, FsspecToolResultStore, Quota, TenantKeys
-from haystack_integrations.offload.stores.encryption import MIN_MASTER_SECRET_CHARACTERS
-from haystack_integrations.offload.stores.options import check_region, with_s3_choices, with_timeouts
-from haystack_integrations.offload.stores.scope import validate_scope_id
+from haystack_integrations.offload.stores import (
+    MIN_MASTER_SECRET_CHARACTERS,
+    AssumeRoleCredentials,
+    FsspecToolResultStore,
+    Quota,
+    TenantKeys,
+    check_region,
+    validate_scope_id,
+    with_s3_choices,
+    with_timeouts,
+)
 from offload_haystack_app.server.model_check import DEFAULT_CHECK_TIMEOUT, check_openai_endpoint
 from offload_haystack_app.server.scripted_model import (
     SCRIPTED_CONTEXT_WINDOW,

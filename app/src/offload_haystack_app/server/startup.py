@@ -15,9 +15,7 @@ import logging
 import time
 
 from haystack_integrations.offload import OffloadError
-from haystack_integrations.offload.stores import FsspecToolResultStore
-from haystack_integrations.offload.stores.exclusive_creates import ExclusiveCreateCheck
-from haystack_integrations.offload.stores.options import redacted_url
+from haystack_integrations.offload.stores import ExclusiveCreateCheck, FsspecToolResultStore, redacted_url
 from offload_haystack_app.server.readiness import Readiness
 
 CHECK_ATTEMPTS = 3

@@ -25,8 +25,14 @@ from haystack_integrations.offload.approvals import (
     CallOutcome,
 )
 from haystack_integrations.offload.hooks import OFFLOADED_META_KEY
-from haystack_integrations.offload.sessions import DecisionOutcome, SessionSummary, Transcript, TurnOutcome
-from haystack_integrations.offload.sessions.service import media_type_of, record_named
+from haystack_integrations.offload.sessions import (
+    DecisionOutcome,
+    SessionSummary,
+    Transcript,
+    TurnOutcome,
+    media_type_of,
+    record_named,
+)
 from haystack_integrations.offload.stores import StoredResult
 
 MAX_TOOL_TEXT_CHARS = 4000

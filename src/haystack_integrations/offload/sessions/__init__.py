@@ -36,6 +36,8 @@ _import_structure = {
         "SessionSummary",
         "Transcript",
         "TurnOutcome",
+        "media_type_of",
+        "record_named",
     ],
 }
 
@@ -67,6 +69,8 @@ if TYPE_CHECKING:
     from .service import SessionSummary as SessionSummary
     from .service import Transcript as Transcript
     from .service import TurnOutcome as TurnOutcome
+    from .service import media_type_of as media_type_of
+    from .service import record_named as record_named
 else:
     _module = LazyImporter(name=__name__, module_file=__file__, import_structure=_import_structure)
     # LazyImporter lists the submodules in __all__ too; the public surface is the names alone.

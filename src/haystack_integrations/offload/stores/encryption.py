@@ -15,6 +15,7 @@ from haystack_integrations.offload.stores import log_redaction
 HKDF_SALT = b"offload-haystack/sse-c/v1"
 KEY_BYTES = 32
 MIN_MASTER_SECRET_CHARACTERS = 32
+"""The shortest master secret `TenantKeys` accepts, for a server to check its setting at start-up."""
 
 
 def hkdf_sha256(secret: bytes, *, salt: bytes, info: bytes, length: int = KEY_BYTES) -> bytes:
