@@ -35,8 +35,8 @@ from haystack.dataclasses import ChatMessage
 from haystack_integrations.offload import DurableApprovals, FsspecToolResultStore, offload_context
 from haystack_integrations.offload.sessions.service import ChatService
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server
+from offload_haystack_app.demo.scripted_model import scripted_generator
 from offload_haystack_app.server.agent import build_agent
-from offload_haystack_app.server.scripted_model import scripted_generator
 
 MESSAGE = "Research heat pumps, dump the invoices table and chart revenue"
 

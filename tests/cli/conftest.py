@@ -16,8 +16,8 @@ from cli_stores import FilledStore, IamEndpoint
 from haystack_integrations.offload import FsspecToolResultStore
 from haystack_integrations.offload.sessions.service import ChatService
 from haystack_integrations.offload.testing.local_s3 import local_s3_process
+from offload_haystack_app.demo.scripted_model import scripted_generator
 from offload_haystack_app.server.agent import build_agent
-from offload_haystack_app.server.scripted_model import scripted_generator
 
 
 async def _fill(root: FsspecToolResultStore) -> None:

@@ -18,7 +18,7 @@ from cli_stores import FilledStore, IamEndpoint
 from haystack_integrations.offload.cli import main
 from haystack_integrations.offload.stores.names import new_object_name
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server
-from offload_haystack_app.server.demo_tools import chart_png, search_results
+from offload_haystack_app.demo.tools import chart_png, search_results
 
 RESEARCH = "Research solar panels, dump the invoices table and chart revenue"
 

@@ -12,8 +12,8 @@ import pytest
 from haystack_integrations.offload import FsspecToolResultStore
 from haystack_integrations.offload.sessions import ChatService
 from haystack_integrations.offload.sessions.errors import SessionBusyError
+from offload_haystack_app.demo.scripted_model import scripted_generator
 from offload_haystack_app.server import build_agent
-from offload_haystack_app.server.scripted_model import scripted_generator
 
 AT_ONCE = 4
 

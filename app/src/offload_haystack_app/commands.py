@@ -32,7 +32,7 @@ from haystack_integrations.offload.cli import (
     stored_at,
     whole_number,
 )
-from offload_haystack_app.server.scripted_model import SCRIPTED_MODEL_LABEL
+from offload_haystack_app.demo.scripted_model import SCRIPTED_MODEL_LABEL
 
 if TYPE_CHECKING:
     from offload_haystack_app.demo.runner import DemoReport

@@ -799,8 +799,8 @@ def test_a_failed_resume_offers_continue_which_runs_the_decided_call(
     from haystack_integrations.offload.errors import StorageUnavailableError
     from haystack_integrations.offload.sessions import ChatService
     from haystack_integrations.offload.sessions.errors import RunFailedError
+    from offload_haystack_app.demo.scripted_model import scripted_generator
     from offload_haystack_app.server import build_agent
-    from offload_haystack_app.server.scripted_model import scripted_generator
 
     # The live server's store, from this process: a decision whose resume failed before the call ran.
     session = FsspecToolResultStore(str(page_directory / "results")).for_session("acme", "failed-resume")
@@ -846,8 +846,8 @@ def test_a_decision_whose_answer_failed_before_its_resume_offers_continue(
     from haystack_integrations.offload.approvals import decisions
     from haystack_integrations.offload.errors import StorageUnavailableError
     from haystack_integrations.offload.sessions import ChatService
+    from offload_haystack_app.demo.scripted_model import scripted_generator
     from offload_haystack_app.server import build_agent
-    from offload_haystack_app.server.scripted_model import scripted_generator
 
     # The decision is recorded, then its audit append gives up: the answer fails before any resume began, and the
     # request no longer waits, so the page has nothing left to decide.

@@ -17,8 +17,8 @@ from server_tenants import ACME_TOKEN, GLOBEX_TOKEN, TOKENS, bearer
 from haystack_integrations.offload import FsspecToolResultStore, Quota
 from haystack_integrations.offload.sessions.history import SessionHistory
 from haystack_integrations.offload.stores.names import new_object_name
+from offload_haystack_app.demo.tools import chart_png, search_results
 from offload_haystack_app.server import ServerSettings, create_app
-from offload_haystack_app.server.demo_tools import chart_png, search_results
 
 RESEARCH = "Research solar panels, dump the invoices table and chart revenue"
 INVOICE = "Send an invoice to Initech for 250 EUR"

@@ -21,9 +21,9 @@ from haystack_integrations.offload.approvals import ApprovalRequest
 from haystack_integrations.offload.hooks import COMPACTION_META_KEY, OFFLOADED_META_KEY
 from haystack_integrations.offload.sessions import ChatService, NotFoundError, TurnOutcome
 from haystack_integrations.offload.stores import FsspecToolResultStore, validate_scope_id
+from offload_haystack_app.demo.scripted_model import SCRIPTED_CONTEXT_WINDOW, scripted_generator
+from offload_haystack_app.demo.tools import expected_blocks, invoice_number
 from offload_haystack_app.server.agent import build_agent
-from offload_haystack_app.server.demo_tools import expected_blocks, invoice_number
-from offload_haystack_app.server.scripted_model import SCRIPTED_CONTEXT_WINDOW, scripted_generator
 
 DEFAULT_TENANTS = ("acme", "globex", "initech")
 STEPS = ("research", "logs", "invoice", "decision", "read back")

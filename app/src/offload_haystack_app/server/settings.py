@@ -30,12 +30,12 @@ from haystack_integrations.offload.stores import (
     with_s3_choices,
     with_timeouts,
 )
-from offload_haystack_app.server.model_check import DEFAULT_CHECK_TIMEOUT, check_openai_endpoint
-from offload_haystack_app.server.scripted_model import (
+from offload_haystack_app.demo.scripted_model import (
     SCRIPTED_CONTEXT_WINDOW,
     SCRIPTED_MODEL_LABEL,
     scripted_generator,
 )
+from offload_haystack_app.server.model_check import DEFAULT_CHECK_TIMEOUT, check_openai_endpoint
 from offload_haystack_app.server.startup import require_exclusive_creates
 
 DEFAULT_SERVER_STORE = "./offload-server-results"

@@ -1,6 +1,6 @@
 """
-The tools the reference server serves (and the demo drives): deterministic results of the kinds that crowd a
-context window, and one that needs approval.
+The demo's tools, stand-ins for a team's own: deterministic results of the kinds that crowd a context window, and one
+that needs approval. The server's Agent serves them until it is given tools of its own (`build_agent(tools=...)`).
 
 Every result depends on the arguments only, so the demo can recompute it and check the stored copy byte for byte.
 """
@@ -186,6 +186,9 @@ SEND_INVOICE = Tool(
 
 DEMO_TOOLS = [WEB_SEARCH, SQL_QUERY, RENDER_CHART, FETCH_LOGS, SEND_INVOICE]
 APPROVAL_TOOL_NAMES = ("send_invoice",)
+"""The demo's tools that ask a person before every call."""
+ALWAYS_OFFLOADED_TOOL_NAMES = ("render_chart",)
+"""The demo's tools whose results are always offloaded: a chart is an image, which the model reads back when needed."""
 TOOL_FUNCTIONS: dict[str, Callable[..., Any]] = {
     tool.name: tool.function for tool in DEMO_TOOLS if tool.function is not None
 }

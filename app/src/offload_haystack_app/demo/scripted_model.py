@@ -1,6 +1,6 @@
 """
-The reference server's scripted model (the demo drives it too): Haystack's MockChatGenerator with a response
-function, labelled as scripted everywhere.
+The demo's scripted model, a stand-in for an LLM: Haystack's MockChatGenerator with a response function, labelled as
+scripted everywhere. The server answers with it until a model endpoint is configured (``OFFLOAD_SERVER_MODEL``).
 
 The response function picks tool calls from phrases in the last user message, and decides from the conversation alone.
 """
