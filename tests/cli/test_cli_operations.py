@@ -7,6 +7,7 @@ store back through the library to check what the command printed or deleted.
 
 import base64
 import json
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 from offload_haystack_app.demo.tools import chart_png, search_results
 
 RESEARCH = "Research solar panels, dump the invoices table and chart revenue"
+# An age a test waits out: moto keeps whole seconds, and a loaded machine may take a second between writes and purge.
+AGE = timedelta(seconds=3)
 
 
 def _run(capsys: pytest.CaptureFixture[str], *arguments: str) -> tuple[int, str, str]:
@@ -196,22 +199,32 @@ def test_purge_a_tenant_keeps_the_other_tenants(filled: FilledStore, capsys: pyt
     assert {record.reference for record in filled.root.for_tenant("globex").list()} == globex
 
 
+@pytest.mark.slow  # waits out an age
 def test_purge_older_than_an_age_removes_only_old_results(
     filled: FilledStore, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # A result written 40 days ago, as the store would have named it then.
+    # Old by the storage's clock: written, then an age waited out (moto dates to the second: AGE leaves room).
+    session = filled.root.for_session("initech", "chat-1")
+    old = {session.write(key=f"{number}.txt", content="old", tool_name="web_search") for number in range(3)}
+    time.sleep(AGE.total_seconds() + 0.2)
+    # Kept: written just now; and one whose name says 40 days while the storage says now (its writer's clock was
+    # behind): the storage's clock decides, as in the store's own purge.
+    fresh = session.write(key="fresh.txt", content="fresh")
     old_name = new_object_name(
         key="old.txt", kind="text", tool_name="web_search", now=datetime.now(UTC) - timedelta(40)
     )
     filesystem, root_path = fsspec.core.url_to_fs(filled.url, **filled.storage_options)
-    filesystem.pipe_file(f"{root_path.rstrip('/')}/globex/chat-1/{old_name}", b"forty days old")
-    assert len(filled.root.list()) == 8
+    filesystem.pipe_file(f"{root_path.rstrip('/')}/initech/chat-1/{old_name}", b"forty days old by its name")
+    assert len(filled.root.list()) == 7 + 5
+    age = f"{int(AGE.total_seconds())}s"
 
-    preview = _json(capsys, "purge", *filled.arguments(), "--older-than", "30d", "--dry-run")
-    assert (preview["results"], preview["documents"]) == (1, 0)
-    done = _json(capsys, "purge", *filled.arguments(), "--older-than", "30d", "--yes")
-    assert done["deleted"] == 1
-    assert len(filled.root.list()) == 7 and all(old_name not in record.reference for record in filled.root.list())
+    preview = _json(capsys, "purge", *filled.arguments(), "--tenant", "initech", "--older-than", age, "--dry-run")
+    assert (preview["results"], preview["documents"]) == (3, 0)
+    assert {item["path"] for item in preview["objects"]} == {f"initech/chat-1/{name}" for name in old}
+    done = _json(capsys, "purge", *filled.arguments(), "--tenant", "initech", "--older-than", age, "--yes")
+    assert done["deleted"] == 3
+    assert {record.reference for record in session.list()} == {fresh, old_name}
+    assert len(filled.root.list()) == 7 + 2
     assert filled.root.for_session("globex", "chat-1").documents("history").list()
 
 

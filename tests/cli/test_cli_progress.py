@@ -16,6 +16,7 @@ from cli_stores import FilledStore
 from haystack_integrations.offload import operations
 from haystack_integrations.offload.cli import main, toolkit
 from haystack_integrations.offload.operations import scan
+from haystack_integrations.offload.operations.purge import plan_purge
 
 COMMANDS = {
     "ls": ["ls"],
@@ -62,8 +63,13 @@ def long_listing(monkeypatch: pytest.MonkeyPatch) -> LongListing:
         listing.written.wait(listing.hold)
         return scan(*args, **kwargs)
 
+    def slow_plan(*args: Any, **kwargs: Any) -> Any:  # purge lists through the store's own purge
+        listing.written.wait(listing.hold)
+        return plan_purge(*args, **kwargs)
+
     monkeypatch.setattr(toolkit.ListingProgress, "_write", recording)
     monkeypatch.setattr(operations, "scan", slow_scan)
+    monkeypatch.setattr("haystack_integrations.offload.operations.purge.plan_purge", slow_plan)
     monkeypatch.setattr(toolkit, "PROGRESS_DELAY", 0.01)
     monkeypatch.setattr(toolkit, "PROGRESS_INTERVAL", 0.01)
     return listing

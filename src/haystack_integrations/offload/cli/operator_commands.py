@@ -9,7 +9,6 @@ import base64
 import itertools
 import sys
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -281,13 +280,13 @@ def _cat_json(output: str | None, path: str, kind: str, total: int, start: int, 
 
 
 def purge_command(arguments: argparse.Namespace) -> int:
-    from haystack_integrations.offload.operations import delete, parse_age, select_older_than, select_scope
+    from haystack_integrations.offload.operations import parse_age
+    from haystack_integrations.offload.operations.purge import carry_out, plan_purge
 
     if arguments.session and not arguments.tenant:
         raise CommandError("--session needs --tenant.")
     if not arguments.tenant and arguments.older_than is None:
         raise CommandError("Say what to purge: --tenant T [--session S], and/or --older-than AGE (e.g. 30d).")
-    now = datetime.now(UTC)
     age = None
     if arguments.older_than is not None:
         try:  # before the store is touched; ages past MAX_AGE (100 years) are refused, as the store refuses them
@@ -295,12 +294,15 @@ def purge_command(arguments: argparse.Namespace) -> int:
         except ValueError as error:
             raise CommandError(str(error)) from error
     root = root_store(arguments)
-    objects = _scan(arguments, root, arguments.tenant, arguments.session)
+    # The store's own purge chooses (one listing), with a progress line as `_scan` shows one.
+    with ListingProgress(
+        _scoped_url(arguments.url, arguments.tenant, arguments.session), show_progress(arguments)
+    ) as progress:
+        plan = plan_purge(root, tenant=arguments.tenant, session=arguments.session, older_than=age)
+        progress.found(plan.selection.listed if plan.selection is not None else len(plan.objects))
     if age is not None:
-        plan = select_older_than(objects, age, now=now, root=root)
         what = f"results older than {arguments.older_than}, and documents of sessions inactive that long"
     else:
-        plan = select_scope(objects, now=now)
         what = "results and documents"
     scope = "/".join(part for part in (arguments.tenant, arguments.session) if part) or "every tenant"
     figures = {name: getattr(plan, name) for name in ("results", "documents", "temporary_files", "bytes")}
@@ -312,7 +314,7 @@ def purge_command(arguments: argparse.Namespace) -> int:
         "dry_run": arguments.dry_run,
         "deleted": 0,
     }
-    # Every purge also takes the temporary files of local writes whose writer died, as the store's own purge does.
+    # Every purge also takes the temporary files of writers that died: it is the store's own purge.
     stale = f"{plan.temporary_files} stale temporary file(s)" if plan.temporary_files else ""
     if not arguments.json:
         print(
@@ -331,7 +333,7 @@ def purge_command(arguments: argparse.Namespace) -> int:
         if not arguments.yes and not _confirmed(f"Delete {len(plan.objects)} object(s)?"):
             raise CommandError("Nothing deleted: confirm with --yes (or preview with --dry-run).")
         with progress_bar(len(plan.objects), "obj", show_progress(arguments), "deleting") as bar:
-            summary["deleted"] = delete(root, plan.objects, on_batch=bar.update)
+            summary["deleted"] = carry_out(plan, on_batch=bar.update)
     if arguments.json:
         print_json(summary)
     elif arguments.dry_run:

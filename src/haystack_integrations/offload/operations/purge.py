@@ -1,17 +1,20 @@
 """
 What to delete: a whole session (results and its history, approvals and audit), a whole tenant, or old results.
 
-Selection is separate from deletion, so ``purge --dry-run`` shows exactly what ``purge`` would delete.
+`plan_purge` asks the store's own purge what it would delete (`stores.purging.select_purge`), and `carry_out` deletes
+that through the store's purge (`stores.purging.delete_selection`): one purge, so ``purge --dry-run`` shows exactly
+what ``purge`` deletes, and what the store's `purge` would.
 """
 
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from haystack_integrations.offload.operations.inventory import StoredObject
+from haystack_integrations.offload.operations.inventory import StoredObject, _below, _check_root, classify
 from haystack_integrations.offload.stores import FsspecToolResultStore
-from haystack_integrations.offload.stores.names import is_stale_temporary
+from haystack_integrations.offload.stores.names import TEMPORARY_GRACE, is_stale_temporary
+from haystack_integrations.offload.stores.purging import PurgeSelection, delete_selection, select_purge
 from haystack_integrations.offload.stores.retention import MAX_AGE, IdleSessions
 
 _AGE = re.compile(r"\s*(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>s|m|h|d|w)\s*")
@@ -46,6 +49,10 @@ class PurgePlan:
     """The objects a purge deletes, and what they add up to."""
 
     objects: list[StoredObject]
+    selection: PurgeSelection | None = field(default=None, repr=False, compare=False)
+    """What the store's purge chose (`plan_purge`), for `carry_out`; None for a plan made from a scan."""
+    store: FsspecToolResultStore | None = field(default=None, repr=False, compare=False)
+    """The scoped store `selection` was made for."""
 
     @property
     def results(self) -> int:
@@ -69,13 +76,80 @@ class PurgePlan:
 
     def sessions(self) -> list[str]:
         """The ``tenant/session`` scopes touched, sorted."""
-        return sorted({f"{item.tenant}/{item.session}" for item in self.objects})
+        # A probe key left in a root's or a tenant's own directory belongs to no session.
+        return sorted({f"{item.tenant}/{item.session}" for item in self.objects if item.session is not None})
+
+
+def plan_purge(
+    root: FsspecToolResultStore,
+    *,
+    tenant: str | None = None,
+    session: str | None = None,
+    older_than: timedelta | None = None,
+) -> PurgePlan:
+    """
+    What the store's own purge of a scope deletes, deleting nothing (one listing; see `FsspecToolResultStore.purge`).
+
+    Without `older_than`: every result and every document of the tenant or session (``purge(documents=True)``); with
+    it: results older than that by the storage's clock, and the documents of sessions inactive that long (the store's
+    ``purge(older_than=...)``). Either way, the temporary files of writers that died.
+
+    :param root: An unscoped store.
+    :param tenant: Limit the purge to this tenant.
+    :param session: Limit it to this session of `tenant`.
+    :param older_than: The age; None to take the whole scope (which then needs a tenant).
+    :returns: The plan, with paths relative to the root, sorted; `carry_out` deletes it.
+    :raises ValueError: If `root` is scoped, `session` is given without `tenant`, neither a tenant nor an age is given,
+        or the age is not one the store's purge takes.
+    :raises InvalidScopeIdError: If an id is not a safe path segment.
+    :raises StorageError: If the backend fails.
+    """
+    _check_root(root)
+    below = _below(tenant, session)
+    if not below and older_than is None:
+        raise ValueError("Purging a whole root takes an age: give a tenant, or older_than.")
+    scope = root.for_session(*below) if len(below) == 2 else root.for_tenant(*below) if below else root
+    selection = select_purge(scope, older_than, documents=older_than is None, temporary_grace=TEMPORARY_GRACE)
+    prefix = "".join(f"{segment}/" for segment in below)
+    chosen = [
+        _placed(prefix + path, size, kind)
+        for kind, paths in (
+            ("result", selection.results),
+            ("document", selection.documents),
+            ("temporary", selection.temporary_files),
+        )
+        for path, size in paths.items()
+    ]
+    return PurgePlan(sorted(chosen, key=lambda item: item.path), selection=selection, store=scope)
+
+
+def _placed(path: str, size: int, kind: str) -> StoredObject:
+    """An object of a plan, as `classify` names it, of the kind the store's purge took it for."""
+    item = classify(path, size)
+    # The same but for a root's own results, or a probe key outside any session, which no session layout places.
+    return item if item.kind == kind else replace(item, kind=kind)  # type: ignore[arg-type]
+
+
+def carry_out(plan: PurgePlan, *, on_batch: Callable[[int], None] | None = None) -> int:
+    """
+    Delete what `plan_purge` planned, as the store's purge deletes (batched: no request per object).
+
+    :param plan: A plan from `plan_purge`.
+    :param on_batch: Called with the number of objects after each batch (for progress bars).
+    :returns: How many objects were deleted (asked to be; one gone meanwhile is not an error), temporary files included.
+    :raises ValueError: If the plan was made from a scan (`select_scope`, `select_older_than`): delete it with `delete`.
+    :raises StorageError: If the backend fails; objects of earlier batches stay deleted.
+    """
+    if plan.selection is None or plan.store is None:
+        raise ValueError("This plan was made from a scan, not by plan_purge: delete its objects with delete().")
+    delete_selection(plan.store, plan.selection, on_batch=on_batch)
+    return len(plan.objects)
 
 
 def select_scope(objects: Iterable[StoredObject], *, now: datetime | None = None) -> PurgePlan:
     """
     Select every result and document of a scan (a session's or a tenant's: scope the scan itself), and the temporary
-    files of local writes whose writer died.
+    files of local writes whose writer died. For a script holding a scan; ``purge`` asks the store (`plan_purge`).
 
     :param objects: What `scan` found for the tenant or session.
     :param now: The time to judge temporary files at; the current time by default.
@@ -95,6 +169,9 @@ def select_older_than(
     """
     Select the results created before ``now - age``, every document of each session inactive since then, and the
     temporary files of local writes whose writer died (whatever `age`, as every store purge removes them).
+
+    A scan carries no storage times, so results go by their names' times here; ``purge --older-than`` and the
+    store's ``purge(older_than=...)`` check those against the storage's clock (`plan_purge`).
 
     :param objects: What `scan` found.
     :param age: How old a result, or a session's newest activity, must be to go.

@@ -1,15 +1,22 @@
 """
 Deleting a scope's results and idle sessions' documents (`FsspecToolResultStore.purge`), and ending a session.
+
+One purge for every caller: the store's `purge` and ``offload-haystack purge`` (through `operations.purge`) both choose
+with `select_purge_async` (one listing) and delete with `delete_selection_async` (batched), so a preview shows exactly
+what a purge deletes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from haystack_integrations.offload.stores.io import Listed
+from haystack_integrations.offload.stores.layout import below, place
 from haystack_integrations.offload.stores.names import PROBE_GRACE, TEMPORARY_GRACE, is_stale_temporary
+from haystack_integrations.offload.stores.quotas import is_document
 from haystack_integrations.offload.stores.retention import (
     DEFAULT_CLOCK_SKEW,
     IdleSessions,
@@ -24,6 +31,32 @@ from haystack_integrations.offload.stores.translate import storage_errors
 if TYPE_CHECKING:
     from haystack_integrations.offload.stores.fsspec_store import FsspecToolResultStore
 
+DELETE_BATCH = 1000
+"""Objects per delete call: what one S3 DeleteObjects takes, so batching here adds no request."""
+
+
+@dataclass(frozen=True)
+class PurgeSelection:
+    """What a purge of one scope deletes, chosen from one listing: paths below the scope's directory, with sizes."""
+
+    results: dict[str, int]
+    documents: dict[str, int]
+    temporary_files: dict[str, int]
+    """Temporary files of writers that died (and probe keys of killed checks): deleted, never counted."""
+    listed: int
+    """How many objects the listing found."""
+
+    @property
+    def counted(self) -> int:
+        """How many objects a purge reports deleted: results and documents."""
+        return len(self.results) + len(self.documents)
+
+    def paths(self) -> list[str]:
+        """
+        :returns: Every path to delete, relative to the scope's directory.
+        """
+        return [*self.results, *self.documents, *self.temporary_files]
+
 
 async def purge_scope_async(
     store: FsspecToolResultStore, older_than: timedelta | None, expired: bool, *, temporary_grace: timedelta
@@ -31,7 +64,35 @@ async def purge_scope_async(
     """
     What `FsspecToolResultStore.purge_async` does (see there), with the grace a result write's temporary file gets.
     """
+    selection = await select_purge_async(store, older_than, expired, temporary_grace=temporary_grace)
+    await delete_selection_async(store, selection)
+    return selection.counted
+
+
+async def select_purge_async(
+    store: FsspecToolResultStore,
+    older_than: timedelta | None = None,
+    expired: bool = False,
+    *,
+    documents: bool = False,
+    temporary_grace: timedelta = TEMPORARY_GRACE,
+) -> PurgeSelection:
+    """
+    Choose what a purge of the store's scope deletes, deleting nothing (see `FsspecToolResultStore.purge_async`).
+
+    :param store: The store whose scope is purged.
+    :param older_than: Only results created before ``now - older_than``, and inactive sessions' documents.
+    :param expired: Only results past their retention, and the documents of sessions inactive that long.
+    :param documents: With neither filter: every document of the scope too (the operator's purge of a tenant or a
+        session), not only its results.
+    :param temporary_grace: How old a result write's temporary file must be to go.
+    :returns: The selection.
+    :raises ValueError: As `purge_async` does, or if `documents` is combined with a filter.
+    :raises StorageError: If the backend fails.
+    """
     _check_purge(store, older_than, expired)
+    if documents and (older_than is not None or expired):
+        raise ValueError("documents=True purges every document of the scope: give no older_than or expired.")
     scope = store._scope_path()
     await store._handle.in_flight.wait_under(scope + "/")
     with storage_errors("list results", reference=None):
@@ -39,18 +100,64 @@ async def purge_scope_async(
         listed = await store._handle.request("find", scope, lambda io: io.find_detailed_async(scope))
     found = {path: entry.size for path, entry in listed.items()}
     paths = await _purged_results_async(store, listed, older_than, expired)
+    chosen = _every_document(store, found) if documents else []
     idle = _idle_sessions(store, found, older_than, expired)
     if idle is not None:
         idle.dated(await read_activity_times_async(store._handle.request, idle.to_read()))
-        paths += idle.documents()
+        chosen += idle.documents()
     writes = store._handle.io().writes_temporary_files
-    doomed = paths + _stale_temporaries(found, temporary_grace, writes=writes)  # removed, not counted
+    prefix = scope + "/"
+    inside = {path: size for path, size in found.items() if path.startswith(prefix)}  # not a sibling 't/ab' of 't/a'
+    stale = _stale_temporaries(inside, temporary_grace, writes=writes)
+
+    def relative(paths: list[str]) -> dict[str, int]:
+        return {path[len(prefix) :]: found[path] for path in paths}
+
+    return PurgeSelection(relative(paths), relative(chosen), relative(stale), len(listed))
+
+
+async def delete_selection_async(
+    store: FsspecToolResultStore, selection: PurgeSelection, *, on_batch: Callable[[int], None] | None = None
+) -> None:
+    """
+    Delete what `select_purge_async` chose for the store's scope, in batches of `DELETE_BATCH` (no request per object).
+
+    :param store: The store the selection was made for.
+    :param selection: The selection.
+    :param on_batch: Called with the number of objects after each batch (for progress bars).
+    :raises StorageError: If the backend fails; objects of earlier batches stay deleted.
+    """
+    scope = store._scope_path()
+    doomed = [f"{scope}/{path}" for path in selection.paths()]
     try:
-        with storage_errors("purge results", reference=None):
-            await store._handle.request("delete", scope, lambda io: io.delete_async(doomed))
+        for start in range(0, len(doomed), DELETE_BATCH):
+            batch = doomed[start : start + DELETE_BATCH]
+            await _delete_batch(store, scope, batch)
+            if on_batch is not None:
+                on_batch(len(batch))
     finally:
         store._handle.invalidate(store._scope)
-    return len(paths)
+
+
+async def _delete_batch(store: FsspecToolResultStore, scope: str, batch: list[str]) -> None:
+    with storage_errors("purge results", reference=None):
+        await store._handle.request("delete", scope, lambda io: io.delete_async(batch))
+
+
+select_purge = synced(select_purge_async)
+delete_selection = synced(delete_selection_async)
+
+
+def _every_document(store: FsspecToolResultStore, found: Mapping[str, int]) -> list[str]:
+    """Every session document of a listing of the store's scope (whatever its session)."""
+    scope_path = store._scope_path()
+    chosen = []
+    for path in found:
+        relative = below(path, scope_path)
+        placed = place(relative, store._scope) if relative is not None else None
+        if placed is not None and placed.namespace is not None and is_document("." + placed.namespace, placed.name):
+            chosen.append(path)
+    return chosen
 
 
 def _check_purge(store: FsspecToolResultStore, older_than: timedelta | None, expired: bool) -> None:
