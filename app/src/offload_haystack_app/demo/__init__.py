@@ -1,4 +1,8 @@
-"""The scripted multi-tenant demo behind ``offload-haystack demo``: no cloud account, no API key."""
+"""
+What stands in for a team's own parts, apart from the production server: the scripted model (`scripted_model`) and
+demo tools (`tools`), the target pattern in one page (`example`), and the checked multi-tenant demo behind
+``offload-haystack demo`` (`runner`): no cloud account, no API key.
+"""
 
 import sys
 from typing import TYPE_CHECKING
