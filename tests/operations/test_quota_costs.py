@@ -178,19 +178,19 @@ def test_a_reconcile_adds_only_what_its_listing_may_miss() -> None:
     tracker, quota = QuotaTracker(), Quota(tenant_bytes=10_000)
     tracker.charge(quota, "acme", "chat-1", 1).settle()  # landed before the listing
     in_flight = tracker.charge(quota, "acme", "chat-1", 20)
-    start = tracker.listing_began("acme")
+    start = tracker.listing_began(("acme",))
     tracker.charge(quota, "acme", "chat-1", 300).settle()  # admitted while the listing ran
-    taken, unlisted = tracker.take_unlisted("acme", start)
+    taken, unlisted = tracker.take_unlisted(("acme",), start)
     assert (taken, unlisted) == ((0, 321), (0, 320))
     # The mark was not written: all of it is put back, and the next listing (nothing in flight) adds what came after.
-    tracker.restore_pending("acme", taken)
+    tracker.restore_pending(("acme",), taken)
     in_flight.settle()
-    start = tracker.listing_began("acme")
+    start = tracker.listing_began(("acme",))
     tracker.charge(quota, "acme", "chat-1", 4_000).settle()
-    assert tracker.take_unlisted("acme", start) == ((0, 4_321), (0, 4_000))
+    assert tracker.take_unlisted(("acme",), start) == ((0, 4_321), (0, 4_000))
     # A mark written while the listing ran carries what was admitted before it: only what came after is added.
-    start = tracker.listing_began("acme")
+    start = tracker.listing_began(("acme",))
     tracker.charge(quota, "acme", "chat-1", 50).settle()
-    assert tracker.take_pending("acme") == (0, 50)  # marked, as a refresh would
+    assert tracker.take_pending(("acme",)) == (0, 50)  # marked, as a refresh would
     tracker.charge(quota, "acme", "chat-1", 600).settle()
-    assert tracker.take_unlisted("acme", start) == ((0, 600), (0, 600))
+    assert tracker.take_unlisted(("acme",), start) == ((0, 600), (0, 600))

@@ -3,8 +3,9 @@ Quotas: per-session and per-tenant limits on stored results and bytes, checked b
 
 Results count against the results and bytes limits, session documents against the bytes limits (charged, refused only
 where their writer asks). Each worker admits writes against its last view of a scope plus what it admitted since;
-across W workers usage stays within ``limit + (W - 1) x allowance``. A session's view is a listing of it; a tenant's,
-by default, its newest usage mark (`stores.usage_marks`), reconciled by a listing (see `QuotaTracker`).
+across W workers usage stays within ``limit + (W - 1) x allowance``. A tenant's view is, by default, its newest usage
+mark (`stores.usage_marks`), reconciled by a listing; a session's, a listing while it fits one page, then its own marks
+(see `QuotaTracker`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from haystack_integrations.offload.errors import QuotaExceededError
 from haystack_integrations.offload.stores.layout import below, place
-from haystack_integrations.offload.stores.usage_marks import Mark
+from haystack_integrations.offload.stores.usage_marks import SESSION_MARKS_NAMESPACE, Mark
 
 ScopeKey = tuple[str, ...]
 # What a listing of a tenant (or of one session) found: results and bytes per session.
@@ -33,7 +34,7 @@ SessionUsage = dict[str, tuple[int, int]]
 
 @dataclass(frozen=True)
 class TenantTotal:
-    """A tenant's usage as its newest usage mark gives it, and per session when a listing was made for it."""
+    """A tenant's (or a session's) usage as its newest usage mark gives it, and per session when a listing was made."""
 
     results: int
     size: int
@@ -96,10 +97,16 @@ class Quota(BaseModel):
         description="How a worker learns a tenant's usage: its newest usage mark (one LIST with max-keys 1), or a "
         "listing of the whole tenant (a LIST per 1000 objects).",
     )
+    session_usage: Literal["marks", "listing"] = Field(
+        default="marks",
+        description="How a worker learns a session's usage: a listing while the session fits one LIST page, then "
+        "its newest usage mark (the same LIST, and a GET); or a listing of the whole session (a LIST per 1000 "
+        "objects).",
+    )
     reconcile_seconds: float = Field(
         default=3600.0,
         gt=0,
-        description="Tenant usage marks are reconciled with a full listing at least this often (drift from crashed "
+        description="Usage marks are reconciled with a full listing at least this often (drift from crashed "
         "workers and deletes lasts no longer).",
     )
 
@@ -111,6 +118,13 @@ class Quota(BaseModel):
         if level == "session":
             return self.session_results, self.session_bytes
         return self.tenant_results, self.tenant_bytes
+
+    def marks(self, scope: tuple[str, ...]) -> bool:
+        """
+        :param scope: ``(tenant,)`` or ``(tenant, session)``.
+        :returns: Whether usage at that level is kept by usage marks.
+        """
+        return (self.tenant_usage if len(scope) == 1 else self.session_usage) == "marks"
 
     def allowance(self, limit: int) -> int:
         """
@@ -245,6 +259,12 @@ class QuotaTracker:
     `FsspecToolResultStore.reconcile_usage`. Where this process knows the store ignores exclusive creates, or with
     ``Quota(tenant_usage="listing")``, tenants are listed instead.
 
+    Session marks: a session is listed while its listing fits one page (one LIST, exact, as before); the first refresh
+    that finds more reconciles it into marks of its own, which sort first in its listing, so that same LIST says
+    whether it has them. From then on its refreshes cost that LIST and a GET (and a create for what this worker
+    admitted since), whatever it holds. What a worker admitted between its last listing and the first mark may count
+    twice (at most its allowance, on the side of more).
+
     Thread-safe and usable from any number of event loops: decisions are taken under a lock with no I/O, listings and
     waits happen outside it.
     """
@@ -260,13 +280,14 @@ class QuotaTracker:
         # One clock orders admissions, settlements and listing starts, so a listing knows which writes it includes.
         self._events = itertools.count(1)
         self._max_scopes = max_scopes
-        # Per tenant kept by usage marks: results and bytes admitted or charged here and not yet in a mark, and the
-        # newest mark this worker has seen (a reconcile tries to write the one after it without listing the marks).
-        self._pending: dict[str, tuple[int, int]] = {}
-        # Per tenant: everything ever added to its pending, so a reconcile knows what was admitted after its listing
+        # Per scope kept by usage marks: results and bytes admitted or charged here and not yet in a mark (for a
+        # session still listed: not yet in a listing), and the newest mark this worker has seen (a reconcile tries to
+        # write the one after it without listing the marks).
+        self._pending: dict[ScopeKey, tuple[int, int]] = {}
+        # Per scope: everything ever added to its pending, so a reconcile knows what was admitted after its listing
         # began (what may be missing from the listing) apart from what landed before (what the listing holds).
-        self._admitted: dict[str, tuple[int, int]] = {}
-        self._marks: dict[str, Mark] = {}
+        self._admitted: dict[ScopeKey, tuple[int, int]] = {}
+        self._marks: dict[ScopeKey, Mark] = {}
 
     # Admission
 
@@ -353,99 +374,97 @@ class QuotaTracker:
             self._add_pending(quota, scopes, 0, size)
             return Reservation(self, scopes, entry)
 
-    # Usage marks: what this worker has to add to its tenants' marks
+    # Usage marks: what this worker has to add to its scopes' marks
 
-    def take_pending(self, tenant: str) -> tuple[int, int]:
+    def take_pending(self, scope: ScopeKey) -> tuple[int, int]:
         """
-        Take what this worker admitted and charged in `tenant` since its last usage mark, to write it in the next.
+        Take what this worker admitted and charged in `scope` since its last usage mark, to write it in the next.
 
-        :param tenant: The tenant.
+        :param scope: ``(tenant,)`` or ``(tenant, session)``.
         :returns: Results and bytes; `restore_pending` them if the mark is not written.
         """
         with self._lock:
-            return self._pending.pop(tenant, (0, 0))
+            return self._pending.pop(scope, (0, 0))
 
-    def restore_pending(self, tenant: str, pending: tuple[int, int]) -> None:
+    def restore_pending(self, scope: ScopeKey, pending: tuple[int, int]) -> None:
         """
         Put back what `take_pending` took, the mark that was to carry it not written.
 
-        :param tenant: The tenant.
+        :param scope: ``(tenant,)`` or ``(tenant, session)``.
         :param pending: Results and bytes.
         """
         with self._lock:
-            results, size = self._pending.get(tenant, (0, 0))
-            self._pending[tenant] = (results + pending[0], size + pending[1])
+            results, size = self._pending.get(scope, (0, 0))
+            self._pending[scope] = (results + pending[0], size + pending[1])
 
-    def listing_began(self, tenant: str) -> ListingStart:
+    def listing_began(self, scope: ScopeKey) -> ListingStart:
         """
-        Note what a reconcile's listing of `tenant`, beginning now, may miss of this worker's writes: those in flight
-        (they may land before or after the listing passes them) and, through `take_unlisted`, those admitted later.
+        Note what a listing of `scope`, beginning now, may miss of this worker's writes: those in flight (they may land
+        before or after the listing passes them) and, through `take_unlisted`, those admitted later.
 
-        :param tenant: The tenant.
+        :param scope: ``(tenant,)`` or ``(tenant, session)``.
         :returns: What to give `take_unlisted` once the listing is back.
         """
         with self._lock:
-            state = self._states.get((tenant,))
+            state = self._states.get(scope)
             results = size = 0
             for entry in state.in_flight.values() if state is not None else ():
                 results += entry.results
                 size += entry.size
-            return ListingStart(admitted=self._admitted.get(tenant, (0, 0)), in_flight=(results, size))
+            return ListingStart(admitted=self._admitted.get(scope, (0, 0)), in_flight=(results, size))
 
-    def take_unlisted(self, tenant: str, start: ListingStart) -> tuple[tuple[int, int], tuple[int, int]]:
+    def take_unlisted(self, scope: ScopeKey, start: ListingStart) -> tuple[tuple[int, int], tuple[int, int]]:
         """
-        Take what this worker has not marked in `tenant` (as `take_pending`), for a mark written from a listing, and
+        Take what this worker has not marked in `scope` (as `take_pending`), for a mark written from a listing, and
         say how much of it the listing may miss: what was in flight when it began and what was admitted since. What
         settled before it began is in it and must not count twice.
 
-        :param tenant: The tenant.
+        :param scope: ``(tenant,)`` or ``(tenant, session)``.
         :param start: What `listing_began` returned when the listing began.
         :returns: What was taken (`restore_pending` it if the mark is not written), and what to add to the listing.
         """
         with self._lock:
-            taken = self._pending.pop(tenant, (0, 0))
-            admitted = self._admitted.get(tenant, (0, 0))
+            taken = self._pending.pop(scope, (0, 0))
+            admitted = self._admitted.get(scope, (0, 0))
             # Admitted since the listing began and still unmarked: at most what was taken (a mark written meanwhile
             # carries the rest, and is counted as marks added during the listing).
             since_results = min(taken[0], admitted[0] - start.admitted[0])
             since_size = min(taken[1], admitted[1] - start.admitted[1])
             return taken, (since_results + start.in_flight[0], since_size + start.in_flight[1])
 
-    def pending(self, tenant: str) -> tuple[int, int]:
+    def pending(self, scope: ScopeKey) -> tuple[int, int]:
         """
-        :param tenant: The tenant.
+        :param scope: ``(tenant,)`` or ``(tenant, session)``.
         :returns: Results and bytes admitted or charged here and not yet in a usage mark.
         """
         with self._lock:
-            return self._pending.get(tenant, (0, 0))
+            return self._pending.get(scope, (0, 0))
 
-    def known_mark(self, tenant: str) -> Mark | None:
+    def known_mark(self, scope: ScopeKey) -> Mark | None:
         """
-        :param tenant: The tenant.
-        :returns: The newest usage mark this worker has read or written for the tenant, if any.
+        :param scope: ``(tenant,)`` or ``(tenant, session)``.
+        :returns: The newest usage mark this worker has read or written for the scope, if any.
         """
         with self._lock:
-            return self._marks.get(tenant)
+            return self._marks.get(scope)
 
-    def remember_mark(self, tenant: str, mark: Mark) -> None:
+    def remember_mark(self, scope: ScopeKey, mark: Mark) -> None:
         """
-        :param tenant: The tenant.
+        :param scope: ``(tenant,)`` or ``(tenant, session)``.
         :param mark: A usage mark just read or written.
         """
         with self._lock:
-            known = self._marks.get(tenant)
+            known = self._marks.get(scope)
             if known is None or known.sequence <= mark.sequence:
-                self._marks[tenant] = mark
+                self._marks[scope] = mark
 
     def _add_pending(self, quota: Quota, scopes: tuple[ScopeKey, ...], results: int, size: int) -> None:
-        if quota.tenant_usage != "marks":
-            return
         for scope in scopes:
-            if len(scope) == 1:
-                pending_results, pending_size = self._pending.get(scope[0], (0, 0))
-                self._pending[scope[0]] = (pending_results + results, pending_size + size)
-                admitted_results, admitted_size = self._admitted.get(scope[0], (0, 0))
-                self._admitted[scope[0]] = (admitted_results + results, admitted_size + size)
+            if quota.marks(scope):
+                pending_results, pending_size = self._pending.get(scope, (0, 0))
+                self._pending[scope] = (pending_results + results, pending_size + size)
+                admitted_results, admitted_size = self._admitted.get(scope, (0, 0))
+                self._admitted[scope] = (admitted_results + results, admitted_size + size)
 
     def invalidate(self, scope: ScopeKey) -> None:
         """
@@ -562,6 +581,11 @@ class QuotaTracker:
                     del self._states[key]
                     # Its writes since the tenant listing are forgotten with it: that listing may not seed it again.
                     self._tenant_sessions.pop(key[0], None)
+                    if len(key) == 2:
+                        # Sessions come and go: what this worker had yet to mark of one goes with it (drift of at
+                        # most an allowance, as a worker that dies leaves, until the session's next reconcile).
+                        for kept in (self._pending, self._admitted, self._marks):
+                            kept.pop(key, None)
                     break
             else:
                 return
@@ -578,7 +602,9 @@ class QuotaTracker:
             if state is None:  # forgotten meanwhile (it was idle); nothing to update
                 _resolve(step.done)
                 return
-            if isinstance(usage, TenantTotal):
+            if isinstance(usage, TenantTotal) and len(step.scope) == 2:
+                results, size = usage.results, usage.size  # a session's marks
+            elif isinstance(usage, TenantTotal):
                 results, size = usage.results, usage.size
                 if usage.sessions is not None:
                     self._tenant_sessions[step.scope[0]] = dict(usage.sessions)
@@ -694,6 +720,8 @@ def usage_by_session(
             continue
         if placed.namespace is None and live(placed.tenant, placed.name):
             counted = 1
+        elif placed.namespace == SESSION_MARKS_NAMESPACE:
+            continue  # the quota's own bookkeeping
         elif placed.namespace is not None and is_document("." + placed.namespace, placed.name):
             counted = 0
         else:

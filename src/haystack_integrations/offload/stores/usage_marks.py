@@ -1,10 +1,12 @@
 """
-A tenant's usage kept incrementally: a log of marks, tiny objects carrying the tenant's running totals.
+A tenant's (or a large session's) usage kept incrementally: a log of marks, tiny objects carrying running totals.
 
-    <root>/<tenant>/.usage/<countdown>.json       {"results": ..., "bytes": ..., "reconciled": ...}
+    <root>/<tenant>/.usage/<countdown>.json              {"results": ..., "bytes": ..., "reconciled": ...}
+    <root>/<tenant>/<session>/.-usage/<countdown>.json   the same, for a session that outgrew one listing page
 
-The newest mark is one LIST (max-keys 1, names count down) and one GET, whatever the tenant holds; the next one is an
-exclusive create named by its sequence alone, so one writer wins each (`UsageMarks`). ``.usage`` is no session id.
+The newest mark is one LIST (max-keys 1, names count down) and one GET, whatever the scope holds; the next one is an
+exclusive create named by its sequence alone, so one writer wins each (`UsageMarks`). ``.usage`` is no session id;
+``.-usage`` is no document namespace, and sorts before everything else a session holds.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 MARKS_DIRECTORY = ".usage"
+SESSION_MARKS_NAMESPACE = "-usage"
+SESSION_MARKS_DIRECTORY = "." + SESSION_MARKS_NAMESPACE
 KEPT_MARKS = 1000
 """Marks a reconcile keeps (the newest); older ones are deleted. A worker whose newest known mark is older than these
 may write a mark no reader sees (its unmarked allowance, within the drift reconciles correct)."""
@@ -80,6 +84,14 @@ class MarkedUsage:
         return cls(results=mark.results, size=mark.size, mark=mark.sequence, reconciled=reconciled)
 
 
+def is_mark_name(name: str) -> bool:
+    """
+    :param name: An object name (its last path segment).
+    :returns: Whether it is a mark's name.
+    """
+    return _MARK.fullmatch(name) is not None
+
+
 def parse_mark(name: str, data: bytes) -> Mark | None:
     """
     :param name: An object name below a tenant's ``.usage`` directory.
@@ -106,7 +118,8 @@ class UsageMarks:
 
     def __init__(self, directory: str, list_first: ListFirst, get: Get, create: CreateExclusive) -> None:
         """
-        :param directory: The tenant's marks directory (``<root>/<tenant>/.usage``, full path).
+        :param directory: The scope's marks directory, full path (``<root>/<tenant>/.usage``, or
+            ``<root>/<tenant>/<session>/.-usage``).
         :param list_first: Lists the newest object name below a directory (one LIST, max-keys 1).
         :param get: Reads an object.
         :param create: Creates an object exclusively.
@@ -123,7 +136,16 @@ class UsageMarks:
         :returns: The newest mark, or None if the tenant has none yet (or the newest object is not a mark).
         """
         name = await self._list_first(self.directory)
-        if name is None or _MARK.fullmatch(name) is None:
+        return await self.read_async(name) if name is not None else None
+
+    async def read_async(self, name: str) -> Mark | None:
+        """
+        One mark, by the name a listing gave: one GET.
+
+        :param name: The mark's object name.
+        :returns: The mark, or None if the name is no mark's or the mark is gone.
+        """
+        if _MARK.fullmatch(name) is None:
             return None
         try:
             data = await self._get(f"{self.directory}/{name}")
