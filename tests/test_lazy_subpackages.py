@@ -20,7 +20,7 @@ def _loaded_after(statement: str) -> set[str]:
         (f"import {PACKAGE}.stores.names", f"{PACKAGE}.stores.fsspec_store"),
         (f"import {PACKAGE}.stores.io", f"{PACKAGE}.stores.fsspec_store"),
         (f"import {PACKAGE}.hooks.write_behind", f"{PACKAGE}.approvals"),
-        (f"import {PACKAGE}.hooks.strategies", f"{PACKAGE}.hooks.compaction"),
+        (f"import {PACKAGE}.hooks.policies", f"{PACKAGE}.hooks.compaction"),
         (f"import {PACKAGE}.sessions.history", f"{PACKAGE}.sessions.service"),
     ],
 )

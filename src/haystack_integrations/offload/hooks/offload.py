@@ -15,7 +15,7 @@ from haystack.utils.deserialization import deserialize_component_inplace
 from haystack_integrations.offload.context import run_store
 from haystack_integrations.offload.hooks.pointers import OffloadPlan, plan, store_tenant
 from haystack_integrations.offload.hooks.step_offload import offload, offload_async
-from haystack_integrations.offload.hooks.strategies import (
+from haystack_integrations.offload.hooks.policies import (
     deserialize_strategies,
     policy_for,
     serialize_strategies,
