@@ -19,6 +19,7 @@ LAYERS = [
     "errors",
     "compat",
     "leases",
+    "sync_calls",
     "testing",
     "stores",
     "types",

@@ -1,6 +1,7 @@
 """
-A griffe extension for the API reference: a sync twin made with ``synced`` (``read = synced(read_async)``) is shown
-as the method it is, with its async twin's parameters and docstring, instead of as an attribute.
+A griffe extension for the API reference: a sync twin made with ``synced`` (``read = synced(read_async)``) or
+``sync_twin`` (``decide = sync_twin(decide_async)``) is shown as the method or function it is, with its async twin's
+parameters and docstring, instead of as an attribute.
 """
 
 from typing import Any
@@ -8,6 +9,7 @@ from typing import Any
 import griffe
 
 _PREFIX = "The sync form of `{name}`, waiting for it.\n\n"
+_DERIVERS = ("synced", "sync_twin")
 
 
 class SyncedTwins(griffe.Extension):
@@ -21,10 +23,10 @@ class SyncedTwins(griffe.Extension):
         for name, member in list(parent.members.items()):
             if member.is_alias or not member.is_attribute:
                 continue
-            value = str(member.value or "")
-            if not (value.startswith("synced(") and value.endswith(")")):
+            deriver, _, rest = str(member.value or "").partition("(")
+            if deriver not in _DERIVERS or not rest.endswith(")"):
                 continue
-            twin = parent.members.get(value.removeprefix("synced(").removesuffix(")"))
+            twin = parent.members.get(rest.removesuffix(")"))
             if not isinstance(twin, griffe.Function):
                 continue
             function = griffe.Function(

@@ -24,6 +24,7 @@ from haystack_integrations.offload.approvals.approval_records import (
 )
 from haystack_integrations.offload.approvals.ledger import session_scope
 from haystack_integrations.offload.errors import ResultNotFoundError
+from haystack_integrations.offload.sync_calls import sync_twin
 from haystack_integrations.offload.types import Documents, SessionDocumentSource
 
 NAMESPACE = "audit"
@@ -220,22 +221,19 @@ def audit_documents(store: SessionDocumentSource) -> Documents:
     return store.documents(NAMESPACE)
 
 
-def append_audit(store: SessionDocumentSource, *events: AuditEvent) -> None:
+async def append_audit_async(store: SessionDocumentSource, *events: AuditEvent) -> None:
     """
-    Append events to the session's audit record.
+    Append events to the session's audit record. They are written concurrently (their names already fix their order),
+    and each is written even if another fails (`put_events_async`).
 
     :param store: The session's store.
     :param events: The events, in order.
     :raises StorageError: If the backend fails.
     """
-    documents = audit_documents(store)
-    for event in events:
-        documents.put(event_name(event), event.model_dump_json().encode())
-
-
-async def append_audit_async(store: SessionDocumentSource, *events: AuditEvent) -> None:
-    """Async `append_audit`; the events are written concurrently (their names already fix their order)."""
     await put_events_async(audit_documents(store), events)
+
+
+append_audit = sync_twin(append_audit_async)
 
 
 async def append_missing_async(store: SessionDocumentSource, events: list[RecordedEvent]) -> int:
@@ -284,9 +282,9 @@ async def event_exists_async(documents: Documents, name: str) -> bool:
     return True
 
 
-def read_audit(store: SessionDocumentSource) -> list[AuditEvent]:
+async def read_audit_async(store: SessionDocumentSource) -> list[AuditEvent]:
     """
-    Read a session's audit record, oldest first.
+    Read a session's audit record, oldest first (one LIST, then the documents concurrently).
 
     ```python
     for event in read_audit(results.for_session("acme", "chat-42")):
@@ -300,15 +298,12 @@ def read_audit(store: SessionDocumentSource) -> list[AuditEvent]:
     :raises ValueError: If the store is not scoped to one session.
     """
     documents = audit_documents(store)
-    return _parsed([(name, documents.get(name)) for name in documents.list()])
-
-
-async def read_audit_async(store: SessionDocumentSource) -> list[AuditEvent]:
-    """Async `read_audit`; the documents are read concurrently."""
-    documents = audit_documents(store)
     names = await documents.list_async()
     contents = await asyncio.gather(*(documents.get_async(name) for name in names))
     return _parsed(list(zip(names, contents, strict=True)))
+
+
+read_audit = sync_twin(read_audit_async)
 
 
 def _parsed(documents: list[tuple[str, bytes]]) -> list[AuditEvent]:

@@ -27,7 +27,6 @@ from haystack_integrations.offload.approvals.audit import (
     put_events_async,
     requested_event,
 )
-from haystack_integrations.offload.approvals.blocking import run_blocking
 from haystack_integrations.offload.approvals.ledger import (
     ApprovalLedger,
     ApprovalSnapshot,
@@ -37,6 +36,7 @@ from haystack_integrations.offload.approvals.ledger import (
 )
 from haystack_integrations.offload.approvals.step_outcomes import ANOTHER_HOOK, step_outcomes
 from haystack_integrations.offload.errors import OffloadError
+from haystack_integrations.offload.sync_calls import sync_twin
 from haystack_integrations.offload.types import SessionDocumentSource
 
 logger = logging.getLogger(__name__)
@@ -122,6 +122,10 @@ async def repair_audit_async(store: SessionDocumentSource) -> int:
     Append every event a session's audit lacks that its records prove (see `repair_newest_async`), in every step: the
     operator's repair, where requests repair the newest step only. It reads every step, so it costs the history.
 
+    ```python
+    appended = repair_audit(results.for_session("acme", "chat-42"))
+    ```
+
     :param store: The session's store.
     :returns: How many events were appended.
     :raises StorageError: If the backend fails.
@@ -137,15 +141,7 @@ async def repair_audit_async(store: SessionDocumentSource) -> int:
     return sum(await asyncio.gather(*repairs))
 
 
-def repair_audit(store: SessionDocumentSource) -> int:
-    """
-    Sync `repair_audit_async`.
-
-    ```python
-    appended = repair_audit(results.for_session("acme", "chat-42"))
-    ```
-    """
-    return run_blocking(repair_audit_async(store))
+repair_audit = sync_twin(repair_audit_async)
 
 
 async def _repair_async(ledger: ApprovalLedger, step: HeldStep, done: StepDone | None) -> int:

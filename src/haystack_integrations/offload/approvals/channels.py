@@ -18,6 +18,7 @@ from haystack.hooks.human_in_the_loop import ConfirmationUIResult, ToolExecution
 from haystack_integrations.offload.approvals.approval_records import ApprovalRequest, Decision
 from haystack_integrations.offload.approvals.errors import InvalidApprovalEditError
 from haystack_integrations.offload.context import APPROVAL_CHANNEL_KEY as APPROVAL_CHANNEL_KEY
+from haystack_integrations.offload.sync_calls import run_blocking
 
 APPROVAL_REQUIRED = "approval_required"
 """The run's ``exit_reason`` when `DurableApprovals` stopped it to wait for decisions."""
@@ -124,7 +125,7 @@ class CallbackApprovals:
             try:
                 answer = self.callback(request)
                 if inspect.isawaitable(answer):
-                    answer = asyncio.run(_awaited(answer))
+                    answer = run_blocking(_awaited, answer)
             except BaseException as error:  # handed to the waiting caller, which raises it
                 deliver(None, error)
             else:

@@ -17,13 +17,8 @@ from haystack_integrations.offload.approvals.approval_records import (
     approved_arguments,
     arguments_digest,
 )
-from haystack_integrations.offload.approvals.audit import (
-    append_audit,
-    append_audit_async,
-    decided_event,
-)
-from haystack_integrations.offload.approvals.audit_repair import owes_audit_check, repair_newest_async
-from haystack_integrations.offload.approvals.blocking import run_blocking
+from haystack_integrations.offload.approvals.audit import append_audit_async, decided_event
+from haystack_integrations.offload.approvals.audit_repair import repair_newest_async
 from haystack_integrations.offload.approvals.errors import (
     ApprovalAlreadyDecidedError,
     ApprovalExpiredError,
@@ -40,13 +35,14 @@ from haystack_integrations.offload.approvals.ledger import (
 )
 from haystack_integrations.offload.approvals.rules import remembered_approval
 from haystack_integrations.offload.metrics import approval
+from haystack_integrations.offload.sync_calls import sync_twin
 from haystack_integrations.offload.types import SessionDocumentSource
 
 DEFAULT_DECISION_TTL = 3600.0
 """Seconds an approval stays usable by `resume` after it was made."""
 
 
-def pending_approvals(store: SessionDocumentSource) -> list[ApprovalRequest]:
+async def pending_approvals_async(store: SessionDocumentSource) -> list[ApprovalRequest]:
     """
     The session's requests that wait for a decision: those of its open held step, not decided, not expired.
 
@@ -56,21 +52,15 @@ def pending_approvals(store: SessionDocumentSource) -> list[ApprovalRequest]:
     :raises ValueError: If the store is not scoped to one session.
     """
     ledger = ApprovalLedger(store)
-    snapshot = ledger.snapshot()
-    if owes_audit_check(ledger, snapshot):  # the newest step's audit, if an append failed
-        run_blocking(repair_newest_async(ledger, snapshot))
-    return ledger.saw_waiting(_waiting_in(snapshot))
-
-
-async def pending_approvals_async(store: SessionDocumentSource) -> list[ApprovalRequest]:
-    """Async `pending_approvals`."""
-    ledger = ApprovalLedger(store)
     snapshot = await ledger.snapshot_async()
     await repair_newest_async(ledger, snapshot)  # the newest step's audit, if an append failed
     return ledger.saw_waiting(_waiting_in(snapshot))
 
 
-def decide(
+pending_approvals = sync_twin(pending_approvals_async)
+
+
+async def decide_async(
     store: SessionDocumentSource, request_id: str, decision: Decision, *, ttl: float = DEFAULT_DECISION_TTL
 ) -> ApprovalDecision:
     """
@@ -79,7 +69,7 @@ def decide(
     ```python
     decide(store, request.request_id, Decision.approve(by="alice"))
     decide(store, request.request_id, Decision.approve({"amount": 50}, by="alice"))   # edited, re-validated
-    decide(store, request.request_id, Decision.deny("Over budget.", by="alice"))
+    await decide_async(store, request.request_id, Decision.deny("Over budget.", by="alice"))
     ```
 
     :param store: The session's store.
@@ -95,26 +85,6 @@ def decide(
     """
     ledger = ApprovalLedger(store)
     step_id, position = parse_request_id(request_id)
-    request = _request(ledger.step(sequence_of(step_id)), position, request_id)
-    at = now()
-    record = _decision_record(request, decision, at=at, ttl=ttl)
-    try:
-        ledger.create_decision(record)
-    except ApprovalAlreadyDecidedError as error:
-        _compare(error, record, ledger.decision(record.request_id))
-        raise
-    if record.approved and not record.edited and request.remember is not None:
-        ledger.remember(*remembered_approval(request, decision.decided_by, at))
-    append_audit(store, decided_event(request, record))
-    return record
-
-
-async def decide_async(
-    store: SessionDocumentSource, request_id: str, decision: Decision, *, ttl: float = DEFAULT_DECISION_TTL
-) -> ApprovalDecision:
-    """Async `decide`."""
-    ledger = ApprovalLedger(store)
-    step_id, position = parse_request_id(request_id)
     request = _request(await ledger.step_async(sequence_of(step_id)), position, request_id)
     at = now()
     record = _decision_record(request, decision, at=at, ttl=ttl)
@@ -127,6 +97,9 @@ async def decide_async(
         await ledger.remember_async(*remembered_approval(request, decision.decided_by, at))
     await append_audit_async(store, decided_event(request, record))
     return record
+
+
+decide = sync_twin(decide_async)
 
 
 async def open_step_async(store: SessionDocumentSource) -> "OpenStep | None":

@@ -41,7 +41,6 @@ from haystack_integrations.offload.approvals.approval_records import (
     verdict_for,
 )
 from haystack_integrations.offload.approvals.audit import (
-    append_audit,
     append_audit_async,
     new_event,
     request_event,
@@ -75,19 +74,18 @@ from haystack_integrations.offload.approvals.rules import (
     checked_rules,
     deserialize_rules,
     is_strategy,
-    load_policies,
     load_policies_async,
     memory_key,
     remembered_approval,
     rule_for,
     rule_key_for,
-    save_policies,
     save_policies_async,
     serialize_rules,
 )
 from haystack_integrations.offload.approvals.rulings import Ruling, Rulings
 from haystack_integrations.offload.context import RESULT_STORE_CONTEXT_KEY, RESUMING_KEY, context_store, hook_context_of
 from haystack_integrations.offload.metrics import approval
+from haystack_integrations.offload.sync_calls import run_blocking
 from haystack_integrations.offload.types import SessionDocumentSource
 
 _STRATEGY_SPAN = "haystack.agent.hook.human_in_the_loop.strategy"
@@ -258,42 +256,21 @@ class ApprovalHook:
             session-scoped store.
         :raises Exception: Whatever an in-process callback raised.
         """
-        ledger = _context_ledger(state)
-        policies = load_policies(self.rules, self.guard, ledger)
-        self._run(state, policies)
-        save_policies(policies, self.guard, ledger)
-
-    def _run(self, state: State, policies: SessionPolicies) -> None:
-        step = self._decided_step(state, policies)
-        if step is None:
-            return
-        if step.ledger is not None:
-            step.apply_memory([step.ledger.remembered(key) for key in step.memory_keys()])
-        held = None
-        if isinstance(step.channel, DurableApprovals):
-            if step.asks():
-                held = _durable_ledger(step).hold(step.message, **self._holding(step, state))
-                _stop(state, step, held)
-        else:
-            for request in self._make_requests(step, step.step_id):  # none when no call asks
-                with self._answering(step, request) as answer:
-                    answer(step.channel.ask(request))
-        if step.ledger is not None:
-            for key, record in step.memories:
-                step.ledger.remember(key, record)
-            append_audit(step.ledger.store, *step.events)
-            if held is not None:  # its requests are in the audit: this process need not check (`audit_repair`)
-                mark_audited(step.ledger, held, None)
-        _rewrite(state, step)
+        # `run_async` waited for, with one difference, kept from Haystack's `ConfirmationHook`: a sync run asks through
+        # the channel's sync `ask` (a strategy's `run`, not its `run_async`), on the loop this call owns.
+        run_blocking(self._guard_async, state, ask_sync=True)
 
     async def run_async(self, state: State) -> None:
         """Async `run`: store I/O and callbacks never block the event loop."""
+        await self._guard_async(state, ask_sync=False)
+
+    async def _guard_async(self, state: State, *, ask_sync: bool) -> None:
         ledger = _context_ledger(state)
         policies = await load_policies_async(self.rules, self.guard, ledger)
-        await self._run_async(state, policies)
+        await self._run_async(state, policies, ask_sync=ask_sync)
         await save_policies_async(policies, self.guard, ledger)
 
-    async def _run_async(self, state: State, policies: SessionPolicies) -> None:
+    async def _run_async(self, state: State, policies: SessionPolicies, *, ask_sync: bool) -> None:
         step = self._decided_step(state, policies)
         if step is None:
             return
@@ -307,7 +284,7 @@ class ApprovalHook:
         else:
             for request in self._make_requests(step, step.step_id):  # none when no call asks
                 with self._answering(step, request) as answer:
-                    answer(await step.channel.ask_async(request))
+                    answer(step.channel.ask(request) if ask_sync else await step.channel.ask_async(request))
         if step.ledger is not None:
             for key, record in step.memories:
                 await step.ledger.remember_async(key, record)
@@ -344,7 +321,7 @@ class ApprovalHook:
                 init[key] = deserialize_rules(init[key])
         return default_from_dict(cls, {**data, "init_parameters": init})
 
-    # The steps shared by run and run_async; none of them does I/O.
+    # The steps of `_run_async` that do no I/O.
 
     def _decided_step(self, state: State, policies: SessionPolicies) -> _Step | None:
         """

@@ -45,6 +45,7 @@ from haystack_integrations.offload.approvals.errors import (
 )
 from haystack_integrations.offload.errors import DocumentExistsError, OffloadError, ResultNotFoundError
 from haystack_integrations.offload.metrics import PendingApprovals, approval, pending_approvals
+from haystack_integrations.offload.sync_calls import sync_twin
 from haystack_integrations.offload.types import Documents, SessionDocumentSource
 
 NAMESPACE = "approvals"
@@ -345,8 +346,8 @@ class ApprovalLedger:
     The approval documents of one session.
 
     Cheap to create per call: it holds the store's documents handle, and the steps and decisions it has read (they are
-    created once and never rewritten, so one operation reads each once). Each operation has a sync and an async twin
-    that differ only in how they await the store.
+    created once and never rewritten, so one operation reads each once). Each operation is written once, async; its
+    sync twin waits for it (`sync_calls.sync_twin`).
     """
 
     def __init__(self, store: SessionDocumentSource) -> None:
@@ -365,34 +366,24 @@ class ApprovalLedger:
 
     # Listing
 
-    def listing(self) -> ApprovalListing:
-        """List the session's approval documents (one LIST)."""
-        return ApprovalListing(frozenset(self.documents.list()))
-
     async def listing_async(self) -> ApprovalListing:
-        """Async `listing`."""
+        """List the session's approval documents (one LIST)."""
         return ApprovalListing(frozenset(await self.documents.list_async()))
+
+    listing = sync_twin(listing_async)
 
     # The newest held step, without a listing: the head's hint, then the next numbers until one is missing.
 
-    def newest(self) -> int | None:
+    async def newest_async(self) -> int | None:
         """
         The number of the session's newest held step, or None when it held none.
 
         Two GETs on a session with a current head; a session without one (written before heads existed, or whose head
         write failed) is listed once, and its head written.
         """
-        head = self._head()
-        newest = head if head is not None else self.listing().newest()
-        while newest is not None and self._optional(_step_name(newest + 1), HeldStep) is not None:
-            newest += 1
-        if newest is not None and newest != head:
-            self._write_head(newest)
-        return newest
-
-    async def newest_async(self) -> int | None:
-        """Async `newest`."""
         return (await self._newest_async(done=False))[0]
+
+    newest = sync_twin(newest_async)
 
     async def _newest_async(self, *, done: bool) -> tuple[int | None, StepDone | None]:
         """
@@ -422,26 +413,14 @@ class ApprovalLedger:
             record = await self.done_async(newest) if done else None
         return newest, record
 
-    def snapshot(self) -> ApprovalSnapshot:
-        """The session's newest held step and what is recorded about it (a few GETs, at any length of history)."""
-        sequence = self.newest()
-        step = (self._steps.get(sequence) or self._optional(_step_name(sequence), HeldStep)) if sequence else None
-        if step is None:  # none held, or purged from under its head
-            return ApprovalSnapshot(None, None, ApprovalListing(frozenset()))
-        done = self._optional(f"done.{step.sequence:08d}.json", StepDone)
-        if done is not None:
-            return _snapshot(step, done, [], {})
-        attempts: list[int] = []
-        while self.read(_resume_name(step.sequence, len(attempts) + 1)) is not None:
-            attempts.append(len(attempts) + 1)
-        decisions = {request.request_id: self.decision(request.request_id) for request in step.requests()}
-        return _snapshot(step, None, attempts, decisions)
-
     async def snapshot_async(self) -> ApprovalSnapshot:
-        """Async `snapshot`; what can be read at once is (three round trips when the head is current)."""
+        """
+        The session's newest held step and what is recorded about it (a few GETs, at any length of history); what can
+        be read at once is (three round trips when the head is current).
+        """
         sequence, done = await self._newest_async(done=True)
         step = await self._step_or_none_async(sequence) if sequence is not None else None
-        if step is None:
+        if step is None:  # none held, or purged from under its head
             return ApprovalSnapshot(None, None, ApprovalListing(frozenset()))
         if done is not None:
             return _snapshot(step, done, [], {})
@@ -452,6 +431,8 @@ class ApprovalLedger:
         )
         decisions = {request.request_id: decision for request, decision in zip(requests, found, strict=True)}
         return _snapshot(step, None, attempts, decisions)
+
+    snapshot = sync_twin(snapshot_async)
 
     async def call_names_async(self, keys: list[str]) -> set[str]:
         """
@@ -498,22 +479,12 @@ class ApprovalLedger:
             attempts.append(len(attempts) + 1)
         return attempts
 
-    def _head(self) -> int | None:
-        head = self._optional(_HEAD_NAME, ApprovalHead)
-        return head.sequence if head is not None else None
-
     async def _head_async(self) -> int | None:
         head = await self._optional_async(_HEAD_NAME, ApprovalHead)
         return head.sequence if head is not None else None
 
-    def _write_head(self, sequence: int) -> None:
-        # A hint: a failed write costs the next reader a few reads (or one listing), never a wrong answer.
-        try:
-            self.documents.put(_HEAD_NAME, _dump(ApprovalHead(sequence=sequence)))
-        except OffloadError as error:
-            logger.warning("Could not write the approvals head of session %s: %s", self.session, error)
-
     async def _write_head_async(self, sequence: int) -> None:
+        # A hint: a failed write costs the next reader a few reads (or one listing), never a wrong answer.
         try:
             await self.documents.put_async(_HEAD_NAME, _dump(ApprovalHead(sequence=sequence)))
         except OffloadError as error:
@@ -530,7 +501,9 @@ class ApprovalLedger:
 
     # Held steps: the step document's conditional create is the claim on its number.
 
-    def hold(self, message: ChatMessage, calls: HeldCalls, *, after: int | None = None, **fields: Any) -> HeldStep:
+    async def hold_async(
+        self, message: ChatMessage, calls: HeldCalls, *, after: int | None = None, **fields: Any
+    ) -> HeldStep:
         """
         Record `message` as a held step under the next free number: the one place a `HeldStep` is built.
 
@@ -541,19 +514,8 @@ class ApprovalLedger:
         :param after: The newest number known to be taken; listed when not given.
         :param fields: The step's other fields, as `HeldStep` takes them (it refuses unknown ones).
         :returns: The recorded step.
+        :raises ApprovalClaimedError: If every step number tried was taken meanwhile.
         """
-        first = (after if after is not None else (self.newest() or 0)) + 1
-        for step in _numbered(first, message, calls, fields):
-            with contextlib.suppress(DocumentExistsError):
-                self.documents.create(_step_name(step.sequence), _dump(step))
-                self._write_head(step.sequence)
-                return self._held(step)
-        raise ApprovalClaimedError("Could not number a held step: every step number tried was taken meanwhile.")
-
-    async def hold_async(
-        self, message: ChatMessage, calls: HeldCalls, *, after: int | None = None, **fields: Any
-    ) -> HeldStep:
-        """Async `hold`."""
         first = (after if after is not None else (await self.newest_async() or 0)) + 1
         for step in _numbered(first, message, calls, fields):
             with contextlib.suppress(DocumentExistsError):
@@ -561,6 +523,8 @@ class ApprovalLedger:
                 await self._write_head_async(step.sequence)
                 return self._held(step)
         raise ApprovalClaimedError("Could not number a held step: every step number tried was taken meanwhile.")
+
+    hold = sync_twin(hold_async)
 
     def _held(self, step: HeldStep) -> HeldStep:
         """Count the requests of a step just recorded: the session's newest, so they are all that waits in it."""
@@ -575,54 +539,40 @@ class ApprovalLedger:
         known_pending.seen(self.tenant, self.session, requests)
         return requests
 
-    def step(self, sequence: int) -> HeldStep:
+    async def step_async(self, sequence: int) -> HeldStep:
         """
         Read a held step.
 
         :raises ApprovalNotFoundError: If the session has no such step.
         """
-        found = self._steps.get(sequence) or self._optional(_step_name(sequence), HeldStep)
-        if found is None:
-            raise ApprovalNotFoundError(_no_step(sequence))
-        self._steps[sequence] = found
-        return found
-
-    async def step_async(self, sequence: int) -> HeldStep:
-        """Async `step`."""
         found = await self._step_or_none_async(sequence)
         if found is None:
             raise ApprovalNotFoundError(_no_step(sequence))
         return found
 
+    step = sync_twin(step_async)
+
     # Decisions
 
-    def decision(self, request: str) -> ApprovalDecision | None:
+    async def decision_async(self, request: str) -> ApprovalDecision | None:
         """Read a request's decision, or None if it has none."""
-        found = self._decisions.get(request) or self._optional(f"decision.{request}.json", ApprovalDecision)
+        found = self._decisions.get(request) or await self._optional_async(f"decision.{request}.json", ApprovalDecision)
         if found is not None:  # created once, never rewritten: this ledger need not read it again
             self._decisions[request] = found
         return found
 
-    async def decision_async(self, request: str) -> ApprovalDecision | None:
-        """Async `decision`."""
-        found = self._decisions.get(request) or await self._optional_async(f"decision.{request}.json", ApprovalDecision)
-        if found is not None:
-            self._decisions[request] = found
-        return found
+    decision = sync_twin(decision_async)
 
-    def create_decision(self, decision: ApprovalDecision) -> None:
+    async def create_decision_async(self, decision: ApprovalDecision) -> None:
         """
         Record a decision, once.
 
         :raises ApprovalAlreadyDecidedError: If the request already has one.
         """
         with self._deciding(decision):
-            self.documents.create(f"decision.{decision.request_id}.json", _dump(decision))
-
-    async def create_decision_async(self, decision: ApprovalDecision) -> None:
-        """Async `create_decision`."""
-        with self._deciding(decision):
             await self.documents.create_async(f"decision.{decision.request_id}.json", _dump(decision))
+
+    create_decision = sync_twin(create_decision_async)
 
     @contextlib.contextmanager
     def _deciding(self, decision: ApprovalDecision) -> Iterator[None]:
@@ -725,41 +675,28 @@ class ApprovalLedger:
 
     # Remembered approvals (AskOncePerSession)
 
-    def remembered(self, key: str) -> RememberedApproval | None:
-        """Read a remembered approval, or None."""
-        return self._optional(f"memory.{key}.json", RememberedApproval)
-
     async def remembered_async(self, key: str) -> RememberedApproval | None:
-        """Async `remembered`."""
+        """Read a remembered approval, or None."""
         return await self._optional_async(f"memory.{key}.json", RememberedApproval)
 
-    def remember(self, key: str, record: RememberedApproval) -> None:
-        """Remember an approval (a later approval replaces it, extending its expiry)."""
-        self.documents.put(f"memory.{key}.json", _dump(record))
+    remembered = sync_twin(remembered_async)
 
     async def remember_async(self, key: str, record: RememberedApproval) -> None:
-        """Async `remember`."""
+        """Remember an approval (a later approval replaces it, extending its expiry)."""
         await self.documents.put_async(f"memory.{key}.json", _dump(record))
+
+    remember = sync_twin(remember_async)
 
     # Reading one document
 
-    def read(self, name: str) -> bytes | None:
-        """Read one of the session's approval documents, or None if it has none of that name."""
-        try:
-            return self.documents.get(name)
-        except ResultNotFoundError:
-            return None
-
     async def read_async(self, name: str) -> bytes | None:
-        """Async `read`."""
+        """Read one of the session's approval documents, or None if it has none of that name."""
         try:
             return await self.documents.get_async(name)
         except ResultNotFoundError:
             return None
 
-    def _optional(self, name: str, model: type[_Model]) -> _Model | None:
-        data = self.read(name)
-        return _parse(model, name, data) if data is not None else None
+    read = sync_twin(read_async)
 
     async def _optional_async(self, name: str, model: type[_Model]) -> _Model | None:
         data = await self.read_async(name)

@@ -51,7 +51,6 @@ from haystack_integrations.offload.approvals.audit import (
     outcome_event,
 )
 from haystack_integrations.offload.approvals.audit_repair import mark_audited
-from haystack_integrations.offload.approvals.blocking import run_blocking
 from haystack_integrations.offload.approvals.channels import APPROVAL_REQUIRED, DurableApprovals
 from haystack_integrations.offload.approvals.errors import (
     ApprovalClaimedError,
@@ -81,6 +80,7 @@ from haystack_integrations.offload.context import RESUMING_KEY, resume_context
 from haystack_integrations.offload.errors import OffloadError, StorageError
 from haystack_integrations.offload.leases import renewing
 from haystack_integrations.offload.metrics import approval
+from haystack_integrations.offload.sync_calls import sync_twin
 from haystack_integrations.offload.types import SessionDocumentSource
 
 logger = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ def default_worker() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def resume(
+async def resume_async(
     agent: Agent,
     messages: Sequence[ChatMessage],
     store: SessionDocumentSource,
@@ -134,13 +134,13 @@ def resume(
     ```python
     reply = agent.run(messages, hook_context=offload_context(store, approval_channel=DurableApprovals()))
     # ... later, in any worker, after decide(store, request_id, Decision.approve()):
-    reply = resume(agent, reply["messages"], store)
+    reply = resume(agent, reply["messages"], store)       # or: await resume_async(agent, history, store)
     print(reply["last_message"].text)
     ```
 
-    The sync API runs `resume_async` on an event loop of its own (in a helper thread when called from a running loop),
-    so the two cannot behave differently; hooks and tools with only sync methods run as Haystack runs them in async
-    runs.
+    The sync `resume` runs this coroutine on an event loop of its own (in a helper thread when called from a running
+    loop), so the two cannot behave differently; hooks and tools with only sync methods run as Haystack runs them in
+    async runs.
 
     :param agent: The Agent that held the step (same tools and hooks; any instance, in any process).
     :param messages: The conversation as the stopped run returned it (the held message is not in it).
@@ -160,30 +160,7 @@ def resume(
     :raises ResumeConversationError: If `messages` already contains the held message.
     :raises ResumeInterruptedError: If the step ran but the Agent then failed to continue; the conversation with the
         step's results is on the error's ``messages``, so nothing is lost.
-    """
-    return run_blocking(
-        resume_async(agent, messages, store, hook_context=hook_context, worker=worker, lease=lease, **run_kwargs)
-    )
-
-
-async def resume_async(
-    agent: Agent,
-    messages: Sequence[ChatMessage],
-    store: SessionDocumentSource,
-    *,
-    hook_context: dict[str, Any] | None = None,
-    worker: str | None = None,
-    lease: float = DEFAULT_RESUME_LEASE,
-    **run_kwargs: Any,
-) -> dict[str, Any]:
-    """
-    Async `resume`: continue a conversation whose run stopped for approvals.
-
-    ```python
-    reply = await resume_async(agent, history, results.for_session(tenant, chat_id))
-    ```
-
-    Parameters, result and errors are those of `resume`.
+    :raises ValueError: If `lease` is not a positive number of seconds.
     """
     if not lease > 0:
         raise ValueError(f"lease must be a positive number of seconds, got {lease}.")
@@ -267,6 +244,9 @@ async def resume_async(
         raise _interrupted(error, conversation, outcomes) from error
     result[OUTCOMES_KEY] = outcomes
     return result
+
+
+resume = sync_twin(resume_async)
 
 
 @dataclass

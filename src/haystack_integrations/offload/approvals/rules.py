@@ -386,27 +386,9 @@ async def load_policies_async(
     return found
 
 
-def load_policies(rules: Mapping[RuleKey, Rule], guard: str, ledger: ApprovalLedger | None) -> SessionPolicies:
-    """Sync `load_policies_async`."""
-    found = SessionPolicies()
-    for key, rule in rules.items():
-        if learns(rule):
-            data = ledger.read(_document(guard, key)) if ledger is not None else None
-            found.copies[key] = _revived(data, rule)
-    return found
-
-
 async def save_policies_async(policies: SessionPolicies, guard: str, ledger: ApprovalLedger | None) -> None:
     """Write back the copies that learned something in this run."""
     if ledger is not None:
         for key in policies.learned:
             data = json.dumps(component_to_dict(policies.copies[key], name="approval_rule")).encode()
             await ledger.documents.put_async(_document(guard, key), data)
-
-
-def save_policies(policies: SessionPolicies, guard: str, ledger: ApprovalLedger | None) -> None:
-    """Sync `save_policies_async`."""
-    if ledger is not None:
-        for key in policies.learned:
-            data = json.dumps(component_to_dict(policies.copies[key], name="approval_rule")).encode()
-            ledger.documents.put(_document(guard, key), data)

@@ -16,6 +16,7 @@ from haystack.utils.deserialization import deserialize_component_inplace
 from pydantic import BaseModel, ValidationError
 
 from haystack_integrations.offload.metrics import ReadKind, read_back
+from haystack_integrations.offload.sync_calls import sync_twin
 from haystack_integrations.offload.tools.errors import ReadBackToolError, message_for
 from haystack_integrations.offload.tools.resolve import resolve_store
 
@@ -57,7 +58,8 @@ class ReadBackTool(Tool):
     """
     Base of the read-back tools: a `Tool` that reads through the current run's store.
 
-    Subclasses set `arguments_model` and implement `_run` and `_run_async`.
+    Subclasses set `arguments_model` and implement `_run_async`; `_run`, the sync form, waits for it, unless a
+    subclass drives its reader with the sync driver instead (`tools.source.drive`).
     """
 
     arguments_model: ClassVar[type[BaseModel]]
@@ -116,11 +118,12 @@ class ReadBackTool(Tool):
             )
             raise ReadBackToolError(f"Invalid arguments for {self.name}: {problems}.") from error
 
-    def _run(self, store: ToolResultStore, arguments: Any, state: State | None) -> ToolOutput:
-        raise NotImplementedError
-
     async def _run_async(self, store: ToolResultStore, arguments: Any, state: State | None) -> ToolOutput:
         raise NotImplementedError
+
+    # The sync tool waits for the async one; a tool that drives a sans-I/O reader (`tools.source`) drives it here
+    # instead, with the sync driver.
+    _run = sync_twin(_run_async)
 
     @staticmethod
     def _count_read(kind: ReadKind, size: int, store: ToolResultStore) -> None:

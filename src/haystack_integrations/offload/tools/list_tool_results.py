@@ -116,21 +116,8 @@ class ListToolResults(ReadBackTool):
             raise_on_error=raise_on_error,
         )
 
-    def _run(self, store: ToolResultStore, arguments: Any, state: State | None) -> ToolOutput:
-        if isinstance(store, PagedResults):
-            tool_names = _run_tool_names(state)
-            pages = _Pages(self, arguments, tool_names)
-            while pages.wanted():
-                pages.add(store.list_page(limit=pages.page_size(), after=pages.after))
-            self._count_read("list", 0, store)
-            return pages.render()
-        if not isinstance(store, ListableResults):
-            raise _cannot_list()
-        records = store.list()
-        self._count_read("list", 0, store)  # a listing reads no stored result's bytes
-        return self._render(records, arguments, state)
-
     async def _run_async(self, store: ToolResultStore, arguments: Any, state: State | None) -> ToolOutput:
+        """List a page (or, from a store that lists only whole, the listing cut to a page) of the run's results."""
         if isinstance(store, PagedResults):
             pages = _Pages(self, arguments, _run_tool_names(state))
             while pages.wanted():
@@ -140,7 +127,7 @@ class ListToolResults(ReadBackTool):
         if not isinstance(store, ListableResults):
             raise _cannot_list()
         records = await store.list_async()
-        self._count_read("list", 0, store)
+        self._count_read("list", 0, store)  # a listing reads no stored result's bytes
         return self._render(records, arguments, state)
 
     def _limit(self, arguments: ListToolResultsArguments) -> int:
