@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from approval_scenario import ledger_lines, plan
@@ -36,8 +36,9 @@ from haystack_integrations.offload import (
     resume,
 )
 from haystack_integrations.offload.approvals import ApprovalAlreadyDecidedError
-from haystack_integrations.offload.approvals.approval_records import ApprovalRequest, arguments_digest
+from haystack_integrations.offload.approvals.approval_records import ApprovalRequest, AuditEvent, arguments_digest
 from haystack_integrations.offload.approvals.audit import (
+    append_audit,
     append_audit_async,
     new_event,
     read_audit_async,
@@ -98,16 +99,30 @@ def faulty_session(
     return root.for_session("acme", "chat-1")
 
 
-@pytest.mark.s3
-async def test_a_lost_reply_to_the_decision_does_not_lose_the_approved_call(
-    faulty_session: FsspecToolResultStore, fault_proxy: FaultProxy, ledger: Path
-) -> None:
+class HeldInvoice(NamedTuple):
+    """A chat whose Agent asks before every invoice, and the request its first message left waiting."""
+
+    service: ChatService
+    request: ApprovalRequest
+
+
+@pytest.fixture
+async def held_invoice(faulty_session: FsspecToolResultStore) -> HeldInvoice:
+    """The setup of most tests through the fault proxy: one invoice call (``c1``: a, 5), held for approval."""
     invoice_hook, _ = approvals()
     service = ChatService(agent_with([invoice_hook]))
     held = await service.send_message(
         faulty_session, plan(("send_invoice", {"customer": "a", "amount": 5}, "c1")).text or ""
     )
     [request] = held.pending
+    return HeldInvoice(service, request)
+
+
+@pytest.mark.s3
+async def test_a_lost_reply_to_the_decision_does_not_lose_the_approved_call(
+    faulty_session: FsspecToolResultStore, held_invoice: HeldInvoice, fault_proxy: FaultProxy, ledger: Path
+) -> None:
+    service, request = held_invoice
     # S3 stores the decision, the connection drops before its answer, aiohttp resends the PUT and gets 412.
     fault_proxy.inject(Fault.RESET_AFTER, method="PUT")
     outcome = await service.decide(faulty_session, request.request_id, approved=True)
@@ -118,14 +133,9 @@ async def test_a_lost_reply_to_the_decision_does_not_lose_the_approved_call(
 
 @pytest.mark.s3
 async def test_a_lost_reply_to_the_resume_claim_still_runs_the_call_once(
-    faulty_session: FsspecToolResultStore, fault_proxy: FaultProxy, ledger: Path
+    faulty_session: FsspecToolResultStore, held_invoice: HeldInvoice, fault_proxy: FaultProxy, ledger: Path
 ) -> None:
-    invoice_hook, _ = approvals()
-    service = ChatService(agent_with([invoice_hook]))
-    held = await service.send_message(
-        faulty_session, plan(("send_invoice", {"customer": "a", "amount": 5}, "c1")).text or ""
-    )
-    [request] = held.pending
+    service, request = held_invoice
     # Lose the reply to every conditional create of the flow once: decision, turn start, resume claim, call claim.
     documents = (".approvals/decision", ".history/turn.", ".approvals/resume", ".approvals/claim")
     earlier = len(fault_proxy.faults.snapshot())  # the proxy serves the whole module
@@ -465,14 +475,9 @@ class _ClaimUnreadable(FaultPlan):
 @pytest.mark.s3
 @pytest.mark.parametrize("note", ["names-the-claim", "names-another-claim"])
 async def test_a_call_whose_claim_failed_ambiguously_runs_on_retry_without_asking_whether_it_ran(
-    faulty_session: FsspecToolResultStore, fault_proxy: FaultProxy, ledger: Path, note: str
+    faulty_session: FsspecToolResultStore, held_invoice: HeldInvoice, fault_proxy: FaultProxy, ledger: Path, note: str
 ) -> None:
-    invoice_hook, _ = approvals()
-    service = ChatService(agent_with([invoice_hook]))
-    held = await service.send_message(
-        faulty_session, plan(("send_invoice", {"customer": "a", "amount": 5}, "c1")).text or ""
-    )
-    [request] = held.pending
+    service, request = held_invoice
     # The call's claim lands but its answer is lost; the retried create finds it, and reading it back fails.
     unreadable = _ClaimUnreadable()
     fault_proxy.plan = unreadable
@@ -643,13 +648,8 @@ class _OneAuditWriteFails(FaultPlan):
         return super().decide(request)
 
 
-@pytest.mark.s3
-async def test_an_audit_append_that_fails_leaves_no_write_running_behind_it(
-    faulty_session: FsspecToolResultStore, fault_proxy: FaultProxy
-) -> None:
-    # A write still running when the append has failed lands later, beside whatever the caller does next (the repair
-    # of a finished step's audit counted one PUT too many in CI): every write ends before the error is raised.
-    request = ApprovalRequest(
+def _audited_request() -> ApprovalRequest:
+    return ApprovalRequest(
         request_id=f"{uuid.uuid4().hex}-1",
         tenant="acme",
         session="chat-1",
@@ -665,16 +665,42 @@ async def test_an_audit_append_that_fails_leaves_no_write_running_behind_it(
         created=datetime.now(UTC),
         expires=datetime.now(UTC) + timedelta(hours=1),
     )
-    others = [new_event(event="approval.note", actor="test", tenant="acme", session="chat-1") for _ in range(2)]
+
+
+def _notes() -> list[AuditEvent]:
+    return [new_event(event="approval.note", actor="test", tenant="acme", session="chat-1") for _ in range(2)]
+
+
+@pytest.mark.s3
+async def test_an_audit_append_that_fails_leaves_no_write_running_behind_it(
+    faulty_session: FsspecToolResultStore, fault_proxy: FaultProxy
+) -> None:
+    # A write still running when the append has failed lands later, beside whatever the caller does next (the repair
+    # of a finished step's audit counted one PUT too many in CI): every write ends before the error is raised.
     fault_proxy.plan = _OneAuditWriteFails()
     try:
         with pytest.raises(StorageError):
-            await append_audit_async(faulty_session, requested_event(request), *others)
+            await append_audit_async(faulty_session, requested_event(_audited_request()), *_notes())
         running = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
     finally:
         fault_proxy.plan = FaultPlan()
     assert running == []
     assert sorted(event.event for event in await read_audit_async(faulty_session)) == ["approval.note"] * 2
+
+
+@pytest.mark.s3
+def test_a_sync_audit_append_that_fails_still_writes_its_other_events(
+    faulty_session: FsspecToolResultStore, fault_proxy: FaultProxy
+) -> None:
+    # The sync twin, written by hand, stopped at the first failed write and never wrote the events after it; the
+    # async one writes them all, then raises. Derived from the async one, the sync one does the same.
+    fault_proxy.plan = _OneAuditWriteFails()
+    try:
+        with pytest.raises(StorageError):
+            append_audit(faulty_session, requested_event(_audited_request()), *_notes())
+    finally:
+        fault_proxy.plan = FaultPlan()
+    assert sorted(event.event for event in read_audit(faulty_session)) == ["approval.note"] * 2
 
 
 @pytest.mark.s3
@@ -710,14 +736,12 @@ def _events(events: list[Any], kind: str) -> list[tuple[str | None, str | None]]
 @pytest.mark.s3
 @pytest.mark.parametrize("written_before_names_were_fixed", [False, True])
 async def test_a_denial_whose_audit_append_failed_is_audited_once_at_the_next_request(
-    faulty_session: FsspecToolResultStore, fault_proxy: FaultProxy, written_before_names_were_fixed: bool
+    faulty_session: FsspecToolResultStore,
+    held_invoice: HeldInvoice,
+    fault_proxy: FaultProxy,
+    written_before_names_were_fixed: bool,
 ) -> None:
-    invoice_hook, _ = approvals()
-    service = ChatService(agent_with([invoice_hook]))
-    held = await service.send_message(
-        faulty_session, plan(("send_invoice", {"customer": "a", "amount": 5}, "c1")).text or ""
-    )
-    [request] = held.pending
+    service, request = held_invoice
     audit_down = _ExecutedAuditDown("denied")
     fault_proxy.plan = audit_down
     try:
