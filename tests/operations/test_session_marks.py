@@ -6,8 +6,10 @@ usage marks of its own (``<session>/.-usage/``), which sort first in its listing
 one LIST and a GET of the newest mark (and a create for what it admitted since), however much the session holds.
 """
 
+import asyncio
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
@@ -15,12 +17,14 @@ from haystack_integrations.offload import FsspecToolResultStore, Quota, QuotaExc
 from haystack_integrations.offload.operations import scan, usage
 from haystack_integrations.offload.stores import end_session
 from haystack_integrations.offload.stores.names import new_object_name
+from haystack_integrations.offload.stores.scope_usage import ScopeUsage
+from haystack_integrations.offload.testing.faults import Fault, FaultPlan, FaultProxy
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 
 pytestmark = pytest.mark.s3
 
 
-def _seeded_session(server: LocalS3Server, count: int) -> str:
+def _seeded_session(server: Any, count: int) -> str:
     """A root whose session acme/chat-1 holds `count` results put straight into the bucket (no store, no quota)."""
     prefix = f"session-marks-{uuid.uuid4().hex}"
     keys = [
@@ -99,3 +103,26 @@ def test_session_marks_are_not_results_and_go_with_the_session(s3_server: LocalS
     fresh = _session(s3_server, url, quota)
     fresh.write(key="again.txt", content="x")
     assert [item.namespace for item in scan(root, tenant="acme", session="chat-1")] == [None]
+
+
+@pytest.mark.parametrize("engine", ["fsspec", "obstore"])
+@pytest.mark.parametrize("scope", ["tenant", "session"])
+def test_a_mark_whose_answer_was_lost_is_known_as_its_own_not_counted_twice(
+    s3_endpoint: Any, engine: str, scope: str
+) -> None:
+    # The mark's create reaches S3 and lands; the answer is lost (a reset after the request), so the retry meets 412.
+    # Before, the worker took it for another worker's mark and added to it again: the reconcile's mark counted the
+    # listing twice (2,200 results for 1,100).
+    url = _seeded_session(s3_endpoint, 1_100)
+    quota = Quota(tenant_results=1_000_000) if scope == "tenant" else Quota(session_results=1_000_000)
+    plan = FaultPlan()
+    plan.script(Fault.RESET_AFTER, method="PUT", path_contains="usage/")
+    with FaultProxy(s3_endpoint.endpoint_url, plan=plan) as proxy:
+        options = {**s3_endpoint.storage_options(), "endpoint_url": proxy.endpoint_url}
+        session = FsspecToolResultStore(url, storage_options=options, engine=engine, quota=quota)
+        session.for_session("acme", "chat-1").write(key="k.txt", content="x")
+        assert proxy.faults.counts()[Fault.RESET_AFTER] == 1
+    marks = FsspecToolResultStore(url, storage_options=s3_endpoint.storage_options(), quota=quota)
+    usage_marks = ScopeUsage(marks)._usage_marks(("acme",) if scope == "tenant" else ("acme", "chat-1"))
+    newest = asyncio.run(usage_marks.latest_async())
+    assert newest is not None and (newest.sequence, newest.results) == (0, 1_100)

@@ -11,8 +11,10 @@ exclusive create named by its sequence alone, so one writer wins each (`UsageMar
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -47,6 +49,8 @@ class Mark:
     size: int
     reconciled: int
     """When the last reconcile wrote its mark (Unix seconds)."""
+    writer: str = ""
+    """A token unique to the create that wrote it: a writer whose answer was lost knows its own mark by it."""
 
     @property
     def name(self) -> str:
@@ -55,7 +59,8 @@ class Mark:
 
     def content(self) -> bytes:
         """The mark's object content."""
-        return json.dumps({"results": self.results, "bytes": self.size, "reconciled": self.reconciled}).encode()
+        fields = {"results": self.results, "bytes": self.size, "reconciled": self.reconciled, "writer": self.writer}
+        return json.dumps(fields).encode()
 
 
 @dataclass(frozen=True)
@@ -108,8 +113,9 @@ def parse_mark(name: str, data: bytes) -> Mark | None:
             results=int(fields["results"]),
             size=int(fields["bytes"]),
             reconciled=int(fields["reconciled"]),
+            writer=str(fields.get("writer", "")),  # marks written before writers were told apart have none
         )
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, AttributeError):
         return None
 
 
@@ -167,13 +173,23 @@ class UsageMarks:
             if not known:
                 latest = await self.latest_async()
             known = False
-            mark = make(latest)
+            mark = dataclasses.replace(make(latest), writer=secrets.token_hex(8))
+            path = f"{self.directory}/{mark.name}"
             try:
-                await self._create(f"{self.directory}/{mark.name}", mark.content())
+                await self._create(path, mark.content())
             except FileExistsError:
+                # This very create may have landed, its answer lost and its retry refused: then the mark is ours.
+                if await self._holds(path, mark):
+                    return mark
                 continue  # another worker's mark took this sequence: read it and add to it
             return mark
         raise RuntimeError(f"Could not write a usage mark below {self.directory}: {MAX_RACES} races lost in a row.")
+
+    async def _holds(self, path: str, mark: Mark) -> bool:
+        try:
+            return await self._get(path) == mark.content()
+        except FileNotFoundError:
+            return False
 
 
 def following(latest: Mark | None, results: int, size: int, *, reconciled: int | None = None) -> Mark:
