@@ -2,10 +2,11 @@
 A session's conversation, kept in the store as numbered turns, each claimed with a conditional create.
 
 `SessionHistory` reads a session's conversation and writes each turn's start and end under ``.history/``. An end
-appends the turn's messages; every `CHAIN_LIMIT` turns it holds a segment (everything since the checkpoint), and it
-holds a whole checkpoint when the turn rewrote the conversation or the appends have outgrown the last one. A small head
-document names the newest checkpoint and segment, so a read costs the same at turn 10 and at turn 1,000
-(`docs/design.md`).
+appends the turn's messages; every `CHAIN_LIMIT` turns it holds a segment (everything since the checkpoint), or a whole
+checkpoint when the appends have outgrown the last one, and it holds a checkpoint whenever the turn rewrote the
+conversation. A small head document names the newest checkpoint and segment, so a read costs the same at turn 10 and at
+turn 1,000 (`docs/design.md`). A session has no head for its first `CHAIN_LIMIT - 1` turns (a cold read folds them from
+turn 1), so a short session pays no head PUT at all.
 """
 
 import asyncio
@@ -14,7 +15,7 @@ import json
 import logging
 import re
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
 
@@ -34,9 +35,14 @@ logger = logging.getLogger(__name__)
 NAMESPACE = "history"
 HEAD_DOCUMENT = "head.json"
 CHAIN_LIMIT = 10
-"""Turns after the newest checkpoint or segment before a turn's end holds a segment: a cold read gets at most this many
-ends beside the checkpoint and segment, whatever the session's length. The head is rewritten with each segment, so this
-is also how rarely a turn pays a third PUT (at 8, the heads put a warm turn over $31 a million; `docs/design.md`)."""
+"""Turns after the one the head names (turn 0 while there is no head) before a turn's end holds a segment or checkpoint
+and the head is rewritten: a cold read gets at most this many ends beside the checkpoint and segment, whatever the
+session's length. So this is also how rarely a turn pays a third PUT: one turn in 10, never in a session's first 9, and
+otherwise only for a turn that rewrote the conversation (at 8, the heads put a warm turn over $31 a million; a head with
+each doubling checkpoint put 10-turn sessions at $31.94; `docs/design.md`)."""
+NO_HEAD = b""
+"""What a cached conversation holds for a session that has no head yet: its newest end is what tells it from a purged
+and re-created session of the same name."""
 DEFAULT_TURN_LEASE = 300.0
 """Seconds a started turn blocks its session before another request may declare it abandoned."""
 
@@ -140,6 +146,9 @@ class HistoryLog:
     """The turn of the newest segment since the checkpoint (0: none)."""
     checkpoint_messages: int = 0
     """How many messages the checkpoint holds (a segment holds the ones after them)."""
+    lead: int = 0
+    """The turn of the checkpoint or segment the session's head names, where a cold read starts (0: no head yet, so a
+    cold read starts at turn 1). The next segment or checkpoint is due `CHAIN_LIMIT` turns after it."""
 
     @property
     def base(self) -> int:
@@ -154,7 +163,8 @@ class CachedConversation:
     turn: int
     """The newest ended turn."""
     head: bytes
-    """The session's head document as it was when this entry was made: a different one means read again."""
+    """The session's head document as it was when this entry was made: a different one means read again (`NO_HEAD`: the
+    session had none; then a different newest end, or any head, means read again)."""
     messages: tuple[str, ...]
     """Each message's JSON (immutable, so no caller can change what another request will be given)."""
     log: HistoryLog
@@ -215,7 +225,33 @@ def _end_name(turn: int) -> str:
 
 def _stored_form(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     # The JSON form (tuples become lists), so a conversation read back compares equal to the one that was written.
-    return [to_jsonable_python(message.to_dict()) for message in messages]
+    return [_compact(to_jsonable_python(message.to_dict())) for message in messages]
+
+
+def _compact(message: dict[str, Any]) -> dict[str, Any]:
+    """
+    A message's dict as stored: ``ChatMessage.to_dict`` without the fields it leaves at their defaults (no name, no
+    meta), and a message of one text as that text (`_expanded` undoes it; ``ChatMessage.from_dict`` reads it too).
+
+    A message of 300 characters is stored in 331 to 336 bytes instead of 361 to 366: what a cold read fetches beyond
+    the text the model is sent (it was 1.22x at 500 turns of such exchanges).
+    """
+    compact = {
+        key: value
+        for key, value in message.items()
+        if not ((key == "meta" and value == {}) or (key == "name" and value is None))
+    }
+    match compact.get("content"):
+        case [{"text": str(text), **rest}] if not rest:
+            compact["content"] = text
+    return compact
+
+
+def _expanded(message: dict[str, Any]) -> dict[str, Any]:
+    """A stored message's dict as ``ChatMessage.from_dict`` reads it today (content as a list of parts)."""
+    if isinstance(message.get("content"), str):
+        return {**message, "content": [{"text": message["content"]}]}
+    return message
 
 
 def _added(before: list[ChatMessage], after: list[ChatMessage]) -> list[ChatMessage] | None:
@@ -229,7 +265,8 @@ def _added(before: list[ChatMessage], after: list[ChatMessage]) -> list[ChatMess
 
 
 def _message_json(message: dict[str, Any]) -> str:
-    return json.dumps(message, separators=(",", ":"))
+    # Compacted here too, so messages stored by earlier versions are checkpointed in the compact form.
+    return json.dumps(_compact(message), separators=(",", ":"))
 
 
 class SessionHistory:
@@ -281,14 +318,16 @@ class SessionHistory:
         Read the history, at a cost that does not grow with the session's length.
 
         With the session's newest turn in this worker's cache: the head document and the next turn's start, at once
-        (two small GETs), then two more per turn another worker has run since. Otherwise: the head, then at once the
-        checkpoint and the ends since the newest segment it names, then the next turn's start. A session whose turns
-        were stored before head documents existed is listed once, as before.
+        (two small GETs; in a session's first turns, before it has a head, its newest end too), then two more per turn
+        another worker has run since. Otherwise: the head, then at once the checkpoint and the ends since the newest
+        segment it names, then the next turn's start; with no head yet, the first turn's start, then at once the ends
+        from turn 1. A session whose turns were stored before head documents existed is listed once, as before.
 
         :param for_turn: The read is for claiming the next turn (`begin`) and nothing else: on a worker whose cache
             holds the session, and whose cached conversations are seldom behind (`ConversationCache.claims_first`),
-            only the head is read; the claim's conditional create then tells whether another worker ran the next
-            turn (`StaleHistoryError`: read again without this). Never for showing a conversation (it may be behind).
+            only the head is read (before the session has one, its newest end); the claim's conditional create then
+            tells whether another worker ran the next turn (`StaleHistoryError`: read again without this). Never for
+            showing a conversation (it may be behind).
         :returns: The conversation so far and the state of the newest turn.
         :raises HistoryRecordError: If a history document is not a valid record.
         :raises SessionBusyError: If the history was purged while it was read.
@@ -302,6 +341,8 @@ class SessionHistory:
         cached = self.cache.get(self._key)
         if not isinstance(cached, CachedConversation):
             return await self._read_from_head(await self._get(HEAD_DOCUMENT))
+        if cached.head == NO_HEAD:
+            return await self._read_headless_cached(cached, for_turn)
         if for_turn and self.cache.claims_first:
             # The head still tells a purged (or purged and re-created) session from this one; the claim does the rest.
             head = await self._get(HEAD_DOCUMENT)
@@ -314,9 +355,35 @@ class SessionHistory:
             # A checkpoint or segment written elsewhere, or the session purged: what is cached may not lead there.
             self.cache.discard(self._key)
             return await self._read_from_head(head)
+        return await self._follow(cached, start)
+
+    async def _read_headless_cached(self, cached: CachedConversation, for_turn: bool) -> HistoryState:
+        """`_read_state` for a session that had no head when cached: its newest end, not a head, is checked."""
+        if for_turn and self.cache.claims_first:
+            # The newest end tells a purged (or purged and re-created) session from this one; the claim does the rest
+            # (a head written since means more turns ran, so the claim is refused and the next read finds it).
+            if self._is_newest(await self._get(_end_name(cached.turn)), cached):
+                return _Chain.of(cached).state(open_start=None, checked=False)
+            self.cache.discard(self._key)
+            return await self._read_from_head(await self._get(HEAD_DOCUMENT))
+        head, end, start = await asyncio.gather(
+            self._get(HEAD_DOCUMENT), self._get(_end_name(cached.turn)), self._get(_start_name(cached.turn + 1))
+        )
+        if head is not None or not self._is_newest(end, cached):
+            # A head written since (turns ran elsewhere: read from it), or the session purged.
+            self.cache.discard(self._key)
+            return await self._read_from_head(head)
+        return await self._follow(cached, start)
+
+    def _is_newest(self, end: bytes | None, cached: CachedConversation) -> bool:
+        """Whether `end` is the document of `cached`'s newest end (its writer's token), not another session's."""
+        return end is not None and _parse(_end_name(cached.turn), end, TurnEnd).token == cached.last_end.token
+
+    async def _follow(self, cached: CachedConversation, start: bytes | None) -> HistoryState:
+        """The cached conversation, carried on through the turns other workers ran since (`start`: the next one's)."""
         self.cache.observe(current=start is None)
         chain = _Chain.of(cached)
-        while start is not None:  # another worker ran turns since: read them one by one (no segment was written)
+        while start is not None:  # another worker ran turns since: read them one by one (the head did not move)
             found, start_after = await asyncio.gather(
                 self._end_or_none(chain.turn + 1), self._get(_start_name(chain.turn + 2))
             )
@@ -442,9 +509,10 @@ class SessionHistory:
         return list(await asyncio.gather(*(self._read(name, TurnStart) for name in names)))
 
     async def _remember(self, turn: Turn, end: TurnEnd, size: int) -> None:
-        """Point the head at a new checkpoint or segment, and keep the conversation after the turn in the cache."""
+        """Point the head at a new checkpoint or segment if due; keep the conversation after the turn in the cache."""
         head = turn.basis.head if turn.basis is not None else None
-        if end.base != "append":
+        leads = _leads(turn.log, end)
+        if leads:
             written = (
                 HistoryHead(checkpoint=end.checkpoint, segment=end.segment, token=end.token).model_dump_json().encode()
             )
@@ -455,12 +523,16 @@ class SessionHistory:
                 self.cache.discard(self._key)
                 return
             head = written
+        elif end.base == "checkpoint":
+            head = NO_HEAD  # a checkpoint before the session's first head: a cold read finds it from turn 1
         if head is None or (turn.basis is None and end.base != "checkpoint"):
             self.cache.discard(self._key)  # without the JSON of what came before, there is nothing exact to keep
             return
         chain = _Chain.of(turn.basis) if turn.basis is not None else _Chain()
         chain.head = head
         chain.add(end, size)
+        if leads:
+            chain.log = replace(chain.log, lead=end.turn)
         self._keep(chain.cached())
 
     def _keep(self, entry: CachedConversation | None) -> None:
@@ -469,10 +541,11 @@ class SessionHistory:
 
     async def _read_from_head(self, head_data: bytes | None) -> HistoryState:
         if head_data is None:
-            # No checkpoint yet, or a session stored before head documents: a new session costs one GET, not a LIST.
-            if await self._get(_start_name(1)) is None:
+            # A new session costs one GET more, not a LIST.
+            first_start = await self._get(_start_name(1))
+            if first_start is None:
                 return HistoryState(next_turn=1, conversation=[], last_end=None, open_start=None)
-            return await self._read_listed()
+            return await self._read_headless(first_start)
         head = _parse(HEAD_DOCUMENT, head_data, HistoryHead)
         base = max(head.checkpoint, head.segment)
         checkpoint, ends = await asyncio.gather(
@@ -485,6 +558,25 @@ class SessionHistory:
         if checkpoint is not None:
             chain.add(*checkpoint)
         chain = await self._forward(chain, base, ends)
+        chain.log = replace(chain.log, lead=base)
+        return chain.state(open_start=await self._start_or_none(chain.turn + 1))
+
+    async def _read_headless(self, first_start: bytes) -> HistoryState:
+        """
+        Read a session with turns and no head: one in its first `CHAIN_LIMIT - 1` turns, its ends folded from turn 1
+        (read at once). More ends than that: a session stored before head documents (or whose head could not be
+        written), which is listed once, as before; its next turn writes a head.
+        """
+        ends = await self._batch(1)
+        if all(found is not None for found in ends) or (ends[0] is None and any(ends)):
+            return await self._read_listed()
+        chain = _Chain(head=NO_HEAD)
+        for found in ends:
+            if found is None:
+                break
+            chain.add(*found)
+        if chain.turn == 0:  # the first turn is running (or was abandoned): nothing is stored yet
+            return chain.state(open_start=_parse(_start_name(1), first_start, TurnStart))
         return chain.state(open_start=await self._start_or_none(chain.turn + 1))
 
     async def _forward(self, chain: "_Chain", first: int, batch: list[tuple[TurnEnd, int] | None]) -> "_Chain":
@@ -583,27 +675,46 @@ async def _nothing() -> None:
     return None
 
 
+def _due(log: HistoryLog, turn: int) -> bool:
+    """Whether `turn` is `CHAIN_LIMIT` turns past the one the head names (turn 0 while there is no head)."""
+    return turn - log.lead >= CHAIN_LIMIT
+
+
+def _leads(log: HistoryLog, end: TurnEnd) -> bool:
+    """
+    Whether `end` (recorded on `log`) is named by a new head: a segment or checkpoint that is due, or a checkpoint of a
+    session that has a head (a rewritten conversation: a head left behind would lead cold reads through what it
+    replaced). A checkpoint before the first head needs none: cold reads fold those turns from turn 1.
+    """
+    return end.base != "append" and (log.lead > 0 or _due(log, end.turn))
+
+
 def _planned_end(turn: Turn, messages: list[ChatMessage] | None, **fields: Any) -> TurnEnd:
     """The end to record: an append of the added messages, or a segment or checkpoint when one is due."""
     log, number = turn.log, turn.start.turn
+    due = _due(log, number)
     if messages is None:
-        return TurnEnd(
-            **fields, turn=number, base="append", messages=None, checkpoint=log.checkpoint, segment=log.segment
-        )
+        if not due:
+            return TurnEnd(
+                **fields, turn=number, base="append", messages=None, checkpoint=log.checkpoint, segment=log.segment
+            )
+        messages = turn.conversation  # unchanged, but the head is due all the same: cold reads must not walk further
     added = _added(turn.conversation, messages) if log.checkpoint else None
     if added is None:  # the first stored conversation, or a turn that rewrote earlier messages (compaction)
         return TurnEnd(**fields, turn=number, base="checkpoint", messages=_stored_form(messages), checkpoint=number)
     new = _stored_form(added)
     append = TurnEnd(**fields, turn=number, base="append", messages=new, checkpoint=log.checkpoint, segment=log.segment)
+    if not due:
+        # Between heads every turn appends, even when the appends outgrow the checkpoint: a checkpoint the head does
+        # not name would cost a head PUT, or make cold reads fetch the conversation it replaces as well.
+        return append
     if log.appended_bytes + len(append.model_dump_json()) > log.checkpoint_bytes:
         # The appends have outgrown the checkpoint: checkpoints at least double, so stored bytes stay linear.
         return TurnEnd(**fields, turn=number, base="checkpoint", messages=_json_form(turn) + new, checkpoint=number)
-    if number - log.base >= CHAIN_LIMIT:
-        tail = _json_form(turn, start=log.checkpoint_messages)
-        return TurnEnd(
-            **fields, turn=number, base="segment", messages=tail + new, checkpoint=log.checkpoint, segment=number
-        )
-    return append
+    tail = _json_form(turn, start=log.checkpoint_messages)
+    return TurnEnd(
+        **fields, turn=number, base="segment", messages=tail + new, checkpoint=log.checkpoint, segment=number
+    )
 
 
 def _json_form(turn: Turn, *, start: int = 0) -> list[dict[str, Any]]:
@@ -633,21 +744,20 @@ class _Chain:
             return
         encoded = [_message_json(message) for message in end.messages]
         log = self.log
+        # Where the head leads is set by whoever reads or writes the head, not by folding ends.
         if end.base == "checkpoint":
-            self.messages, self.log = encoded, HistoryLog(end.turn, size, 0, 0, len(encoded))
+            self.messages, self.log = encoded, HistoryLog(end.turn, size, 0, 0, len(encoded), log.lead)
         elif end.base == "segment" and end.checkpoint == log.checkpoint:
             self.messages = self.messages[: log.checkpoint_messages] + encoded
-            self.log = HistoryLog(log.checkpoint, log.checkpoint_bytes, size, end.turn, log.checkpoint_messages)
+            self.log = replace(log, appended_bytes=size, segment=end.turn)
         elif end.base == "segment":
             # Its checkpoint is gone (purged under a running turn): keep what it holds; the next turn checkpoints.
-            self.messages, self.log = encoded, HistoryLog(appended_bytes=size, segment=end.turn)
+            self.messages, self.log = encoded, HistoryLog(appended_bytes=size, segment=end.turn, lead=log.lead)
         else:
             # With its checkpoint gone, appends still rebuild what they can; the next turn then writes a checkpoint
             # (checkpoint 0), so the session heals.
             self.messages.extend(encoded)
-            self.log = HistoryLog(
-                log.checkpoint, log.checkpoint_bytes, log.appended_bytes + size, log.segment, log.checkpoint_messages
-            )
+            self.log = replace(log, appended_bytes=log.appended_bytes + size)
 
     def cached(self) -> CachedConversation | None:
         if self.head is None or self.last is None:
@@ -660,7 +770,7 @@ class _Chain:
         newest = self.turn if open_start is None else open_start.turn
         return HistoryState(
             next_turn=next_turn if next_turn is not None else newest + 1,
-            conversation=[ChatMessage.from_dict(json.loads(message)) for message in self.messages],
+            conversation=[ChatMessage.from_dict(_expanded(json.loads(message))) for message in self.messages],
             last_end=self.last,
             open_start=open_start,
             log=self.log,
