@@ -58,21 +58,23 @@ async def test_one_reset_on_a_turn_start_leaves_the_turn_to_its_sender(
 async def test_a_head_that_could_not_be_written_costs_a_longer_read_never_a_wrong_conversation(
     roots: Roots, fault_proxy: FaultProxy
 ) -> None:
-    # Every try of the first turn's head PUT answers 503: the turn is recorded all the same, and readers find its
-    # checkpoint by reading on from what the store does hold.
+    # Every try of the session's first head PUT (its tenth turn's) answers 503: the turn is recorded all the same, and
+    # readers find its checkpoint by reading on from what the store does hold.
     history = SessionHistory(roots.faulty.for_session("acme", "chat-1"), worker="web-1", cache=ConversationCache())
+    for number in range(1, CHAIN_LIMIT):
+        await _claimed_turn(history, number)
     fault_proxy.inject(*[Fault.SLOW_DOWN] * FAST_RETRY.attempts, method="PUT", path_contains="/.history/head.json")
     turn = await history.begin(await history.read(), kind="message", text="hello")
-    first = [ChatMessage.from_user("hello"), ChatMessage.from_assistant("hi")]
+    first = [*turn.conversation, ChatMessage.from_user("hello"), ChatMessage.from_assistant("hi")]
     end = await history.finish(turn, status="completed", messages=first, reply="hi")
     assert end.base == "checkpoint" and fault_proxy.faults.counts() == {Fault.SLOW_DOWN: FAST_RETRY.attempts}
     assert len(history.cache) == 0  # what the head is now is unknown here: nothing is kept
     cold = SessionHistory(roots.direct.for_session("acme", "chat-1"), worker="reader", cache=ConversationCache(0))
     state = await cold.read()
-    assert state.conversation == first and state.next_turn == 2
+    assert state.conversation == first and state.next_turn == CHAIN_LIMIT + 1
     # The next turns, on a worker whose head write works, write one and carry the conversation on.
     conversation = first
-    for number in (2, 3):
+    for number in (CHAIN_LIMIT + 1, CHAIN_LIMIT + 2):
         turn = await cold.begin(await cold.read(), kind="message", text=f"q{number}")
         conversation = [*turn.conversation, ChatMessage.from_user(f"q{number}"), ChatMessage.from_assistant("a")]
         await cold.finish(turn, status="completed", messages=conversation, reply="a")
@@ -100,31 +102,33 @@ async def test_a_worker_lost_between_a_segment_and_its_head_leaves_every_reader_
     # The turn's end (a segment) is stored and its head PUT fails every try: the store then holds what a worker killed
     # between the two leaves, a head naming the checkpoint before. Readers walk past it (docs/design.md).
     warm = SessionHistory(roots.faulty.for_session("acme", "chat-1"), worker="web-1", cache=ConversationCache())
-    for number in range(1, 29):
+    for number in range(1, 30):
         conversation, _ = await _claimed_turn(warm, number)
     documents = roots.direct.for_session("acme", "chat-1").documents("history")
     behind = json.loads(documents.get("head.json"))
     lost = SessionHistory(roots.faulty.for_session("acme", "chat-1"), worker="web-2", cache=ConversationCache())
     fault_proxy.inject(*[Fault.SLOW_DOWN] * FAST_RETRY.attempts, method="PUT", path_contains="/.history/head.json")
-    conversation, end = await _claimed_turn(lost, 29)
+    conversation, end = await _claimed_turn(lost, 30)
     assert end.base == "segment" and fault_proxy.faults.counts() == {Fault.SLOW_DOWN: FAST_RETRY.attempts}
-    assert json.loads(documents.get("head.json")) == behind and behind["checkpoint"] + CHAIN_LIMIT == 29
+    assert json.loads(documents.get("head.json")) == behind and behind["checkpoint"] + CHAIN_LIMIT == 30
 
     # A cold reader: the head, a batch of ends from the checkpoint it names (all there, the segment last), a second
     # batch to find the newest end, the next start; never a LIST.
     cold = SessionHistory(roots.direct.for_session("acme", "chat-1"), worker="cold", cache=ConversationCache(0))
     s3_requests.clear()
     state = await cold.read()
-    assert state.conversation == conversation and state.next_turn == 30 and state.log.segment == 29
+    assert state.conversation == conversation and state.next_turn == 31 and state.log.segment == 30
     assert s3_requests.count(method="GET") == 1 + 2 * (CHAIN_LIMIT + 1) + 1
     assert s3_requests.count(query_contains="list-type") == 0
 
-    # The worker that served turn 28 still holds the stale head: unchanged, so its claim of turn 29 is what finds the
-    # turn taken; it reads the segment and claims turn 30.
+    # The worker that served turn 29 still holds the stale head: unchanged, so its claim of turn 30 is what finds the
+    # turn taken; it reads the segment and claims turn 31, which is still due a head (CHAIN_LIMIT turns past the one
+    # the head names): it writes a segment and the head, so the session heals at once.
     s3_requests.clear()
-    conversation, end = await _claimed_turn(warm, 30)
-    assert conversation == [*state.conversation, *_exchange(30)] and end.base == "append" and end.segment == 29
+    conversation, end = await _claimed_turn(warm, 31)
+    assert conversation == [*state.conversation, *_exchange(31)] and end.base == "segment" and end.segment == 31
+    assert json.loads(documents.get("head.json"))["segment"] == 31
     assert [request.status for request in s3_requests.filter(method="PUT", path_contains="start")] == [412, 200]
     fresh = SessionHistory(roots.direct.for_session("acme", "chat-1"), worker="cold", cache=ConversationCache(0))
     assert (await fresh.read()).conversation == conversation
-    assert [start.worker for start in await fresh.starts()] == ["web-1"] * 28 + ["web-2", "web-1"]
+    assert [start.worker for start in await fresh.starts()] == ["web-1"] * 29 + ["web-2", "web-1"]

@@ -339,8 +339,11 @@ async def test_history_counts_and_a_full_session_starts_no_new_turn(backend: tup
     assert (error.scope, error.limit, error.allowed) == ("session", "bytes", 30_000)
     assert "this document needs" in str(error)
     stored = usage(scan(root, tenant="acme", session="chat-1")).total
-    # Within the limit plus what the last admitted turn wrote after its start (its end: charged, never refused).
-    assert 3 <= turns < 15 and stored.results == 0 and 30_000 - 5_000 < stored.document_bytes <= 30_000 + 5_000
+    # Within the limit plus what the last admitted turn wrote after its start (its end, and the head when it wrote
+    # one: charged, never refused; the turn that writes a session's first head stores the whole conversation).
+    documents = session.documents("history")
+    after_start = len(documents.get(f"turn.{turns:08d}.end.json")) + 100
+    assert 3 <= turns < 15 and stored.results == 0 and 30_000 - 5_000 < stored.document_bytes <= 30_000 + after_start
     state = await history.read()
     assert state.next_turn == turns + 1 and state.open_start is None  # the refused turn claimed nothing
     # The conversation's bytes leave no room for results either; another session has its own quota.

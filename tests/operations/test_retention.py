@@ -260,17 +260,17 @@ async def test_purge_older_than_takes_inactive_sessions_whole_and_keeps_live_one
     else:
         deleted = await tenant.purge_async(older_than=timedelta(days=30))
 
-    # old: 4 history documents and its head, 1 audit event, 2 approval records; approvals-only: 2. Results go by their
-    # own age.
-    assert deleted == 8 + 2
+    # old: 4 history documents (no head: a session writes one at its tenth turn), 1 audit event, 2 approval records;
+    # approvals-only: 2. Results go by their own age.
+    assert deleted == 7 + 2
     assert _documents(old) == {"history": [], "approvals": [], "audit": []}
     assert [record.reference for record in old.list()] == [slow_clocks_result]
     assert _documents(approvals_only) == {"history": [], "approvals": [], "audit": []}
-    assert len(live.documents("history").list()) == 8 + 1  # four turns' starts and ends, and the head
+    assert len(live.documents("history").list()) == 8  # four turns' starts and ends
     assert (await SessionHistory(live, worker="reader").read()).conversation == conversation
     assert len(conversation) == 8
     assert undated.documents("approvals").list() == ["memory.0123abcd.json", "step.00000001.json"]
-    assert len(audited.documents("history").list()) == 3 and len(audited.documents("audit").list()) == 1
+    assert len(audited.documents("history").list()) == 2 and len(audited.documents("audit").list()) == 1
     assert tenant.purge(older_than=timedelta(days=30)) == 0
 
 
@@ -285,14 +285,14 @@ async def test_purge_expired_takes_sessions_inactive_past_their_tenants_retentio
     await _talk(trial, monkeypatch, age=timedelta(hours=2), turns=1)
     await _talk(archive, monkeypatch, age=timedelta(days=400), turns=1)
 
-    assert await root.purge_async(expired=True) == 5 + 3  # turns' starts and ends, and each history's head
+    assert await root.purge_async(expired=True) == 6  # turns' starts and ends (no heads before a tenth turn)
     assert stale.documents("history").list() == [] and trial.documents("history").list() == []
     assert (await SessionHistory(recent, worker="reader").read()).conversation == kept
-    assert len(archive.documents("history").list()) == 3
+    assert len(archive.documents("history").list()) == 2
     assert root.purge(expired=True) == 0
     # A session store purges its own documents the same way.
     await _talk(stale, monkeypatch, age=timedelta(days=9), turns=1)
-    assert stale.purge(expired=True) == 3 and stale.documents("history").list() == []
+    assert stale.purge(expired=True) == 2 and stale.documents("history").list() == []
 
 
 async def test_a_running_turn_keeps_an_old_session(
@@ -322,10 +322,10 @@ async def test_a_time_stamped_far_ahead_does_not_keep_an_old_session_for_ever(
     await _talk(skewed, monkeypatch, age=timedelta(days=40), turns=1)
     skewed.documents("audit").put(f"{_stamp(-timedelta(hours=3))}-000000000001-0b7d2e11.json", b"{}")
 
-    assert await root.for_tenant("acme").purge_async(older_than=timedelta(days=30)) == 3 + 1
+    assert await root.for_tenant("acme").purge_async(older_than=timedelta(days=30)) == 2 + 1
     assert _documents(old) == {"history": [], "approvals": [], "audit": []}
     assert len(old.list()) == 1  # the result itself is not older than 30 days by its name: results go by their own age
-    assert len(skewed.documents("history").list()) == 3 and len(skewed.documents("audit").list()) == 1
+    assert len(skewed.documents("history").list()) == 2 and len(skewed.documents("audit").list()) == 1
 
 
 def _activity(store: FsspecToolResultStore, namespace: str, name: str, age: timedelta) -> None:
