@@ -71,8 +71,9 @@ def test_all_is_pinned() -> None:
     assert offload.__all__ == PUBLIC_NAMES
 
 
-# Each subpackage's own surface, pinned as the top level's is. 121 distinct names in all: 88 before this round's
-# audit repair and the reference app built on public names only (issue 45: the CLI toolkit, meta keys, progress hooks).
+# Each subpackage's own surface, pinned as the top level's is. 132 distinct names with the top level's: 88 before this
+# round's audit repair and the reference app built on public names only (issue 45: the CLI toolkit, meta keys, progress
+# hooks, the settings checks, the serving helpers).
 SUBPACKAGE_NAMES = {
     "approvals": [
         "APPROVAL_CHANNEL_KEY",
