@@ -13,11 +13,8 @@ from typing import Any, ParamSpec, TypeVar
 import fsspec
 from fsspec import AbstractFileSystem
 from fsspec.core import split_protocol
-from haystack.core.errors import SerializationError
-from haystack.core.serialization import default_from_dict, default_to_dict
 from haystack.hooks.tool_result_offloading.types import ToolResultStore
 
-from haystack_integrations.offload.errors import InvalidReferenceError, ResultExpiredError
 from haystack_integrations.offload.stores.chunks import ContentChunks
 from haystack_integrations.offload.stores.credentials import AssumeRoleCredentials
 from haystack_integrations.offload.stores.documents import DocumentHost, SessionDocuments
@@ -36,21 +33,14 @@ from haystack_integrations.offload.stores.filesystem_handle import (
     DEFAULT_S3_MAX_POOL_CONNECTIONS as DEFAULT_S3_MAX_POOL_CONNECTIONS,
 )
 from haystack_integrations.offload.stores.filesystem_handle import FilesystemHandle, strip_protocol
-from haystack_integrations.offload.stores.io import MULTIPART_THRESHOLD
 from haystack_integrations.offload.stores.layout import parse_reference, scope_path
-from haystack_integrations.offload.stores.names import (
-    TEMPORARY_GRACE,
-    ContentKind,
-    listing_order,
-    new_object_name,
-    parse_object_name,
+from haystack_integrations.offload.stores.names import TEMPORARY_GRACE, parse_object_name
+from haystack_integrations.offload.stores.operator_objects import (
+    activity_times_below_async,
+    delete_below_async,
+    objects_below_async,
 )
-from haystack_integrations.offload.stores.options import (
-    check_s3_options,
-    deserialize_options,
-    redacted_url,
-    serialize_options,
-)
+from haystack_integrations.offload.stores.options import check_s3_options, redacted_url
 from haystack_integrations.offload.stores.pages import list_after_async, session_page_async, sizes_of
 from haystack_integrations.offload.stores.pending import PendingWrite
 from haystack_integrations.offload.stores.purging import end_session as end_session
@@ -61,13 +51,24 @@ from haystack_integrations.offload.stores.quotas import (
     Reservation,
 )
 from haystack_integrations.offload.stores.records import ResultsPage, StoredResult
+from haystack_integrations.offload.stores.result_objects import STREAMED_WRITE_BYTES as STREAMED_WRITE_BYTES
+from haystack_integrations.offload.stores.result_objects import (
+    check_range,
+    decoded,
+    listing_key,
+    prepare_write,
+    readable_path_async,
+    record_of,
+    records_of,
+    size_of,
+)
 from haystack_integrations.offload.stores.retention import (
     Retention,
-    read_activity_times_async,
 )
 from haystack_integrations.offload.stores.retry import RetryPolicy, RetryStats
 from haystack_integrations.offload.stores.scope import check_local_path, check_object_store_path, validate_scope_id
 from haystack_integrations.offload.stores.scope_usage import ScopeUsage
+from haystack_integrations.offload.stores.store_serialization import store_from_dict, store_to_dict
 from haystack_integrations.offload.stores.sync_api import run_on_io_loop, run_on_own_loop, synced
 from haystack_integrations.offload.stores.tenant_access import (
     ENCRYPTION_KWARGS,
@@ -78,9 +79,6 @@ from haystack_integrations.offload.stores.usage_marks import MarkedUsage
 
 _EXTRAS_BY_PROTOCOL = {"s3": "s3", "s3a": "s3"}
 DEFAULT_RETRY = RetryPolicy()
-
-# Results larger than this are written from chunks (S3 sends one PUT below it anyway: io.MULTIPART_THRESHOLD).
-STREAMED_WRITE_BYTES = MULTIPART_THRESHOLD
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -354,28 +352,6 @@ class FsspecToolResultStore(ToolResultStore):
             return self.tenant
         return segments[0] if len(segments) == 3 else None
 
-    async def _readable_path_async(self, reference: object) -> tuple[str, tuple[str, ...]]:
-        """
-        Resolve a reference for reading, refusing an expired result: its name settles a live one at no cost, and the
-        storage's clock (one HEAD) one whose name says expired, whose writer's clock may be wrong.
-        """
-        path, segments = self._path_of(reference)
-        parsed = parse_object_name(segments[-1])
-        if self.retention is None or parsed is None:
-            return path, segments
-        tenant = self._tenant_of(segments)
-        now = datetime.now(UTC)
-        if self.retention.live_by_name(parsed.created, tenant, now=now):
-            return path, segments
-        await self._handle.in_flight.wait_for(path)
-        with storage_errors("read the result", reference=str(reference)):
-            stored = await self._handle.request("modified", path, lambda io: io.modified_async(path))
-        created = parsed.created if stored is None else stored
-        if self.retention.expired(created, tenant, now=now):
-            message = self.retention.expiry_message(reference, created, tenant, now=now, by_storage=stored is not None)
-            raise ResultExpiredError(message)
-        return path, segments
-
     async def reconcile_usage_async(self, tenant: str | None = None) -> tuple[int, int]:
         """
         Set a tenant's usage marks to what a full listing of the tenant finds (a LIST per 1000 objects), correcting
@@ -406,90 +382,6 @@ class FsspecToolResultStore(ToolResultStore):
 
     marked_usage = synced(marked_usage_async)
 
-    def _prepare_write(
-        self, key: str, content: object, tool_name: str | None
-    ) -> tuple[str, str, bytes | ContentChunks]:
-        # `content` is checked here: callers (and the model's tools) may pass anything.
-        if len(self._scope) == 1:
-            raise ValueError("A tenant-scoped store does not write; write through for_session(tenant, session).")
-        if not isinstance(key, str):
-            raise TypeError(f"key must be a string, got {type(key).__name__}.")
-        if tool_name is not None and not isinstance(tool_name, str):
-            raise TypeError(f"tool_name must be a string or None, got {type(tool_name).__name__}.")
-        kind: ContentKind
-        data: bytes | ContentChunks
-        # A large result is sent from chunks as they are encoded, so the write never holds a second whole copy.
-        if isinstance(content, str):
-            # surrogatepass: a string with lone surrogates still round-trips exactly instead of failing the write.
-            kind = "text"
-            streamed = len(content) > STREAMED_WRITE_BYTES
-            data = ContentChunks(content) if streamed else content.encode("utf-8", "surrogatepass")
-        elif isinstance(content, bytes):
-            kind = "bytes"
-            data = ContentChunks(content) if len(content) > STREAMED_WRITE_BYTES else content
-        elif isinstance(content, bytearray | memoryview):
-            # Copied: the caller may change it while a write-behind upload is still reading it.
-            data, kind = bytes(content), "bytes"
-        else:
-            raise TypeError(f"content must be str or bytes, got {type(content).__name__}.")
-        name = new_object_name(key=key, kind=kind, tool_name=tool_name)
-        return f"{self._scope_path()}/{name}", name, data
-
-    @staticmethod
-    def _decode(segments: tuple[str, ...], data: bytes) -> str | bytes:
-        parsed = parse_object_name(segments[-1])
-        if parsed is not None and parsed.kind == "text":
-            return data.decode("utf-8", "surrogatepass")
-        return data
-
-    def _records(self, found: dict[str, int], *, include_expired: bool = False) -> builtins.list[StoredResult]:
-        prefix = self._scope_path() + "/"
-        now = datetime.now(UTC)
-        records = []
-        for path, size in found.items():
-            # Backends list by string prefix; the separator keeps a sibling prefix ('t/ab' for 't/a') out.
-            if not path.startswith(prefix):
-                continue
-            relative = path[len(prefix) :]
-            try:
-                segments = parse_reference(relative, scope_depth=len(self._scope))
-            except InvalidReferenceError:
-                continue  # not a result: a temporary file, an approval record, something an operator put there
-            parsed = parse_object_name(segments[-1])
-            if parsed is None:
-                continue
-            if (
-                not include_expired
-                and self.retention is not None
-                and self.retention.expired(parsed.created, self._tenant_of(segments), now=now)
-            ):
-                continue  # unreadable: listing it would only send the model to an error
-            records.append(
-                StoredResult(
-                    reference=relative,
-                    kind=parsed.kind,
-                    size=size,
-                    created=parsed.created,
-                    tool_name=parsed.tool_name,
-                    key=parsed.key,
-                )
-            )
-        records.sort(key=_listing_key)
-        return records
-
-    def _record(self, reference: str, segments: tuple[str, ...], size: int) -> StoredResult:
-        parsed = parse_object_name(segments[-1])
-        if parsed is None:  # parse_reference already checked the name; this keeps mypy and future edits honest
-            raise InvalidReferenceError(f"The reference {reference!r} does not name a stored result.")
-        return StoredResult(
-            reference=reference,
-            kind=parsed.kind,
-            size=size,
-            created=parsed.created,
-            tool_name=parsed.tool_name,
-            key=parsed.key,
-        )
-
     # ToolResultStore protocol, and its async twins
 
     async def write_async(self, *, key: str, content: str | bytes, tool_name: str | None = None) -> str:
@@ -506,8 +398,8 @@ class FsspecToolResultStore(ToolResultStore):
         :raises StoragePermissionError: If the backend refuses the write.
         :raises QuotaExceededError: If the write would pass the store's quota; nothing was sent.
         """
-        path, reference, data = self._prepare_write(key, content, tool_name)
-        reservation = await ScopeUsage(self).admit_async(_size_of(data))
+        path, reference, data = prepare_write(self, key, content, tool_name)
+        reservation = await ScopeUsage(self).admit_async(size_of(data))
         await self._put_async(path, data, reservation)
         return reference
 
@@ -536,8 +428,8 @@ class FsspecToolResultStore(ToolResultStore):
         :raises QuotaExceededError: If the write would pass the store's quota; nothing was sent.
         :raises RuntimeError: If called outside a running event loop.
         """
-        path, reference, data = self._prepare_write(key, content, tool_name)
-        reservation = await ScopeUsage(self).admit_async(_size_of(data))
+        path, reference, data = prepare_write(self, key, content, tool_name)
+        reservation = await ScopeUsage(self).admit_async(size_of(data))
         task = asyncio.get_running_loop().create_task(self._put_async(path, data, reservation))
         self._handle.in_flight.track(path, task)
         return PendingWrite(reference, task)
@@ -569,11 +461,11 @@ class FsspecToolResultStore(ToolResultStore):
             thread's own event loop (waiting would block the loop it needs); await `read_async` there. The same holds
             for every sync method.
         """
-        path, segments = await self._readable_path_async(reference)
+        path, segments = await readable_path_async(self, reference)
         await self._handle.in_flight.wait_for(path)
         with storage_errors("read the result", reference=reference):
             data = await self._handle.request("get", path, lambda io: io.get_async(path))
-        return self._decode(segments, data)
+        return decoded(segments, data)
 
     read = synced(read_async)
 
@@ -591,8 +483,8 @@ class FsspecToolResultStore(ToolResultStore):
         :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
         :raises ResultNotFoundError: If no result exists under the reference.
         """
-        _check_range(start, end)
-        path, _ = await self._readable_path_async(reference)
+        check_range(start, end)
+        path, _ = await readable_path_async(self, reference)
         await self._handle.in_flight.wait_for(path)
         with storage_errors("read the result", reference=reference):
             return await self._handle.request("get_range", path, lambda io: io.get_range_async(path, start, end))
@@ -615,8 +507,8 @@ class FsspecToolResultStore(ToolResultStore):
         :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
         :raises ResultNotFoundError: If no result exists under the reference.
         """
-        _check_range(start, end)
-        path, _ = await self._readable_path_async(reference)
+        check_range(start, end)
+        path, _ = await readable_path_async(self, reference)
         await self._handle.in_flight.wait_for(path)
         with storage_errors("read the result", reference=reference):
             return await self._handle.request(
@@ -636,11 +528,11 @@ class FsspecToolResultStore(ToolResultStore):
         :raises InvalidReferenceError: If the reference is malformed or outside this store's scope.
         :raises ResultNotFoundError: If no result exists under the reference.
         """
-        path, segments = await self._readable_path_async(reference)
+        path, segments = await readable_path_async(self, reference)
         await self._handle.in_flight.wait_for(path)
         with storage_errors("describe the result", reference=reference):
             size = await self._handle.request("size", path, lambda io: io.size_async(path))
-        return self._record(reference, segments, size)
+        return record_of(reference, segments, size)
 
     info = synced(info_async)
 
@@ -662,7 +554,7 @@ class FsspecToolResultStore(ToolResultStore):
         await self._handle.in_flight.wait_under(scope + "/")
         with storage_errors("list results", reference=None):
             found = await self._handle.request("find", scope, lambda io: io.find_async(scope))
-        return self._records(sizes_of(found))[:limit]
+        return records_of(self, sizes_of(found))[:limit]
 
     list = synced(list_async)
 
@@ -690,10 +582,10 @@ class FsspecToolResultStore(ToolResultStore):
         if self.session is None:
             with storage_errors("list results", reference=None):
                 found = await self._handle.request("find", scope, lambda io: io.find_async(scope))
-            records = self._records(sizes_of(found))
+            records = records_of(self, sizes_of(found))
             if after is not None:
-                mark = _listing_key(self._record(after, tuple(after.split("/")), 0))
-                records = [record for record in records if _listing_key(record) > mark]
+                mark = listing_key(record_of(after, tuple(after.split("/")), 0))
+                records = [record for record in records if listing_key(record) > mark]
             shown = records[:limit]
             return ResultsPage(results=shown, next_after=shown[-1].reference if len(records) > limit else None)
 
@@ -711,7 +603,7 @@ class FsspecToolResultStore(ToolResultStore):
 
         with storage_errors("list results", reference=None):
             page = await session_page_async(lister, scope, after=after, limit=limit, keep=keep)
-        results = [self._record(name, (name,), size) for name, size in page.names]
+        results = [record_of(name, (name,), size) for name, size in page.names]
         return ResultsPage(results=results, next_after=results[-1].reference if page.more and results else None)
 
     list_page = synced(list_page_async)
@@ -791,13 +683,7 @@ class FsspecToolResultStore(ToolResultStore):
         :returns: ``{"<tenant>/<session>/<name>": size, ...}`` for a root store (shorter paths for scoped stores).
         :raises StorageError: If the backend fails (e.g. the bucket does not exist).
         """
-        scope = self._scope_path()
-        prefix = scope + "/"
-        await self._handle.in_flight.wait_under(prefix)
-        with storage_errors("list the store", reference=None):
-            found = await self._handle.request("find", scope, lambda io: io.find_async(scope))
-        # A sibling prefix ('t/ab' when 't/a' is listed) is not below the scope.
-        return {path[len(prefix) :]: size for path, size in found.items() if path.startswith(prefix)}
+        return await objects_below_async(self)
 
     find_objects = synced(find_objects_async)
 
@@ -809,13 +695,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises ValueError: If a path is absolute, empty, or has an empty, ``.`` or ``..`` segment: nothing is deleted.
         :raises StorageError: If the backend fails.
         """
-        scope = self._scope_path()
-        full = [f"{scope}/{_checked_relative(path)}" for path in paths]
-        try:
-            with storage_errors("delete objects", reference=None):
-                await self._handle.request("delete", scope, lambda io: io.delete_async(full))
-        finally:
-            self._handle.invalidate(self._scope)
+        await delete_below_async(self, paths)
 
     delete_objects = synced(delete_objects_async)
 
@@ -830,10 +710,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises ValueError: If a path is not relative (see `delete_objects`).
         :raises StorageError: If the backend fails.
         """
-        relative = [_checked_relative(path) for path in paths]
-        base = self._scope_path()
-        times = await read_activity_times_async(self._handle.request, [f"{base}/{path}" for path in relative])
-        return {path: times[f"{base}/{path}"] for path in relative}
+        return await activity_times_below_async(self, paths)
 
     activity_times = synced(activity_times_async)
 
@@ -884,33 +761,7 @@ class FsspecToolResultStore(ToolResultStore):
         :returns: A dictionary representation.
         :raises SerializationError: If the store was built on a filesystem object, or holds credentials in clear.
         """
-        if self._filesystem is not None:
-            raise SerializationError(
-                "A store built on a filesystem object cannot be serialized; build it from url and storage_options."
-            )
-        return default_to_dict(
-            self,
-            url=self.url,
-            storage_options=serialize_options(self.storage_options),
-            tenant=self.tenant,
-            session=self.session,
-            quota=self.quota.model_dump(mode="json") if self.quota is not None else None,
-            retention=self.retention.model_dump(mode="json") if self.retention is not None else None,
-            retry=self.retry.model_dump(mode="json") if self.retry is not None else None,
-            engine=self.engine,
-            credentials=self.credentials.to_dict() if self.credentials is not None else None,
-            encryption=self._encryption_dict(),
-        )
-
-    def _encryption_dict(self) -> dict[str, Any] | None:
-        if self.encryption is None:
-            return None
-        try:
-            return self.encryption.to_dict()
-        except ValueError as error:  # a token Secret: the master secret itself would go into the dictionary
-            raise SerializationError(
-                "The store's SSE-C master secret is a token Secret; use Secret.from_env_var to serialize the store."
-            ) from error
+        return store_to_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FsspecToolResultStore:
@@ -920,44 +771,8 @@ class FsspecToolResultStore(ToolResultStore):
         :param data: The dictionary representation.
         :returns: The store.
         """
-        init_parameters = data.get("init_parameters", {})
-        if init_parameters.get("storage_options"):
-            init_parameters["storage_options"] = deserialize_options(init_parameters["storage_options"])
-        for name, model in (("quota", Quota), ("retention", Retention), ("retry", RetryPolicy)):
-            if isinstance(init_parameters.get(name), dict):
-                init_parameters[name] = model.model_validate(init_parameters[name])
-        if isinstance(init_parameters.get("credentials"), dict):
-            init_parameters["credentials"] = AssumeRoleCredentials.from_dict(init_parameters["credentials"])
-        if isinstance(init_parameters.get("encryption"), dict):
-            init_parameters["encryption"] = TenantKeys.from_dict(init_parameters["encryption"])
-        return default_from_dict(cls, data)
+        return store_from_dict(cls, data)
 
     def __repr__(self) -> str:
         scope = f", scope={'/'.join(self._scope)!r}" if self._scope else ""
         return f"{type(self).__name__}({redacted_url(self.url)!r}{scope})"
-
-
-def _check_range(start: int, end: int) -> None:
-    if start < 0 or end < start:
-        raise ValueError(f"Invalid byte range [{start}, {end}): start must be >= 0 and end >= start.")
-
-
-def _checked_relative(path: str) -> str:
-    # Operators' paths come from find_objects; anything that could leave the scope is a bug or an attack.
-    if not isinstance(path, str):
-        raise TypeError(f"An object path must be a string, got {type(path).__name__}.")
-    if any(segment in {"", ".", ".."} or "\\" in segment or "\0" in segment for segment in path.split("/")):
-        raise ValueError(f"{path!r} is not a path relative to the store's scope.")
-    return path
-
-
-def _listing_key(record: StoredResult) -> tuple[timedelta, tuple[bool, str], str]:
-    """Newest first; within one time, in the order a session's listing gives names (`names.listing_order`)."""
-    return _LATEST - record.created, listing_order(record.reference.rpartition("/")[2]), record.reference
-
-
-_LATEST = datetime.max.replace(tzinfo=UTC)
-
-
-def _size_of(data: bytes | ContentChunks) -> int:
-    return data.nbytes if isinstance(data, ContentChunks) else len(data)

@@ -17,6 +17,7 @@ from haystack_integrations.offload.stores.io import Listed
 from haystack_integrations.offload.stores.layout import below, place
 from haystack_integrations.offload.stores.names import PROBE_GRACE, TEMPORARY_GRACE, is_stale_temporary
 from haystack_integrations.offload.stores.quotas import is_document
+from haystack_integrations.offload.stores.result_objects import records_of
 from haystack_integrations.offload.stores.retention import (
     DEFAULT_CLOCK_SKEW,
     IdleSessions,
@@ -198,7 +199,7 @@ async def _purged_results_async(
     prefix = store._scope_path() + "/"
     candidates = {}
     sizes = {path: entry.size for path, entry in listed.items()}
-    for record in store._records(sizes, include_expired=True):
+    for record in records_of(store, sizes, include_expired=True):
         tenant = store._tenant_of(tuple(record.reference.split("/")))
         if everything or not settled(record.created, tenant):
             candidates[prefix + record.reference] = (record.created, tenant)
