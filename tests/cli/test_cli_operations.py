@@ -201,7 +201,7 @@ def test_purge_a_tenant_keeps_the_other_tenants(filled: FilledStore, capsys: pyt
 
 @pytest.mark.slow  # waits out an age
 def test_purge_older_than_an_age_removes_only_old_results(
-    filled: FilledStore, capsys: pytest.CaptureFixture[str]
+    filled: FilledStore, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Old by the storage's clock: written, then an age waited out (moto dates to the second: AGE leaves room).
     session = filled.root.for_session("initech", "chat-1")
@@ -210,6 +210,9 @@ def test_purge_older_than_an_age_removes_only_old_results(
     # Kept: written just now; and one whose name says 40 days while the storage says now (its writer's clock was
     # behind): the storage's clock decides, as in the store's own purge.
     fresh = session.write(key="fresh.txt", content="fresh")
+    # The purge's "now" is the moment after that write, however long the commands below take on a loaded machine
+    # (with the real clock, a purge that started more than AGE later took the fresh result too).
+    _freeze_purge_clock(monkeypatch, datetime.now(UTC))
     old_name = new_object_name(
         key="old.txt", kind="text", tool_name="web_search", now=datetime.now(UTC) - timedelta(40)
     )
@@ -226,6 +229,17 @@ def test_purge_older_than_an_age_removes_only_old_results(
     assert {record.reference for record in session.list()} == {fresh, old_name}
     assert len(filled.root.list()) == 7 + 2
     assert filled.root.for_session("globex", "chat-1").documents("history").list()
+
+
+def _freeze_purge_clock(monkeypatch: pytest.MonkeyPatch, frozen: datetime) -> None:
+    from haystack_integrations.offload.stores import purging
+
+    class FrozenClock(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> "FrozenClock":
+            return cls.fromtimestamp(frozen.timestamp(), tz)
+
+    monkeypatch.setattr(purging, "datetime", FrozenClock)
 
 
 def test_purge_asks_before_deleting_and_needs_a_scope(filled: FilledStore, capsys: pytest.CaptureFixture[str]) -> None:
