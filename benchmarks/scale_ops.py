@@ -1,6 +1,7 @@
 """
 Per-request operations at size, for `scale.py`: a list page at N results, a quota'd first write into a tenant of N
-objects, a purge of N objects, an approval round trip at A approvals in the session.
+objects, a purge of N objects, an approval round trip at A approvals in the session; and, run on its own, a whole
+session's history at L turns, priced per turn (``python benchmarks/scale_ops.py --sessions 1 2 10 50``).
 
 Every figure is counted from the log of moto's S3 server (`LocalS3Server.requests`), real HTTP on loopback. Results
 are seeded straight into moto's in-process backend (`S3Backend.put_object`, no HTTP, not in the log), named by the
@@ -28,9 +29,12 @@ from approval_history import round_trip
 from approval_history import seed as seed_approvals
 from approval_scenario import LEDGER_ENV, make_agent
 from haystack.components.agents.state.state import State
+from haystack.dataclasses import ChatMessage
 from haystack.hooks.human_in_the_loop import AlwaysAskPolicy
 
 from haystack_integrations.offload import FsspecToolResultStore, Quota, list_tool_results, offload_context
+from haystack_integrations.offload.sessions.conversation_cache import ConversationCache
+from haystack_integrations.offload.sessions.history import SessionHistory, StaleHistoryError
 from haystack_integrations.offload.stores.names import new_object_name
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 
@@ -182,3 +186,58 @@ async def approvals(server: LocalS3Server, count: int) -> dict[str, Measured]:
     await round_trip(agent, session, "warm")  # the first look at a seeded session writes its head
     measured, _ = await measure(server, lambda: round_trip(agent, session, "measured"))
     return {"round trip": measured}
+
+
+DOLLARS_PER_1000 = {"PUT": 0.005, "PUT if-none-match": 0.005, "LIST": 0.005, "DELETE batch": 0.005, "GET": 0.0004}
+"""AWS S3 list prices (Standard, us-east-1) per 1,000 requests."""
+RESULT_PUTS = 4
+"""The reference turn's offloaded results (issue 42): one PUT each, $20 a million turns, beside the history's cost."""
+
+
+def per_million_turns(measured: Measured, turns: int) -> float:
+    """What `turns` turns' requests cost per million turns, with the reference turn's result PUTs."""
+    dollars = sum(DOLLARS_PER_1000[kind] * count for kind, count in measured.requests.items()) / 1000
+    return 1e6 * (dollars / turns + RESULT_PUTS * DOLLARS_PER_1000["PUT"] / 1000)
+
+
+async def session(server: LocalS3Server, length: int) -> dict[str, Measured]:
+    """
+    A session's whole life of `length` turns on one worker, as `ChatService` runs each (read for a turn, claim, record
+    the end; exchanges of two 300-character messages): its first turns are new, the rest warm.
+    """
+    root = _root(server, f"session-{uuid.uuid4().hex[:8]}")
+    await root.check_exclusive_creates_async()  # once per process and root: no session's cost
+    history = SessionHistory(root.for_session("acme", "chat-1"), worker="w1", cache=ConversationCache())
+
+    async def turns() -> None:
+        for number in range(1, length + 1):
+            try:
+                turn = await history.begin(await history.read(for_turn=True), kind="message", text=f"q{number}")
+            except StaleHistoryError:
+                turn = await history.begin(await history.read(), kind="message", text=f"q{number}")
+            added = [
+                ChatMessage.from_user(f"question {number} " + "q" * 300),
+                ChatMessage.from_assistant(f"answer {number} " + "a" * 300),
+            ]
+            await history.finish(turn, status="completed", messages=[*turn.conversation, *added], reply="a")
+
+    measured, _ = await measure(server, turns)
+    return {"whole session": measured}
+
+
+async def _sessions(lengths: list[int]) -> None:
+    print("| turns in the session | history requests, whole session | per turn | $ per million turns |")
+    print("|---:|---|---|---:|", flush=True)
+    with LocalS3Server() as server:
+        for length in lengths:
+            measured = (await session(server, length))["whole session"]
+            each = " ".join(f"{count / length:.2f} {kind}" for kind, count in sorted(measured.requests.items()))
+            print(f"| {length:,} | {measured.kinds()} | {each} | {per_million_turns(measured, length):.2f} |")
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="A whole session's history requests per turn, priced.")
+    parser.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 10, 11, 50, 200])
+    asyncio.run(_sessions(parser.parse_args().sessions))
