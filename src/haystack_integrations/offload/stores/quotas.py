@@ -43,9 +43,8 @@ class TenantTotal:
 
 
 Usage: TypeAlias = SessionUsage | TenantTotal
-Lister = Callable[[ScopeKey, bool], Usage]
-"""Lists a scope's usage; the flag asks for a full listing (a refusal rests on it) rather than a usage mark."""
 AsyncLister = Callable[[ScopeKey, bool], Awaitable[Usage]]
+"""Lists a scope's usage; the flag asks for a full listing (a refusal rests on it) rather than a usage mark."""
 
 # Scopes tracked per worker; the least recently used idle one is forgotten beyond this (and listed again when needed).
 MAX_TRACKED_SCOPES = 10_000
@@ -291,42 +290,12 @@ class QuotaTracker:
 
     # Admission
 
-    def admit(
-        self, quota: Quota, tenant: str, session: str, size: int, lister: Lister, *, results: int = 1
-    ) -> Reservation:
-        """
-        Admit a write of `size` bytes to `tenant`/`session`, listing scopes with `lister` when needed.
-
-        :param quota: The limits.
-        :param tenant: The writing store's tenant.
-        :param session: The writing store's session.
-        :param size: The bytes the write will store.
-        :param lister: Lists a scope's usage (one LIST of its prefix).
-        :param results: The results the write adds: 1 for a result, 0 for a document (bytes only).
-        :returns: The reservation to settle when the write is done.
-        :raises QuotaExceededError: If the write would pass a limit; nothing was reserved.
-        :raises StorageError: If a listing needed for the decision failed.
-        """
-        admission = self._begin(quota, tenant, session, size, results)
-        while True:
-            step = self._decide(admission)
-            if isinstance(step, Reservation):
-                return step
-            if isinstance(step, _Wait):
-                step.future.result()
-                continue
-            try:
-                usage = lister(step.scope, step.reconcile)
-            except BaseException:
-                self._refresh_failed(step)
-                raise
-            self._refreshed(step, usage)
-
     async def admit_async(
         self, quota: Quota, tenant: str, session: str, size: int, lister: AsyncLister, *, results: int = 1
     ) -> Reservation:
         """
-        Async `admit`: waits and lists without blocking the event loop.
+        Admit a write of `size` bytes to `tenant`/`session`, listing scopes with `lister` when needed; waits and lists
+        without blocking the event loop. The store's sync writes run it on their loop too: there is no sync twin.
 
         :param quota: The limits.
         :param tenant: The writing store's tenant.
