@@ -11,6 +11,7 @@ turn 1), so a short session pays no head PUT at all.
 
 import asyncio
 import contextlib
+import copy
 import json
 import logging
 import re
@@ -21,11 +22,11 @@ from typing import Any, Literal, TypeVar
 
 from haystack.dataclasses import ChatMessage
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
-from pydantic_core import to_jsonable_python
 
 from haystack_integrations.offload.errors import DocumentExistsError, OffloadError, ResultNotFoundError
 from haystack_integrations.offload.leases import renewing
 from haystack_integrations.offload.sessions.conversation_cache import SHARED_CONVERSATIONS, ConversationCache
+from haystack_integrations.offload.sessions.message_json import added_messages, expanded, message_json, stored_form
 from haystack_integrations.offload.stores import FsspecToolResultStore
 from haystack_integrations.offload.stores.documents import SessionDocuments, writer_token
 from haystack_integrations.offload.stores.retention import activity_document_name
@@ -170,11 +171,14 @@ class CachedConversation:
     log: HistoryLog
     last_end: TurnEnd
     """The newest turn's end, without its messages."""
+    parsed: tuple[ChatMessage | None, ...] = ()
+    """The messages as read (None where no read has parsed one yet): a warm read hands out copies of these instead of
+    parsing every message again, a cost that grew with the conversation (1.45x a turn held in memory at 1,000 turns)."""
 
     @property
     def size(self) -> int:
-        """The bytes this entry is charged for in a `ConversationCache`."""
-        return sum(map(len, self.messages)) + len(self.head)
+        """The bytes this entry is charged for in a `ConversationCache` (the parsed messages weigh twice the JSON)."""
+        return 3 * sum(map(len, self.messages)) + len(self.head)
 
 
 @dataclass(frozen=True)
@@ -221,52 +225,6 @@ def _start_name(turn: int) -> str:
 
 def _end_name(turn: int) -> str:
     return activity_document_name("turn", turn, "end")
-
-
-def _stored_form(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    # The JSON form (tuples become lists), so a conversation read back compares equal to the one that was written.
-    return [_compact(to_jsonable_python(message.to_dict())) for message in messages]
-
-
-def _compact(message: dict[str, Any]) -> dict[str, Any]:
-    """
-    A message's dict as stored: ``ChatMessage.to_dict`` without the fields it leaves at their defaults (no name, no
-    meta), and a message of one text as that text (`_expanded` undoes it; ``ChatMessage.from_dict`` reads it too).
-
-    A message of 300 characters is stored in 331 to 336 bytes instead of 361 to 366: what a cold read fetches beyond
-    the text the model is sent (it was 1.22x at 500 turns of such exchanges).
-    """
-    compact = {
-        key: value
-        for key, value in message.items()
-        if not ((key == "meta" and value == {}) or (key == "name" and value is None))
-    }
-    match compact.get("content"):
-        case [{"text": str(text), **rest}] if not rest:
-            compact["content"] = text
-    return compact
-
-
-def _expanded(message: dict[str, Any]) -> dict[str, Any]:
-    """A stored message's dict as ``ChatMessage.from_dict`` reads it today (content as a list of parts)."""
-    if isinstance(message.get("content"), str):
-        return {**message, "content": [{"text": message["content"]}]}
-    return message
-
-
-def _added(before: list[ChatMessage], after: list[ChatMessage]) -> list[ChatMessage] | None:
-    """The messages `after` adds to `before`, or None if it changed any of them (compared without serializing both)."""
-    if len(after) < len(before):
-        return None
-    for old, new in zip(before, after, strict=False):
-        if old is not new and old != new and _stored_form([old]) != _stored_form([new]):
-            return None
-    return after[len(before) :]
-
-
-def _message_json(message: dict[str, Any]) -> str:
-    # Compacted here too, so messages stored by earlier versions are checkpointed in the compact form.
-    return json.dumps(_compact(message), separators=(",", ":"))
 
 
 class SessionHistory:
@@ -699,10 +657,10 @@ def _planned_end(turn: Turn, messages: list[ChatMessage] | None, **fields: Any) 
                 **fields, turn=number, base="append", messages=None, checkpoint=log.checkpoint, segment=log.segment
             )
         messages = turn.conversation  # unchanged, but the head is due all the same: cold reads must not walk further
-    added = _added(turn.conversation, messages) if log.checkpoint else None
+    added = added_messages(turn.conversation, messages) if log.checkpoint else None
     if added is None:  # the first stored conversation, or a turn that rewrote earlier messages (compaction)
-        return TurnEnd(**fields, turn=number, base="checkpoint", messages=_stored_form(messages), checkpoint=number)
-    new = _stored_form(added)
+        return TurnEnd(**fields, turn=number, base="checkpoint", messages=stored_form(messages), checkpoint=number)
+    new = stored_form(added)
     append = TurnEnd(**fields, turn=number, base="append", messages=new, checkpoint=log.checkpoint, segment=log.segment)
     if not due:
         # Between heads every turn appends, even when the appends outgrow the checkpoint: a checkpoint the head does
@@ -721,7 +679,7 @@ def _json_form(turn: Turn, *, start: int = 0) -> list[dict[str, Any]]:
     """`turn.conversation[start:]` as stored: parsed from the JSON it was read from, else converted."""
     if turn.basis is not None:
         return [json.loads(message) for message in turn.basis.messages[start:]]
-    return _stored_form(turn.conversation[start:])
+    return stored_form(turn.conversation[start:])
 
 
 @dataclass
@@ -733,17 +691,22 @@ class _Chain:
     messages: list[str] = field(default_factory=list)
     log: HistoryLog = field(default_factory=HistoryLog)
     last: TurnEnd | None = None
+    parsed: list[ChatMessage | None] = field(default_factory=list)
+    """Beside `messages`, one for one: each as parsed, or None until `state` parses it."""
 
     @classmethod
     def of(cls, cached: CachedConversation) -> "_Chain":
-        return cls(cached.head, cached.turn, list(cached.messages), cached.log, cached.last_end)
+        parsed: list[ChatMessage | None] = list(cached.parsed)
+        if len(parsed) != len(cached.messages):
+            parsed = [None] * len(cached.messages)
+        return cls(cached.head, cached.turn, list(cached.messages), cached.log, cached.last_end, parsed)
 
     def add(self, end: TurnEnd, size: int) -> None:
         self.turn, self.last = end.turn, end.model_copy(update={"messages": None})
         if end.messages is None:
             return
-        encoded = [_message_json(message) for message in end.messages]
-        log = self.log
+        encoded = [message_json(message) for message in end.messages]
+        before, log = self.messages, self.log
         # Where the head leads is set by whoever reads or writes the head, not by folding ends.
         if end.base == "checkpoint":
             self.messages, self.log = encoded, HistoryLog(end.turn, size, 0, 0, len(encoded), log.lead)
@@ -756,13 +719,25 @@ class _Chain:
         else:
             # With its checkpoint gone, appends still rebuild what they can; the next turn then writes a checkpoint
             # (checkpoint 0), so the session heals.
-            self.messages.extend(encoded)
+            self.messages = [*self.messages, *encoded]
             self.log = replace(log, appended_bytes=log.appended_bytes + size)
+        # A checkpoint or segment restates what came before: the same JSON at the same place is the same message.
+        self.parsed = [
+            self.parsed[index] if index < len(before) and before[index] == message else None
+            for index, message in enumerate(self.messages)
+        ]
 
     def cached(self) -> CachedConversation | None:
         if self.head is None or self.last is None:
             return None
-        return CachedConversation(self.turn, self.head, tuple(self.messages), self.log, self.last)
+        return CachedConversation(self.turn, self.head, tuple(self.messages), self.log, self.last, tuple(self.parsed))
+
+    def conversation(self) -> list[ChatMessage]:
+        """The messages, parsed once per worker: each request gets its own copy of each (the cache keeps its own)."""
+        for index, message in enumerate(self.parsed):
+            if message is None:
+                self.parsed[index] = ChatMessage.from_dict(expanded(json.loads(self.messages[index])))
+        return [copy.copy(message) for message in self.parsed if message is not None]
 
     def state(
         self, *, open_start: TurnStart | None, next_turn: int | None = None, checked: bool = True
@@ -770,7 +745,7 @@ class _Chain:
         newest = self.turn if open_start is None else open_start.turn
         return HistoryState(
             next_turn=next_turn if next_turn is not None else newest + 1,
-            conversation=[ChatMessage.from_dict(_expanded(json.loads(message))) for message in self.messages],
+            conversation=self.conversation(),
             last_end=self.last,
             open_start=open_start,
             log=self.log,
