@@ -11,7 +11,6 @@ turn 1), so a short session pays no head PUT at all.
 
 import asyncio
 import contextlib
-import copy
 import json
 import logging
 import re
@@ -172,8 +171,8 @@ class CachedConversation:
     last_end: TurnEnd
     """The newest turn's end, without its messages."""
     parsed: tuple[ChatMessage | None, ...] = ()
-    """The messages as read (None where no read has parsed one yet): a warm read hands out copies of these instead of
-    parsing every message again, a cost that grew with the conversation (1.45x a turn held in memory at 1,000 turns)."""
+    """The messages as read (None where no read has parsed one yet): a warm read hands these out instead of parsing
+    every message again, a cost that grew with the conversation (1.45x a turn held in memory at 1,000 turns)."""
 
     @property
     def size(self) -> int:
@@ -733,11 +732,15 @@ class _Chain:
         return CachedConversation(self.turn, self.head, tuple(self.messages), self.log, self.last, tuple(self.parsed))
 
     def conversation(self) -> list[ChatMessage]:
-        """The messages, parsed once per worker: each request gets its own copy of each (the cache keeps its own)."""
+        """
+        The messages, each parsed once per worker, in a list of the caller's own. The messages themselves are shared
+        with later reads, as Haystack shares them: a change to a conversation is a new message, never one edited in
+        place (what a turn stores is compared by value with what it read, so an edit in place would not be stored).
+        """
         for index, message in enumerate(self.parsed):
             if message is None:
                 self.parsed[index] = ChatMessage.from_dict(expanded(json.loads(self.messages[index])))
-        return [copy.copy(message) for message in self.parsed if message is not None]
+        return [message for message in self.parsed if message is not None]
 
     def state(
         self, *, open_start: TurnStart | None, next_turn: int | None = None, checked: bool = True
