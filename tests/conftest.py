@@ -196,6 +196,21 @@ def real_s3_server() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
+def azurite_server() -> Iterator[Any]:
+    """
+    Azurite (Azure Blob Storage's emulator, ``npm install -g azurite@3.35``), one per worker session, in memory on a
+    free loopback port; missing, it fails the test under ``CI`` and skips it elsewhere.
+    """
+    from support.azurite import AzuriteServer, azurite_available
+
+    missing = azurite_available()
+    if missing is not None:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(missing)
+    with AzuriteServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def real_s3_tenant_role(real_s3_server: Any) -> str:
     """The RGW lane's role for tenants' STS credentials, made once per worker session."""
     return str(real_s3_server.create_tenant_role())

@@ -1,19 +1,112 @@
 """The engine for async fsspec filesystems (gcsfs, adlfs, ...), and the base of the s3fs engine."""
 
 import asyncio
+import os
 import sys
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from datetime import datetime
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from fsspec.asyn import AsyncFileSystem
 
-from haystack_integrations.offload.stores.failures import LASTING, StorageRequestError, causes_of, network_failure
+from haystack_integrations.offload.stores.failures import (
+    LASTING,
+    StorageRequestError,
+    causes_of,
+    network_failure,
+    status_failure,
+)
 from haystack_integrations.offload.stores.io import Chunk, Listed, StorageIO, info_time
 from haystack_integrations.offload.stores.loop_local import LoopLocal
+from haystack_integrations.offload.stores.options import redacted_url
 
 T = TypeVar("T")
 P = ParamSpec("P")
+
+
+# The Azure SDK's own retry policy (ExponentialRetry: 3 retries, 15 s then 18 s then 24 s apart) inside ours made a
+# stopped endpoint take 60.5 s to fail; with none, our retry loop (retry.py) alone decides how often and how long.
+_AZURE_SDK_RETRY_SETTINGS = ("total_retries", "connect_retries", "read_retries", "status_retries")
+
+
+AZURE_PROTOCOLS = frozenset({"az", "abfs", "abfss"})
+GCS_PROTOCOLS = frozenset({"gs", "gcs"})
+CLOUD_PROTOCOLS = AZURE_PROTOCOLS | GCS_PROTOCOLS
+
+
+def cloud_location(protocol: str, root_path: str, options: Mapping[str, Any]) -> str:
+    """
+    An Azure or GCS store as an operator names it: its container or bucket, and the endpoint (``az://results at
+    http://127.0.0.1:10000/devstoreaccount1``, ``gs://results at Google``); never credentials.
+
+    :param protocol: ``az``, ``abfs``, ``abfss``, ``gs`` or ``gcs``.
+    :param root_path: The store's root, its first segment the container or bucket.
+    :param options: The store's storage options (secrets unresolved: only plain strings are read).
+    :returns: The location.
+    """
+    place = f"{protocol}://{root_path.split('/', 1)[0]}"
+    endpoint = ""
+    if protocol in AZURE_PROTOCOLS:
+        given = options.get("connection_string")
+        connection = given if isinstance(given, str) else os.environ.get("AZURE_STORAGE_CONNECTION_STRING", "")
+        fields = dict(part.split("=", 1) for part in connection.split(";") if "=" in part)
+        account = (
+            options.get("account_name") or os.environ.get("AZURE_STORAGE_ACCOUNT_NAME") or fields.get("AccountName")
+        )
+        host = options.get("account_host")
+        if fields.get("BlobEndpoint"):
+            endpoint = fields["BlobEndpoint"]
+        elif isinstance(host, str) and host:
+            endpoint = f"https://{host}"
+        elif isinstance(account, str) and account:
+            endpoint = f"https://{account}.blob.core.windows.net"
+    else:
+        given = options.get("endpoint_url")
+        endpoint = given if isinstance(given, str) else os.environ.get("STORAGE_EMULATOR_HOST", "")
+    return (
+        f"{place} at {redacted_url(endpoint) if endpoint else ('Azure' if protocol in AZURE_PROTOCOLS else 'Google')}"
+    )
+
+
+def without_client_retries(fs: T) -> T:
+    """
+    Turn off the retries an SDK makes under a filesystem the store built, so only the store's retry policy retries.
+
+    adlfs takes no retry option: its Azure client's retry policy (one object, shared by every container and blob
+    client made from the service client) is set to retry nothing. Other filesystems are returned as they are.
+
+    :param fs: A filesystem the store made from its URL and storage options (never one a caller passed in).
+    :returns: `fs`.
+    """
+    service_client = getattr(fs, "service_client", None) if "adlfs" in sys.modules else None
+    config = getattr(service_client, "_config", None)
+    policy = getattr(config, "retry_policy", None)
+    if policy is not None:
+        for setting in _AZURE_SDK_RETRY_SETTINGS:
+            if hasattr(policy, setting):
+                setattr(policy, setting, 0)
+    return fs
+
+
+def _cloud_sdk_failure(link: BaseException) -> OSError | None:
+    # Azure's SDK (under adlfs) and gcsfs leave "refused", "missing" and "exists" in an HTTP status; classify them
+    # here, where S3's engines read their client's answer (s3fs_io.py, obstore_io.py).
+    azure = sys.modules.get("azure.core.exceptions")
+    if azure is not None:
+        if isinstance(link, azure.HttpResponseError):
+            status = getattr(link, "status_code", None)
+            return status_failure(status if isinstance(status, int) else None, str(link.error_code or ""))
+        if isinstance(link, (azure.ServiceRequestTimeoutError, azure.ServiceResponseTimeoutError)):
+            return StorageRequestError("timeout", transient=True)
+        if isinstance(link, azure.ServiceRequestError):
+            return StorageRequestError("connection failed", transient=True)
+        if isinstance(link, azure.ServiceResponseError):
+            return StorageRequestError("answer cut short", transient=True)
+    gcsfs_retry = sys.modules.get("gcsfs.retry")
+    if gcsfs_retry is not None and isinstance(link, gcsfs_retry.HttpError):
+        code = getattr(link, "code", None)
+        return status_failure(code if isinstance(code, int) else None, "")
+    return None
 
 
 class AsyncFilesystemIO(StorageIO):
@@ -71,6 +164,9 @@ class AsyncFilesystemIO(StorageIO):
         return None
 
     def _failure_of_link(self, link: BaseException) -> OSError | None:
+        failure = _cloud_sdk_failure(link)
+        if failure is not None:
+            return failure
         aiohttp = sys.modules.get("aiohttp")
         if aiohttp is not None:
             if isinstance(link, aiohttp.ClientPayloadError):

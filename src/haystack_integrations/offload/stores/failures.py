@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 from collections.abc import Iterator
 
 from haystack_integrations.offload.errors import OffloadError, StorageError, StoragePermissionError
@@ -89,6 +90,32 @@ def answer_failure(status: int | None, code: str) -> StorageRequestError:
     if code and code != str(status):
         named.append(code)
     return StorageRequestError(" ".join(["HTTP", *named]), transient=transient, status=status)
+
+
+# Azure's codes for a conditional create that found the object (or container) there already.
+_EXISTS_CODES = frozenset({"BlobAlreadyExists", "ContainerAlreadyExists", "ConditionNotMet"})
+
+
+def status_failure(status: int | None, code: str) -> OSError:
+    """
+    Classify an error answer from a store other than S3 (Azure Blob, GCS) by its HTTP status, its error code refining.
+
+    What S3's engines learn from their client's own exceptions (refused, missing, exists), these SDKs leave in a
+    status: 401 and 403 are a refusal (wrong or missing credentials), 404 a missing object or container, 412 (and
+    Azure's 409 ``BlobAlreadyExists``) a conditional create that lost; the rest is `answer_failure`'s.
+
+    :param status: The HTTP status, if known.
+    :param code: The service's error code (``"AuthenticationFailed"``), or ``""``.
+    :returns: A `PermissionError`, `FileNotFoundError` or `FileExistsError`, else a `StorageRequestError`.
+    """
+    named = " ".join(["HTTP", *([str(status)] if status is not None else []), *([code] if code else [])])
+    if status in (401, 403):
+        return PermissionError(errno.EACCES, named)
+    if status == 404:
+        return FileNotFoundError(errno.ENOENT, named)
+    if status == 412 or (status == 409 and code in _EXISTS_CODES):
+        return FileExistsError(errno.EEXIST, named)
+    return answer_failure(status, code)
 
 
 def network_failure(error: BaseException) -> StorageRequestError | None:

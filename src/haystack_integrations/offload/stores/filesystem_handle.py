@@ -17,6 +17,11 @@ import fsspec
 from fsspec import AbstractFileSystem
 
 from haystack_integrations.offload import metrics
+from haystack_integrations.offload.stores.async_fsspec_io import (
+    CLOUD_PROTOCOLS,
+    cloud_location,
+    without_client_retries,
+)
 from haystack_integrations.offload.stores.credentials import TemporaryCredentials
 from haystack_integrations.offload.stores.engines import (
     close_io_async,
@@ -151,7 +156,8 @@ class FilesystemHandle:
                     io = self._s3fs_io(options)
                     fs = io.fs
                 else:
-                    fs = fsspec.filesystem(self._protocol, **options)
+                    # Azure's SDK retries inside our retry loop unless told not to (async_fsspec_io.py).
+                    fs = without_client_retries(fsspec.filesystem(self._protocol, **options))
             self._io = io or storage_io_for(fs)
 
     def for_tenant(self, tenant: str) -> FilesystemHandle:
@@ -396,6 +402,8 @@ class FilesystemHandle:
             where = f"s3://{self._root_path.split('/', 1)[0]} at {redacted_url(endpoint) if endpoint else 'AWS'}"
             # Only ever this handle's own tenant: a store signing as a tenant reaches no other.
             return f"{where}, signed as tenant {self._tenant!r}" if self._signer is not None else where
+        if self._protocol in CLOUD_PROTOCOLS:
+            return cloud_location(self._protocol, self._root_path, self._storage_options)
         return f"{self._protocol}://{self._root_path}"
 
     def quota_tracker(self) -> QuotaTracker:

@@ -77,7 +77,15 @@ from haystack_integrations.offload.stores.tenant_access import (
 from haystack_integrations.offload.stores.translate import storage_errors
 from haystack_integrations.offload.stores.usage_marks import MarkedUsage
 
-_EXTRAS_BY_PROTOCOL = {"s3": "s3", "s3a": "s3"}
+_EXTRAS_BY_PROTOCOL = {
+    "s3": "s3",
+    "s3a": "s3",
+    "az": "azure",
+    "abfs": "azure",
+    "abfss": "azure",
+    "gs": "gcs",
+    "gcs": "gcs",
+}
 DEFAULT_RETRY = RetryPolicy()
 
 P = ParamSpec("P")
