@@ -1,7 +1,8 @@
 # Sourced by .ci/run: the Debian packages CI needs, installed only when missing (CI runs as root). chromium for the page
 # test (tests/app/server/test_page_browser.py drives it through Playwright's Python package, never a browser of its
 # own), Ceph's mon, OSD and RADOS Gateway for the real-S3 lane (tests/support/ceph_rgw.py starts a one-node cluster; the
-# packages start no daemon), and HAProxy for the replicas test (tests/support/replicas.py runs app/deploy/haproxy.cfg).
+# packages start no daemon), HAProxy for the replicas test (tests/support/replicas.py runs app/deploy/haproxy.cfg), and
+# Node.js with npm for Azurite (tests/support/azurite.py).
 # Tested by tests/test_ci_system_packages.py with a stand-in apt-get.
 
 # How long apt may wait for another apt (unattended-upgrades, cloud-init, a second CI job) to let go of its locks.
@@ -31,12 +32,15 @@ apt_get() {
 
 # Under CI a missing Ceph fails the real-S3 lane, so a failed install fails the run (set -e) rather than skipping it.
 install_system_packages() {
-  if [ ! -x /usr/bin/chromium ] || ! command -v radosgw >/dev/null 2>&1 || ! command -v haproxy >/dev/null 2>&1; then
+  if [ ! -x /usr/bin/chromium ] || ! command -v radosgw >/dev/null 2>&1 || ! command -v haproxy >/dev/null 2>&1 \
+    || ! command -v npm >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ]; then
       SECONDS=0
       apt_get update -qq
       [ -x /usr/bin/chromium ] || apt_get install -y -qq chromium >/dev/null
       command -v haproxy >/dev/null 2>&1 || apt_get install -y -qq haproxy >/dev/null
+      # Node.js and npm, for Azurite (Azure Blob Storage's emulator, installed by .ci/run with npm).
+      command -v npm >/dev/null 2>&1 || apt_get install -y -qq --no-install-recommends nodejs npm >/dev/null
       command -v radosgw >/dev/null 2>&1 || apt_get install -y -qq \
         --no-install-recommends ceph-mon ceph-osd radosgw ceph-common >/dev/null
       echo "apt-get install took ${SECONDS}s"
