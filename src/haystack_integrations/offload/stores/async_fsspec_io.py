@@ -3,6 +3,7 @@
 import asyncio
 import os
 import sys
+import types
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from datetime import datetime
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -73,11 +74,20 @@ def without_client_retries(fs: T) -> T:
     Turn off the retries an SDK makes under a filesystem the store built, so only the store's retry policy retries.
 
     adlfs takes no retry option: its Azure client's retry policy (one object, shared by every container and blob
-    client made from the service client) is set to retry nothing. Other filesystems are returned as they are.
+    client made from the service client) is set to retry nothing. gcsfs's retrying decorator is bypassed for this
+    instance's requests. Other filesystems are returned as they are.
 
     :param fs: A filesystem the store made from its URL and storage options (never one a caller passed in).
     :returns: `fs`.
     """
+    gcsfs = sys.modules.get("gcsfs")
+    if gcsfs is not None and isinstance(fs, gcsfs.GCSFileSystem):
+        # gcsfs retries every request up to 6 times (1, 2, 4, 8, 16 s apart: a stopped endpoint took 34 s per
+        # attempt of ours), fixed when its class was defined; this instance sends each request once instead.
+        once = getattr(type(fs)._request, "__wrapped__", None)
+        if once is not None:
+            fs._request = types.MethodType(once, fs)
+        return fs
     service_client = getattr(fs, "service_client", None) if "adlfs" in sys.modules else None
     config = getattr(service_client, "_config", None)
     policy = getattr(config, "retry_policy", None)
@@ -103,9 +113,17 @@ def _cloud_sdk_failure(link: BaseException) -> OSError | None:
         if isinstance(link, azure.ServiceResponseError):
             return StorageRequestError("answer cut short", transient=True)
     gcsfs_retry = sys.modules.get("gcsfs.retry")
-    if gcsfs_retry is not None and isinstance(link, gcsfs_retry.HttpError):
-        code = getattr(link, "code", None)
-        return status_failure(code if isinstance(code, int) else None, "")
+    if gcsfs_retry is not None:
+        if isinstance(link, gcsfs_retry.HttpError):
+            code = getattr(link, "code", None)
+            return status_failure(code if isinstance(code, int) else None, "")
+        # gcsfs's validate_response turns a 403 into a bare OSError("Forbidden: <url>\n<message>"), a 502 into
+        # requests' ProxyError; 404 and 412 it raises as FileNotFoundError and FileExistsError itself.
+        if type(link) is OSError and str(link).startswith("Forbidden: "):
+            return status_failure(403, "")
+        requests_errors = sys.modules.get("requests.exceptions")
+        if requests_errors is not None and isinstance(link, requests_errors.ProxyError):
+            return status_failure(502, "")
     return None
 
 

@@ -156,7 +156,7 @@ class FilesystemHandle:
                     io = self._s3fs_io(options)
                     fs = io.fs
                 else:
-                    # Azure's SDK retries inside our retry loop unless told not to (async_fsspec_io.py).
+                    # Azure's SDK and gcsfs retry inside our retry loop unless told not to (async_fsspec_io.py).
                     fs = without_client_retries(fsspec.filesystem(self._protocol, **options))
             self._io = io or storage_io_for(fs)
 
