@@ -17,6 +17,7 @@ from haystack_integrations.offload import (
     StoragePermissionError,
 )
 from haystack_integrations.offload.stores import fsspec_store
+from haystack_integrations.offload.testing.faults import FaultProxy
 
 pytest.importorskip("adlfs")
 
@@ -28,6 +29,42 @@ def _store(server: Any, protocol: str = "az", **kwargs: Any) -> FsspecToolResult
     url = f"{protocol}://{server.new_container()}/{uuid.uuid4().hex}"
     options = kwargs.pop("storage_options", None) or server.storage_options()
     return FsspecToolResultStore(url, storage_options=options, **kwargs)
+
+
+def _requests_per_call(store: FsspecToolResultStore, proxy: Any, size: int, results: int) -> dict[str, list[str]]:
+    """The methods of the requests one write, one read and one page send, with `results` results of `size` bytes."""
+    session = store.for_session("acme", "chat-1")
+    session.warm_up()
+    sent: dict[str, list[str]] = {}
+
+    def count(label: str, call: Any) -> Any:
+        before = len(proxy.requests.snapshot())
+        answer = call()
+        sent[label] = [request.method for request in proxy.requests.snapshot()[before:]]
+        return answer
+
+    reference = count("write", lambda: session.write(key="k.txt", content="x" * size))
+    for n in range(results - 1):
+        session.write(key=f"{n}.txt", content="y")
+    count("read", lambda: session.read(reference))
+    count("page", lambda: session.list_page(limit=20))
+    return sent
+
+
+@pytest.mark.parametrize(("size", "results"), [(1_000, 5), (1_000_000, 50)])
+def test_one_request_per_write_and_read_and_two_per_page_at_any_size(
+    azurite_server: Any, size: int, results: int
+) -> None:
+    from support.azurite import ACCOUNT
+
+    with FaultProxy(f"http://127.0.0.1:{azurite_server.port}") as proxy:  # no faults: it counts
+        through = azurite_server.connection_string().replace(azurite_server.endpoint, f"{proxy.endpoint_url}/{ACCOUNT}")
+        store = FsspecToolResultStore(
+            f"az://{azurite_server.new_container()}/{uuid.uuid4().hex}", storage_options={"connection_string": through}
+        )
+        sent = _requests_per_call(store, proxy, size, results)
+    # The page: adlfs asks whether the prefix is a blob (HEAD), then lists.
+    assert sent == {"write": ["PUT"], "read": ["GET"], "page": ["HEAD", "GET"]}
 
 
 @pytest.mark.parametrize("protocol", ["az", "abfs"])

@@ -21,11 +21,43 @@ from haystack_integrations.offload import (
     StorageError,
     StoragePermissionError,
 )
+from haystack_integrations.offload.testing.faults import FaultProxy
 
 
 def _store(server: Any, **kwargs: Any) -> FsspecToolResultStore:
     url = f"gs://{server.new_bucket()}/{uuid.uuid4().hex}"
     return FsspecToolResultStore(url, storage_options=server.storage_options(), **kwargs)
+
+
+def _requests_per_call(store: FsspecToolResultStore, proxy: Any, size: int, results: int) -> dict[str, list[str]]:
+    """The methods of the requests one write, one read and one page send, with `results` results of `size` bytes."""
+    session = store.for_session("acme", "chat-1")
+    session.warm_up()
+    sent: dict[str, list[str]] = {}
+
+    def count(label: str, call: Any) -> Any:
+        before = len(proxy.requests.snapshot())
+        answer = call()
+        sent[label] = [request.method for request in proxy.requests.snapshot()[before:]]
+        return answer
+
+    reference = count("write", lambda: session.write(key="k.txt", content="x" * size))
+    for n in range(results - 1):
+        session.write(key=f"{n}.txt", content="y")
+    count("read", lambda: session.read(reference))
+    count("page", lambda: session.list_page(limit=20))
+    return sent
+
+
+@pytest.mark.parametrize(("size", "results"), [(1_000, 5), (1_000_000, 50)])
+def test_one_request_per_write_read_and_page_at_any_size(fake_gcs_server: Any, size: int, results: int) -> None:
+    with FaultProxy(fake_gcs_server.endpoint) as proxy:  # no faults: it counts
+        options = {**fake_gcs_server.storage_options(), "endpoint_url": proxy.endpoint_url}
+        store = FsspecToolResultStore(
+            f"gs://{fake_gcs_server.new_bucket()}/{uuid.uuid4().hex}", storage_options=options
+        )
+        sent = _requests_per_call(store, proxy, size, results)
+    assert sent == {"write": ["POST"], "read": ["GET"], "page": ["GET"]}
 
 
 def test_results_round_trip_page_list_and_delete(fake_gcs_server: Any) -> None:
