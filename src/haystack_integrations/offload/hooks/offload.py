@@ -14,13 +14,13 @@ from haystack.utils.deserialization import deserialize_component_inplace
 
 from haystack_integrations.offload.context import run_store
 from haystack_integrations.offload.hooks.pointers import OffloadPlan, plan, store_tenant
-from haystack_integrations.offload.hooks.step_offload import offload, offload_async
 from haystack_integrations.offload.hooks.policies import (
     deserialize_strategies,
     policy_for,
     serialize_strategies,
     validate_strategies,
 )
+from haystack_integrations.offload.hooks.step_offload import offload, offload_async
 from haystack_integrations.offload.hooks.write_behind import settle_run
 from haystack_integrations.offload.metrics import result_offloaded
 
