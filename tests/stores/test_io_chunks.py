@@ -94,14 +94,14 @@ def test_memory_joins_the_chunks() -> None:
 
 
 @pytest.fixture(params=["at-calls", "path-checked"])
-def local_io(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[io.StorageIO, Path]:
+def local_io(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[io.Engine, Path]:
     root = Path(os.path.realpath(tmp_path)) / "results"
     root.mkdir()
     kind = LocalIO if request.param == "at-calls" else PathCheckedLocalIO
     return kind(FsspecToolResultStore(str(root))._handle.io().fs), root
 
 
-def test_local_disk_writes_chunks_through_a_renamed_temporary_file(local_io: tuple[io.StorageIO, Path]) -> None:
+def test_local_disk_writes_chunks_through_a_renamed_temporary_file(local_io: tuple[io.Engine, Path]) -> None:
     disk, root = local_io
     target = root / "acme" / "chat-1" / "big.bin"
     disk.put_chunks(str(target), _chunks(3_000_000, 65_536))
@@ -111,7 +111,7 @@ def test_local_disk_writes_chunks_through_a_renamed_temporary_file(local_io: tup
     assert disk.get(str(target)) == b"replaced"
 
 
-async def test_local_disk_async_chunks_and_a_failing_producer(local_io: tuple[io.StorageIO, Path]) -> None:
+async def test_local_disk_async_chunks_and_a_failing_producer(local_io: tuple[io.Engine, Path]) -> None:
     disk, root = local_io
     target = root / "acme" / "chat-1" / "big.bin"
     await disk.put_chunks_async(str(target), ContentChunks("é" * 600_000, chunk_chars=100_000))
@@ -123,7 +123,7 @@ async def test_local_disk_async_chunks_and_a_failing_producer(local_io: tuple[io
     assert os.listdir(target.parent) == ["big.bin"]
 
 
-def test_local_disk_chunks_never_follow_a_symlink(local_io: tuple[io.StorageIO, Path], tmp_path: Path) -> None:
+def test_local_disk_chunks_never_follow_a_symlink(local_io: tuple[io.Engine, Path], tmp_path: Path) -> None:
     disk, root = local_io
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -134,7 +134,7 @@ def test_local_disk_chunks_never_follow_a_symlink(local_io: tuple[io.StorageIO, 
     assert list(elsewhere.iterdir()) == []
 
 
-def _s3_io(server: LocalS3Server, engine: str) -> tuple[io.StorageIO, str]:
+def _s3_io(server: LocalS3Server, engine: str) -> tuple[io.Engine, str]:
     store = FsspecToolResultStore(
         f"{server.bucket_url}/{uuid.uuid4().hex}", storage_options=server.storage_options(), engine=engine, retry=None
     )

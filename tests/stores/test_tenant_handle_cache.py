@@ -15,7 +15,7 @@ from haystack.utils import Secret
 
 from haystack_integrations.offload import FsspecToolResultStore
 from haystack_integrations.offload.stores import AssumeRoleCredentials, TenantKeys
-from haystack_integrations.offload.stores.io import StorageIO
+from haystack_integrations.offload.stores.io import Engine
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 from support.clients import Client
 
@@ -38,7 +38,7 @@ def _root(s3_server: LocalS3Server, engine: str, isolation: str, size: int) -> F
     return root
 
 
-def _current_io(store: FsspecToolResultStore, tenant: str) -> StorageIO:
+def _current_io(store: FsspecToolResultStore, tenant: str) -> Engine:
     root_handle = store._handle._root or store._handle
     for (name, _signs), handle in root_handle._tenant_handles.items():
         if name == tenant and handle._io is not None:
@@ -85,7 +85,7 @@ async def test_a_request_in_flight_on_an_evicted_tenant_completes_before_its_cli
     path = acme._path_of(reference)[0]
     started, go_on = asyncio.Event(), asyncio.Event()
 
-    async def held_get(io: StorageIO) -> bytes:
+    async def held_get(io: Engine) -> bytes:
         started.set()
         await go_on.wait()  # the client is evicted meanwhile
         return await io.get_async(path)

@@ -2,10 +2,10 @@
 
 from typing import Any
 
-from haystack_integrations.offload.stores.io import StorageIO
+from haystack_integrations.offload.stores.io import Engine
 
 
-def aiohttp_sessions(io: StorageIO) -> list[Any]:
+def aiohttp_sessions(io: Engine) -> list[Any]:
     """The aiohttp sessions an engine's s3fs clients opened (none for obstore's own requests)."""
     found: list[Any] = []
     clients = [entry.value for entry in getattr(getattr(io, "loop_clients", None), "_entries", {}).values()]
@@ -18,7 +18,7 @@ def aiohttp_sessions(io: StorageIO) -> list[Any]:
 class Client:
     """A tenant's engine, with the aiohttp sessions its s3fs clients had opened when it was seen in use."""
 
-    def __init__(self, io: StorageIO) -> None:
+    def __init__(self, io: Engine) -> None:
         self.io = io
         self.obstore = type(io).__name__ == "ObstoreIO"
         self.sessions = aiohttp_sessions(io)

@@ -20,7 +20,7 @@ from haystack_integrations.offload.errors import StorageUnavailableError
 from haystack_integrations.offload.stores import FsspecToolResultStore
 from haystack_integrations.offload.stores.chunks import ContentChunks
 from haystack_integrations.offload.stores.failures import StorageRequestError, no_answer_cause, transient_cause
-from haystack_integrations.offload.stores.io import MULTIPART_THRESHOLD, Requests, StorageIO
+from haystack_integrations.offload.stores.io import MULTIPART_THRESHOLD, Engine, Requests
 from haystack_integrations.offload.stores.options import redacted_url
 from haystack_integrations.offload.stores.retention import storage_times_async
 from haystack_integrations.offload.stores.s3fs_io import S3IO, s3_status
@@ -255,7 +255,7 @@ class _S3Client:
     obstore_settings: Any = None
 
     @classmethod
-    def of(cls, io: StorageIO, engine: str) -> "_S3Client":
+    def of(cls, io: Engine, engine: str) -> "_S3Client":
         if isinstance(io, S3IO):
             return cls("s3fs", fs=io.fs)
         if engine == "obstore":
@@ -496,7 +496,7 @@ async def _credentials_isolate(store: FsspecToolResultStore) -> tuple[Verdict, s
     other = f"{base}/{ISOLATION_TENANTS[1]}/session/object"
     try:
         await theirs.request("put", other, lambda io: io.put_async(other, b"theirs"))
-        attempts: dict[str, Callable[[StorageIO], Awaitable[object]]] = {
+        attempts: dict[str, Callable[[Engine], Awaitable[object]]] = {
             "read": lambda io: io.get_async(other),
             "overwrite": lambda io: io.put_async(other, b"planted"),
             "list": lambda io: io.find_async(other.rpartition("/")[0]),

@@ -17,7 +17,7 @@ from haystack_integrations.offload.stores.failures import (
     network_failure,
     status_failure,
 )
-from haystack_integrations.offload.stores.io import Chunk, Listed, StorageIO, info_time
+from haystack_integrations.offload.stores.io import Chunk, Engine, Listed, info_time
 from haystack_integrations.offload.stores.loop_local import LoopLocal
 from haystack_integrations.offload.stores.options import redacted_url
 
@@ -128,7 +128,7 @@ def _cloud_sdk_failure(link: BaseException) -> OSError | None:
     return None
 
 
-class AsyncFilesystemIO(StorageIO):
+class AsyncFilesystemIO(Engine):
     """
     Async fsspec filesystems: each call runs on the caller's own loop with that loop's client (`loop_clients`), or on
     the filesystem's own loop, awaited from the caller's (``asyncio.wrap_future``), so no loop ever blocks on the

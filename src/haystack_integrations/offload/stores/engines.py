@@ -14,11 +14,11 @@ from fsspec.asyn import AsyncFileSystem
 from fsspec.core import split_protocol
 
 from haystack_integrations.offload.stores.async_fsspec_io import AsyncFilesystemIO
-from haystack_integrations.offload.stores.io import StorageIO, SyncFilesystemIO, protocols_of
+from haystack_integrations.offload.stores.io import Engine, SyncFilesystemIO, protocols_of
 from haystack_integrations.offload.stores.local_io import LocalIO, PathCheckedLocalIO, descriptor_calls_available
 from haystack_integrations.offload.stores.s3fs_io import S3IO, close_s3_io_async
 
-__all__ = ["DEFAULT_ENGINE", "ENGINES", "EngineChoice", "choose_engine", "close_io_async", "storage_io_for"]
+__all__ = ["DEFAULT_ENGINE", "ENGINES", "EngineChoice", "choose_engine", "close_engine_async", "engine_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -104,12 +104,12 @@ def _log_once(url: str, problem: str) -> None:
     logger.info("The store %s uses the fsspec engine (s3fs): %s.", url, problem)
 
 
-def storage_io_for(fs: AbstractFileSystem) -> StorageIO:
+def engine_for(fs: AbstractFileSystem) -> Engine:
     """
     The fsspec engine for a filesystem: s3fs's, any other async one's, local disk's, or the synchronous one.
 
     :param fs: An fsspec filesystem.
-    :returns: The `StorageIO` that serves it.
+    :returns: The `Engine` that serves it.
     """
     protocols = protocols_of(fs)
     if "s3" in protocols:
@@ -121,7 +121,7 @@ def storage_io_for(fs: AbstractFileSystem) -> StorageIO:
     return SyncFilesystemIO(fs)
 
 
-async def close_io_async(io: StorageIO) -> None:
+async def close_engine_async(io: Engine) -> None:
     """
     Close an engine its store is done with (a tenant's client, evicted or replaced by renewed credentials), so its
     connection pools go now rather than whenever the garbage collector finds them (s3fs's then warn, unclosed).
@@ -137,6 +137,6 @@ async def close_io_async(io: StorageIO) -> None:
     obstore_io = sys.modules.get("haystack_integrations.offload.stores.obstore_io")  # loaded if `io` is obstore's
     if obstore_io is not None and isinstance(io, obstore_io.ObstoreIO):
         made = getattr(io.fallback, "made", None)  # `FilesystemHandle`'s lazily made s3fs fallback
-        if isinstance(made, StorageIO):
-            await close_io_async(made)
+        if isinstance(made, Engine):
+            await close_engine_async(made)
         io.drop_stores()

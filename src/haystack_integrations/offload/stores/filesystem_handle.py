@@ -24,8 +24,8 @@ from haystack_integrations.offload.stores.async_fsspec_io import (
 )
 from haystack_integrations.offload.stores.credentials import TemporaryCredentials
 from haystack_integrations.offload.stores.engines import (
-    close_io_async,
-    storage_io_for,
+    close_engine_async,
+    engine_for,
 )
 from haystack_integrations.offload.stores.failures import (
     EncryptionKeyMissingError,
@@ -33,7 +33,7 @@ from haystack_integrations.offload.stores.failures import (
     StorageRequestError,
     mark_location,
 )
-from haystack_integrations.offload.stores.io import StorageIO
+from haystack_integrations.offload.stores.io import Engine
 from haystack_integrations.offload.stores.options import (
     redacted_url,
     resolve_secrets,
@@ -100,7 +100,7 @@ class FilesystemHandle:
         self._root_path = root_path
         self._storage_options = storage_options
         self._filesystem = filesystem
-        self._io: StorageIO | None = None
+        self._io: Engine | None = None
         self._resolved_root: str | None = None
         self._lock = threading.Lock()
         self._retry = retry
@@ -126,9 +126,9 @@ class FilesystemHandle:
         self._evicted = False
         # Requests using each of this handle's clients (by id), and the replaced ones some request still uses.
         self._users: dict[int, int] = {}
-        self._retiring: dict[int, StorageIO] = {}
+        self._retiring: dict[int, Engine] = {}
         # Clients no request uses any more, closed by the next request of the root or any of its tenants.
-        self._to_close: list[StorageIO] = root._to_close if root is not None else []
+        self._to_close: list[Engine] = root._to_close if root is not None else []
         self._closing_lock: threading.Lock = root._closing_lock if root is not None else threading.Lock()
         # On s3fs, the root's tenant clients share one botocore session (and loader: the S3 model, loaded once), one
         # for clients signing as their tenant, one for those signing as the worker (whose session may hold a profile).
@@ -138,7 +138,7 @@ class FilesystemHandle:
         # Called with the lock held.
         if self._io is None:
             fs = self._filesystem
-            io: StorageIO | None = None
+            io: Engine | None = None
             if fs is None:
                 options = resolve_secrets(self._storage_options)
                 if self._tenant is not None:
@@ -158,7 +158,7 @@ class FilesystemHandle:
                 else:
                     # Azure's SDK and gcsfs retry inside our retry loop unless told not to (async_fsspec_io.py).
                     fs = without_client_retries(fsspec.filesystem(self._protocol, **options))
-            self._io = io or storage_io_for(fs)
+            self._io = io or engine_for(fs)
 
     def for_tenant(self, tenant: str) -> FilesystemHandle:
         """The handle of a store scoped to `tenant`: its client signs as the tenant and sends its key, as configured."""
@@ -223,11 +223,11 @@ class FilesystemHandle:
                 return
         self._close_later(io)
 
-    def _close_later(self, io: StorageIO) -> None:
+    def _close_later(self, io: Engine) -> None:
         with self._closing_lock:
             self._to_close.append(io)
 
-    async def _lease_async(self) -> StorageIO:
+    async def _lease_async(self) -> Engine:
         """The client for one request, counted as in use until `_release`."""
         if self._signer is not None:
             await self._renew_credentials_async()
@@ -241,7 +241,7 @@ class FilesystemHandle:
             self._root._touch(self)
         return io
 
-    def _release(self, io: StorageIO) -> bool:
+    def _release(self, io: Engine) -> bool:
         """End one request's use of `io`; True if that was the last use of a client let go meanwhile."""
         with self._lock:
             users = self._users[id(io)] - 1
@@ -263,7 +263,7 @@ class FilesystemHandle:
             self._to_close.clear()
         for io in doomed:
             try:
-                await close_io_async(io)
+                await close_engine_async(io)
             except Exception:  # closing must never fail a request: the pool then goes with the garbage collector
                 _logger.warning("Could not close a tenant's storage client.", exc_info=True)
 
@@ -288,7 +288,7 @@ class FilesystemHandle:
         if renewed:
             self._retire_io()  # made again, with these credentials, on its next use; the old one closed
 
-    def _s3fs_io(self, options: dict[str, Any]) -> StorageIO:
+    def _s3fs_io(self, options: dict[str, Any]) -> Engine:
         options = dict(options)
         config = dict(options.get("config_kwargs") or {})
         config.setdefault("max_pool_connections", DEFAULT_S3_MAX_POOL_CONNECTIONS)
@@ -307,7 +307,7 @@ class FilesystemHandle:
         with self._closing_lock:
             return self._s3_sessions.setdefault(signs_as_tenant, SharedSessions())
 
-    def _s3fs_fallback(self, options: dict[str, Any]) -> Callable[[], StorageIO] | None:
+    def _s3fs_fallback(self, options: dict[str, Any]) -> Callable[[], Engine] | None:
         """s3fs, made on first need, for the keys obstore cannot list or delete; None without s3fs."""
         if importlib.util.find_spec("s3fs") is None:
             return None
@@ -328,7 +328,7 @@ class FilesystemHandle:
             fs.retries = 1
         return fs
 
-    def io(self) -> StorageIO:
+    def io(self) -> Engine:
         if self._evicted:
             return self._current().io()
         with self._lock:
@@ -338,7 +338,7 @@ class FilesystemHandle:
             raise RuntimeError("filesystem handle was not created")
         return io
 
-    async def io_async(self) -> StorageIO:
+    async def io_async(self) -> Engine:
         """`io`, from a coroutine: a tenant's credentials are asked for in a worker thread, never on the loop."""
         if self._evicted:
             return await self._current().io_async()
@@ -346,7 +346,7 @@ class FilesystemHandle:
             await self._renew_credentials_async()
         return self.io()
 
-    async def request(self, operation: str, path: str, call: Callable[[StorageIO], Awaitable[T]]) -> T:
+    async def request(self, operation: str, path: str, call: Callable[[Engine], Awaitable[T]]) -> T:
         """
         Send one engine call, retried under the store's policy when its storage is remote (`retry.retried`).
 
@@ -448,12 +448,12 @@ class FilesystemHandle:
 class _MadeOnFirstNeed:
     """An engine made on first call (obstore's s3fs fallback), kept as `made` so closing its owner closes it."""
 
-    def __init__(self, make: Callable[[], StorageIO]) -> None:
+    def __init__(self, make: Callable[[], Engine]) -> None:
         self._make = make
         self._lock = threading.Lock()
-        self.made: StorageIO | None = None
+        self.made: Engine | None = None
 
-    def __call__(self) -> StorageIO:
+    def __call__(self) -> Engine:
         with self._lock:
             if self.made is None:
                 self.made = self._make()
@@ -468,9 +468,7 @@ def strip_protocol(filesystem_class: type[AbstractFileSystem] | None, url: str) 
     return str(filesystem_class._strip_protocol(url)).rstrip("/")
 
 
-def _obstore_io(
-    options: dict[str, Any], retry: RetryPolicy | None, *, fallback: Callable[[], StorageIO] | None
-) -> StorageIO:
+def _obstore_io(options: dict[str, Any], retry: RetryPolicy | None, *, fallback: Callable[[], Engine] | None) -> Engine:
     from haystack_integrations.offload.stores.obstore_io import ObstoreIO, obstore_settings
 
     settings = obstore_settings(

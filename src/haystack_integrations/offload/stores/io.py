@@ -36,7 +36,7 @@ class Listed(NamedTuple):
     """By the storage's clock (timezone-aware): S3's LastModified, a file's mtime; None where the listing is mute."""
 
 
-class StorageIO:
+class Engine:
     """
     The async operations a store needs of one filesystem: put, put from chunks, exclusive create, get, ranged get
     (with the size), size, modification time, find and delete.
@@ -138,7 +138,7 @@ class StorageIO:
         raise NotImplementedError
 
 
-class SyncBackedIO(StorageIO):
+class SyncBackedIO(Engine):
     """
     A synchronous filesystem (memory, local disk, any other): the operations written as sync calls, each async one
     running its sync twin in a worker thread (or inline, when that is cheaper: see `inline_io_bytes`).
@@ -321,7 +321,7 @@ def drained(head: list[T], rest: Iterator[T]) -> Iterator[T]:
 class Requests(Protocol):
     """How callers beside the store send an engine call: through the store's retries (`retry.retried`)."""
 
-    async def __call__(self, operation: str, path: str, call: Callable[[StorageIO], Awaitable[T]]) -> T:
+    async def __call__(self, operation: str, path: str, call: Callable[[Engine], Awaitable[T]]) -> T:
         """
         :param operation: What the call does, for logs (``"put"``, ``"get"``, ``"find"``, ...).
         :param path: The path it concerns.

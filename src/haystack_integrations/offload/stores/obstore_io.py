@@ -43,8 +43,8 @@ from haystack_integrations.offload.stores.io import (
     MULTIPART_PARTS_IN_FLIGHT,
     MULTIPART_THRESHOLD,
     Chunk,
+    Engine,
     Listed,
-    StorageIO,
     drained,
 )
 
@@ -361,7 +361,7 @@ class _PastTheEnd:
         return isinstance(error, GenericError) and (describe_failure(error) or (None,))[0] == 416
 
 
-class ObstoreIO(StorageIO):
+class ObstoreIO(Engine):
     """
     S3 through obstore, held to one request per write, whole read or page (see the module documentation).
 
@@ -372,7 +372,7 @@ class ObstoreIO(StorageIO):
 
     remote = True
 
-    def __init__(self, settings: ObstoreSettings, *, fallback: Callable[[], StorageIO] | None = None) -> None:
+    def __init__(self, settings: ObstoreSettings, *, fallback: Callable[[], Engine] | None = None) -> None:
         """
         :param settings: What every bucket's `S3Store` is built with (see `obstore_settings`).
         :param fallback: The engine (s3fs) that lists and deletes keys object_store cannot parse (a ``.`` or empty
@@ -517,7 +517,7 @@ class ObstoreIO(StorageIO):
                 with _mapped_errors():
                     await obstore.delete_async(store, keys)
             except PermissionError:
-                # Refused as a whole (see StorageIO.delete_async). object_store deletes even one key with
+                # Refused as a whole (see Engine.delete_async). object_store deletes even one key with
                 # DeleteObjects, so the per-key deletes go through s3fs, where it is installed.
                 if self.fallback is None:
                     raise

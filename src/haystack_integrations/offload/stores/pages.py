@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from haystack_integrations.offload.stores.io import StorageIO
+from haystack_integrations.offload.stores.io import Engine
 from haystack_integrations.offload.stores.names import NEWEST_FIRST_MARK, is_legacy_name, listing_order
 
 # S3 returns at most this many keys per LIST.
@@ -27,7 +27,7 @@ Lister = Callable[[str | None, int | None], Awaitable[builtins.list[Entry]]]
 """Lists a directory's objects after a full path (None: from the start), at most a number of them (None: all)."""
 
 
-async def list_after_async(io: StorageIO, path: str, start_after: str | None, limit: int | None) -> list[Entry]:
+async def list_after_async(io: Engine, path: str, start_after: str | None, limit: int | None) -> list[Entry]:
     """
     The objects below the directory `path` that sort after `start_after`, in lexical order, at most `limit`.
 
@@ -37,7 +37,7 @@ async def list_after_async(io: StorageIO, path: str, start_after: str | None, li
     :param limit: The most objects to return; None for all. On S3 up to 1000 objects are one LIST.
     :returns: Full paths and sizes, in lexical order.
     """
-    # Engine support sits here, not in the engines' modules, so `StorageIO.find_async` keeps its contract; an engine
+    # Engine support sits here, not in the engines' modules, so `Engine.find_async` keeps its contract; an engine
     # this module does not know lists through its find_async and filters (a walk of the directory, as before).
     # Imported here: each engine's module imports its client library, which may not be installed.
     from haystack_integrations.offload.stores.obstore_io import ObstoreIO

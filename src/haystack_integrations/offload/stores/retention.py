@@ -444,7 +444,7 @@ async def storage_times_async(request: Requests, paths: Iterable[str]) -> dict[s
     """
     When the storage says each object was written (one HEAD each on S3, a few at once): the clock that settles a
     result whose name says it is old, since its writer's clock may be wrong. Purges take it from their listing
-    (`StorageIO.find_detailed_async`) and ask this only of a filesystem whose listing carries no time.
+    (`Engine.find_detailed_async`) and ask this only of a filesystem whose listing carries no time.
 
     :param request: How the store sends an engine call.
     :param paths: The objects' full paths.

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from haystack_integrations.offload import metrics
 from haystack_integrations.offload.errors import StorageUnavailableError
 from haystack_integrations.offload.stores.failures import transient_cause
-from haystack_integrations.offload.stores.io import StorageIO
+from haystack_integrations.offload.stores.io import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -205,12 +205,12 @@ class _Attempts:
 
 
 async def retried(
-    io: StorageIO,
+    io: Engine,
     policy: RetryPolicy,
     stats: RetryStats,
     operation: str,
     path: str,
-    call: Callable[[StorageIO], Awaitable[T]],
+    call: Callable[[Engine], Awaitable[T]],
     *,
     location: str = "",
 ) -> T:

@@ -194,7 +194,7 @@ class S3IO(AsyncFilesystemIO):
             errors = response.get("Errors") or []
             refused = _refused_keys(errors, [item["Key"] for item in objects])
             if refused:
-                # Refused as a whole (see StorageIO.delete_async): one DeleteObject per key, authorised on its own.
+                # Refused as a whole (see Engine.delete_async): one DeleteObject per key, authorised on its own.
                 for key in refused:
                     await fs._call_s3("delete_object", Bucket=bucket, Key=key)
                 errors = []
