@@ -5,15 +5,14 @@ every object; ``--exact`` (or a tenant with no mark) walks as before. Counted on
 
 import json
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
 from haystack_integrations.offload import FsspecToolResultStore, Quota
 from haystack_integrations.offload.cli import main
-from haystack_integrations.offload.stores.names import new_object_name
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
+from support.seeding import seed_results
 
 pytestmark = pytest.mark.s3
 
@@ -21,13 +20,7 @@ pytestmark = pytest.mark.s3
 def _seeded_tenant(server: LocalS3Server, count: int) -> str:
     """A root whose tenant acme holds `count` results put straight into the bucket, then one quota'd write (a mark)."""
     prefix = f"du-summary-{uuid.uuid4().hex}"
-    keys = [
-        f"{prefix}/acme/chat-{index // 50}/{new_object_name(key=f'{index}.txt', kind='text', tool_name='t')}"
-        for index in range(count)
-    ]
-    client = server.client()
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda key: client.put_object(Bucket=server.bucket, Key=key, Body=b"xy"), keys))
+    seed_results(server, prefix, count, per_session=50, body=b"xy")
     url = f"{server.bucket_url}/{prefix}"
     # The tenant's first quota'd write ever reconciles: its mark counts what was stored before the write, which the
     # writer's next mark will carry (a writer marks at most its allowance late).

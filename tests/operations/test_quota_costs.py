@@ -8,33 +8,21 @@ listing the tenant (a LIST per 1000 objects). With ``tenant_usage="listing"``, a
 
 import asyncio
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from haystack_integrations.offload import FsspecToolResultStore, Quota, QuotaExceededError
-from haystack_integrations.offload.stores.names import new_object_name
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
+from support.seeding import seed_results
 
 pytestmark = pytest.mark.s3
-
-
-def _seed_tenant(server: LocalS3Server, prefix: str, count: int) -> None:
-    """Put `count` results of tenant acme, 50 per session, straight into the bucket (no store, no quota)."""
-    keys = [
-        f"{prefix}/acme/chat-{index // 50}/{new_object_name(key=f'{index}.txt', kind='text', tool_name='t')}"
-        for index in range(count)
-    ]
-    client = server.client()
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda key: client.put_object(Bucket=server.bucket, Key=key, Body=b"x"), keys))
 
 
 def _first_write_requests(
     server: LocalS3Server, log: RequestLog, count: int, quota: Quota, *, earlier_worker: bool = False
 ) -> dict[str, int]:
     prefix = f"quota-costs-{uuid.uuid4().hex}"
-    _seed_tenant(server, prefix, count)
+    seed_results(server, prefix, count, per_session=50)
     url, options = f"{server.bucket_url}/{prefix}", server.storage_options()
     if earlier_worker:  # another worker wrote into the tenant before: its first write reconciled the tenant's marks
         FsspecToolResultStore(url, storage_options=options, quota=quota).for_session("acme", "old").write(

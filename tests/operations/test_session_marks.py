@@ -8,7 +8,6 @@ one LIST and a GET of the newest mark (and a create for what it admitted since),
 
 import asyncio
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -16,10 +15,10 @@ import pytest
 from haystack_integrations.offload import FsspecToolResultStore, Quota, QuotaExceededError
 from haystack_integrations.offload.operations import scan, usage
 from haystack_integrations.offload.stores import end_session
-from haystack_integrations.offload.stores.names import new_object_name
 from haystack_integrations.offload.stores.scope_usage import ScopeUsage
 from haystack_integrations.offload.testing.faults import Fault, FaultPlan, FaultProxy
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
+from support.seeding import seed_results
 
 pytestmark = pytest.mark.s3
 
@@ -27,13 +26,7 @@ pytestmark = pytest.mark.s3
 def _seeded_session(server: Any, count: int) -> str:
     """A root whose session acme/chat-1 holds `count` results put straight into the bucket (no store, no quota)."""
     prefix = f"session-marks-{uuid.uuid4().hex}"
-    keys = [
-        f"{prefix}/acme/chat-1/{new_object_name(key=f'{index}.txt', kind='text', tool_name='t')}"
-        for index in range(count)
-    ]
-    client = server.client()
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda key: client.put_object(Bucket=server.bucket, Key=key, Body=b"x"), keys))
+    seed_results(server, prefix, count)
     return f"{server.bucket_url}/{prefix}"
 
 
