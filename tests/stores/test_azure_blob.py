@@ -158,3 +158,14 @@ def test_without_adlfs_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch
             FsspecToolResultStore(url)
     with pytest.raises(ImportError, match=r'pip install "offload-haystack\[gcs\]"'):
         FsspecToolResultStore("gs://results/prod")
+
+
+def test_the_stores_filesystem_is_its_own_so_the_applications_keeps_its_sdk_retries(azurite_server: Any) -> None:
+    # The store turns the SDK's retries off on its filesystem; before, that was fsspec's cached instance, so the
+    # application's own fsspec.filesystem("az", **the same options) came back with its retries off too.
+    import fsspec
+
+    store = _store(azurite_server)
+    store.for_session("acme", "chat-1").write(key="k.txt", content="x")
+    theirs = fsspec.filesystem("az", **azurite_server.storage_options())
+    assert theirs.service_client._config.retry_policy.total_retries > 0

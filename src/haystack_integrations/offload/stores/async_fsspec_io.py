@@ -75,8 +75,8 @@ def without_client_retries(fs: T) -> T:
 
     adlfs takes no retry option: its Azure client's retry policy (one object, shared by every container and blob
     client made from the service client) is set to retry nothing. gcsfs's retrying decorator is bypassed for this
-    instance's requests. Other filesystems are returned as they are. fsspec caches instances by their options: code of
-    the same process asking fsspec for a filesystem with the store's very options gets this one, retries off.
+    instance's requests. Other filesystems are returned as they are. The store makes these instances outside fsspec's
+    instance cache, so no other code of the process is handed one with its retries off.
 
     :param fs: A filesystem the store made from its URL and storage options (never one a caller passed in).
     :returns: `fs`.

@@ -156,8 +156,10 @@ class FilesystemHandle:
                     io = self._s3fs_io(options)
                     fs = io.fs
                 else:
-                    # Azure's SDK and gcsfs retry inside our retry loop unless told not to (async_fsspec_io.py).
-                    fs = without_client_retries(fsspec.filesystem(self._protocol, **options))
+                    # Azure's SDK and gcsfs retry inside our retry loop unless told not to (async_fsspec_io.py): on
+                    # an instance of our own, not one fsspec's cache would hand the application's code too.
+                    own = {"skip_instance_cache": True} if self._protocol in CLOUD_PROTOCOLS else {}
+                    fs = without_client_retries(fsspec.filesystem(self._protocol, **options, **own))
             self._io = io or engine_for(fs)
 
     def for_tenant(self, tenant: str) -> FilesystemHandle:
