@@ -34,7 +34,8 @@ from haystack.hooks.human_in_the_loop import AlwaysAskPolicy
 
 from haystack_integrations.offload import FsspecToolResultStore, Quota, list_tool_results, offload_context
 from haystack_integrations.offload.sessions.conversation_cache import ConversationCache
-from haystack_integrations.offload.sessions.history import SessionHistory, StaleHistoryError
+from haystack_integrations.offload.sessions.errors import StaleHistoryError
+from haystack_integrations.offload.sessions.history import SessionHistory
 from haystack_integrations.offload.stores.names import new_object_name
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server
 

@@ -56,10 +56,10 @@ BUILT_IN_BASES: dict[str, type[Exception]] = {
     "stores.failures.EncryptionKeyRefusedError": PermissionError,
     "stores.failures.EncryptionKeyMissingError": PermissionError,
     "cli.toolkit.CommandError": Exception,
-    "sessions.history.SessionBusyError": RuntimeError,
-    "sessions.history.StaleHistoryError": RuntimeError,
-    "sessions.history.TurnAbandonedError": RuntimeError,
-    "sessions.history.HistoryRecordError": ValueError,
+    "sessions.errors.SessionBusyError": RuntimeError,
+    "sessions.errors.StaleHistoryError": RuntimeError,
+    "sessions.errors.TurnAbandonedError": RuntimeError,
+    "sessions.errors.HistoryRecordError": ValueError,
 }
 
 

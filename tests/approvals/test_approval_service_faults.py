@@ -47,8 +47,8 @@ from haystack_integrations.offload.approvals.audit import (
 from haystack_integrations.offload.approvals.ledger import ApprovalLedger
 from haystack_integrations.offload.approvals.resume import OUTCOMES_KEY
 from haystack_integrations.offload.errors import StorageError, StorageUnavailableError
-from haystack_integrations.offload.sessions.errors import ApprovalPendingConflict, RunFailedError
-from haystack_integrations.offload.sessions.history import SessionBusyError, SessionHistory
+from haystack_integrations.offload.sessions.errors import ApprovalPendingConflict, RunFailedError, SessionBusyError
+from haystack_integrations.offload.sessions.history import SessionHistory
 from haystack_integrations.offload.sessions.service import ChatService
 from haystack_integrations.offload.testing.faults import Fault, FaultPlan, FaultProxy, ProxiedRequest
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server

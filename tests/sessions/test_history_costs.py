@@ -27,6 +27,7 @@ from haystack_integrations.offload.sessions.history import (
 )
 from haystack_integrations.offload.stores import end_session_async
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
+from haystack_integrations.offload.testing.relay import LatencyProxy
 
 pytestmark = pytest.mark.s3
 
@@ -138,11 +139,12 @@ async def test_a_claim_on_a_cached_conversation_that_is_behind_is_refused_and_th
     conversation = await _turn(SessionHistory(store, worker="w2", cache=ConversationCache()), 22)  # an append
     s3_requests.clear()
     stale = await first.read(for_turn=True)
-    # The head alone (one GET), unchanged by an append: the cached conversation cannot show turn 22 ...
-    assert s3_requests.count(method="GET") == 1 and not stale.checked and stale.next_turn == 22
-    # ... and the claim is what finds it taken: nothing claimed, nothing run, turn 22 still w2's.
+    assert not stale.checked and stale.next_turn == 22
+    # The claim is what finds it taken: nothing claimed, nothing run, turn 22 still w2's. The head alone was read
+    # beside it (one GET), unchanged by an append: the cached conversation could not show turn 22.
     with pytest.raises(StaleHistoryError):
         await first.begin(stale, kind="message", text="late")
+    assert s3_requests.count(method="GET", path_contains="head.json") == 1
     assert json.loads(store.documents("history").get("turn.00000022.start.json"))["worker"] == "w2"
     state = await first.read()
     assert state.checked and state.conversation == conversation and state.next_turn == 23
@@ -154,8 +156,12 @@ async def test_a_claim_first_read_tells_a_purged_and_recreated_session_by_its_he
     history = SessionHistory(store, worker="w1", cache=ConversationCache())
     await _turn(history, 4)
     await end_session_async(store, documents=True)
-    # Purged: no head, so the cached conversation is not used (the claim of turn 5 alone would have succeeded).
-    state = await history.read(for_turn=True)
+    # Purged: no head. The claim of turn 5, made beside that check, succeeded, so it is taken back, and the turn is
+    # claimed again on a fresh read, as turn 1.
+    with pytest.raises(StaleHistoryError):
+        await history.begin(await history.read(for_turn=True), kind="message", text="late")
+    assert "turn.00000005.start.json" not in store.documents("history").list()
+    state = await history.read()
     assert (state.next_turn, state.conversation, state.checked) == (1, [], True)
     await _turn(history, 1)
     await end_session_async(store, documents=True)
@@ -163,8 +169,13 @@ async def test_a_claim_first_read_tells_a_purged_and_recreated_session_by_its_he
     other = SessionHistory(store, worker="w2", cache=ConversationCache())
     await _turn(other, 1)
     recreated = await _turn(other, 2)
-    state = await history.read(for_turn=True)
-    assert (state.next_turn, state.conversation) == (3, recreated)
+    # However this worker now reads for a turn (its cache has seen a stale claim: it may read the next start first),
+    # the turn it claims is the re-created session's third, on its conversation.
+    try:
+        turn = await history.begin(await history.read(for_turn=True), kind="message", text="again")
+    except StaleHistoryError:
+        turn = await history.begin(await history.read(), kind="message", text="again")
+    assert (turn.start.turn, turn.conversation) == (3, recreated)
 
 
 async def test_workers_taking_turns_about_claim_first_at_most_once_each(
@@ -266,3 +277,27 @@ async def test_a_chat_service_turn_sends_the_same_requests_at_10_and_200_turns(
     assert warm_10["GET"] == warm_200["GET"] == 1 and warm_10["LIST"] == warm_200["LIST"] == 0
     assert warm_10["PUT"] <= 3 and warm_200["PUT"] <= 3  # the claim, the end, and the head at most one turn in 10
     assert cold_200["GET"] <= cold_10["GET"] + 1 and cold_10["LIST"] == cold_200["LIST"] == 0
+
+
+async def test_a_warm_turn_reads_its_head_while_it_claims(s3_server: LocalS3Server) -> None:
+    # A warm turn's two requests before the Agent runs: the head's GET and the claim's conditional PUT. Sent one after
+    # the other, the claim left only once the head's answer was back; now both are in flight at once. The proxy holds
+    # every answer LATENCY seconds, so one after the other the claim arrives at least LATENCY after the GET.
+    latency = 2.0
+    with LatencyProxy(s3_server.endpoint_url) as proxy:
+        options = {**s3_server.storage_options(), "endpoint_url": proxy.endpoint_url}
+        root = FsspecToolResultStore(f"{s3_server.bucket_url}/{uuid.uuid4().hex}", storage_options=options)
+        history = SessionHistory(root.for_session("acme", "chat-1"), worker="w1", cache=ConversationCache())
+        for number in range(1, CHAIN_LIMIT + 1):  # the tenth turn writes the session's first head
+            await _turn(history, number)
+        proxy.latency = latency
+        proxy.requests.clear()
+        turn = await history.begin(await history.read(for_turn=True), kind="message", text="one more")
+        assert turn.start.turn == CHAIN_LIMIT + 1
+        head, claim = (
+            next(
+                request for request in proxy.requests.snapshot() if request.method == method and name in request.target
+            )
+            for method, name in (("GET", "head.json"), ("PUT", f"turn.{CHAIN_LIMIT + 1:08d}.start.json"))
+        )
+    assert claim.at - head.at < latency / 2

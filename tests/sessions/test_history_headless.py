@@ -83,9 +83,10 @@ async def test_a_cached_session_without_a_head_is_told_from_a_purged_and_recreat
     for number in range(1, 4):
         await _turn(first, number)
     await end_session_async(_session(store), documents=True)
-    # Purged: the newest end cached here is gone, so the cached conversation is not used (a claim of turn 4 would
-    # have succeeded).
-    state = await first.read(for_turn=True)
+    # Purged: the newest end cached here is gone. The claim of turn 4, made beside that check, succeeds, so it is
+    # taken back; the turn is claimed again on a fresh read, as turn 1.
+    await _refused_and_taken_back(first, 4, store)
+    state = await first.read()
     assert (state.next_turn, state.conversation, state.checked) == (1, [], True)
     for number in range(1, 4):
         await _turn(first, number)
@@ -94,9 +95,20 @@ async def test_a_cached_session_without_a_head_is_told_from_a_purged_and_recreat
     other = _history(store, "w2")
     for number in range(1, 4):
         recreated = await _turn(other, number)
-    for for_turn in (True, False):
-        state = await first.read(for_turn=for_turn)
-        assert (state.next_turn, state.conversation) == (4, recreated)
+    # However `first` now reads for a turn (its cache has seen a stale claim: it may read the next start first), the
+    # turn it claims is the re-created session's fourth, on its conversation, and no claim is left behind.
+    try:
+        turn = await first.begin(await first.read(for_turn=True), kind="message", text="again")
+    except StaleHistoryError:
+        turn = await first.begin(await first.read(), kind="message", text="again")
+    assert (turn.start.turn, turn.conversation) == (4, recreated)
+
+
+async def _refused_and_taken_back(history: SessionHistory, turn: int, store: FsspecToolResultStore) -> None:
+    """A claim on `history`'s cached conversation, in a session purged under it: refused, and nothing left claimed."""
+    with pytest.raises(StaleHistoryError):
+        await history.begin(await history.read(for_turn=True), kind="message", text="late")
+    assert f"turn.{turn:08d}.start.json" not in _names(store)
 
 
 async def test_a_cached_session_without_a_head_follows_another_worker_past_the_first_head(

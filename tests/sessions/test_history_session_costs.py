@@ -14,7 +14,8 @@ from haystack.dataclasses import ChatMessage
 
 from haystack_integrations.offload import FsspecToolResultStore
 from haystack_integrations.offload.sessions.conversation_cache import ConversationCache
-from haystack_integrations.offload.sessions.history import CHAIN_LIMIT, SessionHistory, StaleHistoryError
+from haystack_integrations.offload.sessions.errors import StaleHistoryError
+from haystack_integrations.offload.sessions.history import CHAIN_LIMIT, SessionHistory
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 
 pytestmark = pytest.mark.s3

@@ -23,9 +23,11 @@ _import_structure = {
         "NotFoundError",
         "NothingToResumeError",
         "RunFailedError",
+        "SessionBusyError",
+        "TurnAbandonedError",
     ],
     "conversation_cache": ["ConversationCache"],
-    "history": ["SessionBusyError", "SessionHistory", "TurnAbandonedError"],
+    "history": ["SessionHistory"],
     "progress": ["OffloadProgressHook", "ToolCallProgressHook", "ToolResultProgressHook", "TurnProgress"],
     "service": [
         "DEFAULT_PAGE_BYTES",
@@ -54,9 +56,9 @@ if TYPE_CHECKING:
     from .errors import NotFoundError as NotFoundError
     from .errors import NothingToResumeError as NothingToResumeError
     from .errors import RunFailedError as RunFailedError
-    from .history import SessionBusyError as SessionBusyError
+    from .errors import SessionBusyError as SessionBusyError
+    from .errors import TurnAbandonedError as TurnAbandonedError
     from .history import SessionHistory as SessionHistory
-    from .history import TurnAbandonedError as TurnAbandonedError
     from .progress import OffloadProgressHook as OffloadProgressHook
     from .progress import ToolCallProgressHook as ToolCallProgressHook
     from .progress import ToolResultProgressHook as ToolResultProgressHook

@@ -3,17 +3,39 @@
 from typing import Any
 
 from haystack_integrations.offload.errors import OffloadError
-from haystack_integrations.offload.sessions.history import SessionBusyError, TurnAbandonedError
 
 __all__ = [
     "ApprovalPendingConflict",
+    "HistoryRecordError",
     "InvalidMessageError",
     "NotFoundError",
     "NothingToResumeError",
     "RunFailedError",
     "SessionBusyError",
+    "StaleHistoryError",
     "TurnAbandonedError",
 ]
+
+
+class SessionBusyError(OffloadError, RuntimeError):
+    """Another request holds (or just claimed) the session's next turn; nothing was run. The server answers 409."""
+
+
+class StaleHistoryError(SessionBusyError):
+    """
+    The claim made on this worker's cached conversation found the next turn taken (another worker ran it, or runs it).
+
+    Nothing was claimed or run: read the history again with a plain `SessionHistory.read` and claim again (what
+    `ChatService` does). Unhandled, it is a `SessionBusyError`, which a client retries.
+    """
+
+
+class TurnAbandonedError(OffloadError, RuntimeError):
+    """This turn's lease passed and another request ended it as abandoned; its result was not recorded."""
+
+
+class HistoryRecordError(OffloadError, ValueError):
+    """A history document in the store is not a valid record."""
 
 
 class NotFoundError(OffloadError, LookupError):

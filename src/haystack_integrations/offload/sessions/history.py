@@ -14,7 +14,7 @@ import contextlib
 import json
 import logging
 import re
-from collections.abc import Hashable
+from collections.abc import Awaitable, Coroutine, Hashable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
@@ -22,9 +22,15 @@ from typing import Any, Literal, TypeVar
 from haystack.dataclasses import ChatMessage
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
-from haystack_integrations.offload.errors import DocumentExistsError, OffloadError, ResultNotFoundError
+from haystack_integrations.offload.errors import DocumentExistsError, ResultNotFoundError
 from haystack_integrations.offload.leases import renewing
 from haystack_integrations.offload.sessions.conversation_cache import SHARED_CONVERSATIONS, ConversationCache
+from haystack_integrations.offload.sessions.errors import (
+    HistoryRecordError,
+    SessionBusyError,
+    StaleHistoryError,
+    TurnAbandonedError,
+)
 from haystack_integrations.offload.sessions.message_json import added_messages, expanded, message_json, stored_form
 from haystack_integrations.offload.stores import FsspecToolResultStore
 from haystack_integrations.offload.stores.documents import SessionDocuments, writer_token
@@ -55,27 +61,6 @@ TURN_DOCUMENT = re.compile(r"turn\.(?P<turn>\d{8})\.(?P<part>start|end)\.json")
 """A turn's start or end document: activity documents (`stores.retention`), so purges date sessions by them."""
 _START = re.compile(r"turn\.(?P<turn>\d{8})\.start\.json")
 _END = re.compile(r"turn\.(?P<turn>\d{8})\.end\.json")
-
-
-class SessionBusyError(OffloadError, RuntimeError):
-    """Another request holds (or just claimed) the session's next turn; nothing was run. The server answers 409."""
-
-
-class StaleHistoryError(SessionBusyError):
-    """
-    The claim made on this worker's cached conversation found the next turn taken (another worker ran it, or runs it).
-
-    Nothing was claimed or run: read the history again with a plain `SessionHistory.read` and claim again (what
-    `ChatService` does). Unhandled, it is a `SessionBusyError`, which a client retries.
-    """
-
-
-class TurnAbandonedError(OffloadError, RuntimeError):
-    """This turn's lease passed and another request ended it as abandoned; its result was not recorded."""
-
-
-class HistoryRecordError(OffloadError, ValueError):
-    """A history document in the store is not a valid record."""
 
 
 class _Record(BaseModel):
@@ -196,6 +181,9 @@ class HistoryState:
     checked: bool = True
     """Whether the next turn's start was read. False: ``read(for_turn=True)`` left that to the claim, so `open_start`
     is not known and `begin` raises `StaleHistoryError` if the claim finds the turn taken."""
+    current: asyncio.Future[bool] | None = field(default=None, repr=False, compare=False)
+    """``read(for_turn=True)`` on a warm worker: whether the cached conversation is still the session's (its head, or
+    before it has one its newest end), read while `begin` claims the turn."""
 
     def busy(self, at: datetime) -> bool:
         """Whether a turn is running (started, not ended, lease not passed) at `at`."""
@@ -212,6 +200,13 @@ class Turn:
     """Where `conversation` stands in the store; `finish` appends to it."""
     basis: CachedConversation | None = field(default=None, repr=False, compare=False)
     """The conversation's JSON as read (see `HistoryState.basis`)."""
+
+
+def _checking(check: Coroutine[Any, Any, bool]) -> asyncio.Future[bool]:
+    """Start a check that `begin` awaits; its failure is retrieved even if no `begin` comes (no warning at exit)."""
+    task = asyncio.ensure_future(check)
+    task.add_done_callback(lambda done: done.cancelled() or done.exception())
+    return task
 
 
 def _now() -> datetime:
@@ -302,11 +297,9 @@ class SessionHistory:
             return await self._read_headless_cached(cached, for_turn)
         if for_turn and self.cache.claims_first:
             # The head still tells a purged (or purged and re-created) session from this one; the claim does the rest.
-            head = await self._get(HEAD_DOCUMENT)
-            if head == cached.head:
-                return _Chain.of(cached).state(open_start=None, checked=False)
-            self.cache.discard(self._key)
-            return await self._read_from_head(head)
+            # Its GET runs beside the claim (`begin`): a warm turn's read and claim cost one round trip, not two.
+            current = _checking(self._head_is(cached.head))
+            return _Chain.of(cached).state(open_start=None, checked=False, current=current)
         head, start = await asyncio.gather(self._get(HEAD_DOCUMENT), self._get(_start_name(cached.turn + 1)))
         if head != cached.head:
             # A checkpoint or segment written elsewhere, or the session purged: what is cached may not lead there.
@@ -319,10 +312,8 @@ class SessionHistory:
         if for_turn and self.cache.claims_first:
             # The newest end tells a purged (or purged and re-created) session from this one; the claim does the rest
             # (a head written since means more turns ran, so the claim is refused and the next read finds it).
-            if self._is_newest(await self._get(_end_name(cached.turn)), cached):
-                return _Chain.of(cached).state(open_start=None, checked=False)
-            self.cache.discard(self._key)
-            return await self._read_from_head(await self._get(HEAD_DOCUMENT))
+            current = _checking(self._end_is_newest(cached))
+            return _Chain.of(cached).state(open_start=None, checked=False, current=current)
         head, end, start = await asyncio.gather(
             self._get(HEAD_DOCUMENT), self._get(_end_name(cached.turn)), self._get(_start_name(cached.turn + 1))
         )
@@ -331,6 +322,12 @@ class SessionHistory:
             self.cache.discard(self._key)
             return await self._read_from_head(head)
         return await self._follow(cached, start)
+
+    async def _head_is(self, head: bytes) -> bool:
+        return await self._get(HEAD_DOCUMENT) == head
+
+    async def _end_is_newest(self, cached: CachedConversation) -> bool:
+        return self._is_newest(await self._get(_end_name(cached.turn)), cached)
 
     def _is_newest(self, end: bytes | None, cached: CachedConversation) -> bool:
         """Whether `end` is the document of `cached`'s newest end (its writer's token), not another session's."""
@@ -381,11 +378,12 @@ class SessionHistory:
             started_at=at,
             lease_until=at + timedelta(seconds=self.lease),
         )
+        # The one history write a quota may refuse: nothing has run yet, so refusing it loses nothing.
+        claim = self.documents.create_async(
+            _start_name(start.turn), start.model_dump_json().encode(), enforce_quota=True
+        )
         try:
-            # The one history write a quota may refuse: nothing has run yet, so refusing it loses nothing.
-            await self.documents.create_async(
-                _start_name(start.turn), start.model_dump_json().encode(), enforce_quota=True
-            )
+            await (claim if state.current is None else self._claim_if_current(claim, state.current, start.turn))
         except DocumentExistsError as error:
             if not state.checked:
                 self.cache.observe(current=False)
@@ -396,6 +394,33 @@ class SessionHistory:
         if not state.checked:
             self.cache.observe(current=True)
         return Turn(start=start, conversation=state.conversation, log=state.log, basis=state.basis)
+
+    async def _claim_if_current(self, claim: Awaitable[None], current: Awaitable[bool], turn: int) -> None:
+        """
+        Claim beside the check that the cached conversation is the session's. A session that changed under the cache
+        (purged, or purged and re-created: more turns elsewhere make the claim itself fail) gets its claim taken back.
+
+        :raises StaleHistoryError: If the session changed; nothing is left claimed.
+        """
+        claimed, is_current = await asyncio.gather(claim, current, return_exceptions=True)
+        if is_current is True:
+            if isinstance(claimed, BaseException):
+                raise claimed
+            return
+        self.cache.discard(self._key)
+        if not isinstance(claimed, BaseException):
+            try:
+                await self.documents.delete_async(_start_name(turn))
+            except Exception:  # its lease ends it as an abandoned turn, as a dead worker's
+                logger.warning("Could not take back the claim of turn %s.", turn, exc_info=True)
+        if isinstance(is_current, BaseException):
+            raise is_current
+        if isinstance(claimed, BaseException) and not isinstance(claimed, DocumentExistsError):
+            raise claimed
+        self.cache.observe(current=False)
+        raise StaleHistoryError(
+            f"The session changed since this worker's cached conversation (turn {turn}); read again."
+        )
 
     def renewing(self, turn: Turn) -> contextlib.AbstractAsyncContextManager[None]:
         """
@@ -743,7 +768,12 @@ class _Chain:
         return [message for message in self.parsed if message is not None]
 
     def state(
-        self, *, open_start: TurnStart | None, next_turn: int | None = None, checked: bool = True
+        self,
+        *,
+        open_start: TurnStart | None,
+        next_turn: int | None = None,
+        checked: bool = True,
+        current: asyncio.Future[bool] | None = None,
     ) -> HistoryState:
         newest = self.turn if open_start is None else open_start.turn
         return HistoryState(
@@ -754,4 +784,5 @@ class _Chain:
             log=self.log,
             basis=self.cached(),
             checked=checked,
+            current=current,
         )

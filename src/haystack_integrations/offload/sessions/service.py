@@ -50,15 +50,15 @@ from haystack_integrations.offload.sessions.errors import (
     NotFoundError,
     NothingToResumeError,
     RunFailedError,
+    SessionBusyError,
+    StaleHistoryError,
 )
 from haystack_integrations.offload.sessions.history import (
     DEFAULT_TURN_LEASE,
     NAMESPACE,
     TURN_DOCUMENT,
     HistoryState,
-    SessionBusyError,
     SessionHistory,
-    StaleHistoryError,
     Turn,
     TurnStatus,
 )
