@@ -9,13 +9,14 @@ import json
 import uuid
 from collections import Counter
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from haystack.components.agents import Agent
 from haystack.components.generators.chat import MockChatGenerator
 from haystack.dataclasses import ChatMessage
 
-from haystack_integrations.offload import FsspecToolResultStore
+from haystack_integrations.offload import FsspecToolResultStore, RetryPolicy, StorageError
 from haystack_integrations.offload.sessions import ChatService
 from haystack_integrations.offload.sessions.conversation_cache import ConversationCache
 from haystack_integrations.offload.sessions.history import (
@@ -26,6 +27,7 @@ from haystack_integrations.offload.sessions.history import (
     TurnStart,
 )
 from haystack_integrations.offload.stores import end_session_async
+from haystack_integrations.offload.testing.faults import Fault, FaultPlan, FaultProxy
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
 from haystack_integrations.offload.testing.relay import LatencyProxy
 
@@ -300,4 +302,26 @@ async def test_a_warm_turn_reads_its_head_while_it_claims(s3_server: LocalS3Serv
             )
             for method, name in (("GET", "head.json"), ("PUT", f"turn.{CHAIN_LIMIT + 1:08d}.start.json"))
         )
-    assert claim.at - head.at < latency / 2
+    # The head's answer reached the client no sooner than `latency` after the GET arrived: the claim came before it.
+    assert claim.at < head.at + latency
+
+
+async def test_a_head_that_cannot_be_read_takes_the_claim_back(s3_endpoint: Any) -> None:
+    # The warm turn's head GET fails (a 503 with one attempt allowed) while its claim lands: the request fails, and no
+    # claim is left to hold the session's next turn until its lease runs out.
+    plan = FaultPlan()
+    with FaultProxy(s3_endpoint.endpoint_url, plan=plan) as proxy:
+        options = {**s3_endpoint.storage_options(), "endpoint_url": proxy.endpoint_url}
+        root = FsspecToolResultStore(
+            f"{s3_endpoint.bucket_url}/{uuid.uuid4().hex}", storage_options=options, retry=RetryPolicy(attempts=1)
+        )
+        store = root.for_session("acme", "chat-1")
+        history = SessionHistory(store, worker="w1", cache=ConversationCache())
+        for number in range(1, CHAIN_LIMIT + 1):
+            await _turn(history, number)
+        plan.script(Fault.SLOW_DOWN, method="GET", path_contains="head.json")
+        with pytest.raises(StorageError):
+            await history.begin(await history.read(for_turn=True), kind="message", text="one more")
+        assert proxy.faults.counts()[Fault.SLOW_DOWN] == 1
+        assert f"turn.{CHAIN_LIMIT + 1:08d}.start.json" not in store.documents("history").list()
+        assert await _turn(history, CHAIN_LIMIT + 1)  # the next request claims it
