@@ -172,3 +172,20 @@ def test_a_lagging_head_costs_the_sync_snapshot_what_it_costs_the_async_one_at_t
 
 async def _snapshot_async(session: FsspecToolResultStore) -> object:
     return await ApprovalLedger(session).snapshot_async()
+
+
+@pytest.mark.s3
+def test_a_sync_entry_point_refuses_a_store_built_on_an_asynchronous_filesystem(s3_server: Any) -> None:
+    # Such a store's client belongs to the loop it was made on: a sync call has none to wait on. The store's own sync
+    # API says so; the approvals' twins now ask the store too, instead of running on a loop of their own and failing
+    # there ("no running event loop", an unclosed client session).
+    import s3fs
+
+    async def build() -> FsspecToolResultStore:
+        filesystem = s3fs.S3FileSystem(asynchronous=True, skip_instance_cache=True, **s3_server.storage_options())
+        return FsspecToolResultStore(f"{s3_server.bucket_url}/{uuid.uuid4().hex}", filesystem=filesystem)
+
+    session = asyncio.run(build()).for_session("acme", "chat-async-fs")
+    for call in (lambda: ApprovalLedger(session).listing(), lambda: _module("decisions").pending_approvals(session)):  # type: ignore[attr-defined]
+        with pytest.raises(TypeError, match="asynchronous=True"):
+            call()

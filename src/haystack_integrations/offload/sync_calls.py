@@ -51,6 +51,7 @@ def sync_twin(operation: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
 
     @functools.wraps(operation)
     def twin(*args: P.args, **kwargs: P.kwargs) -> T:
+        _check_sync_use(args)
         if is_method:
             owner, *rest = args
             return run_blocking(getattr(owner, name), *rest, **kwargs)  # type: ignore[no-any-return]
@@ -60,3 +61,12 @@ def sync_twin(operation: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
     twin.__qualname__ = operation.__qualname__.removesuffix("_async")
     twin.__doc__ = f"The sync form of `{name}`, waiting for it.\n\n{inspect.cleandoc(operation.__doc__ or '')}".rstrip()
     return twin
+
+
+def _check_sync_use(args: tuple[object, ...]) -> None:
+    # A store (or an object holding one, as a ledger does) that cannot be used from sync code says so itself
+    # (`FsspecToolResultStore.check_sync_use`), rather than failing later on a loop its client does not belong to.
+    for value in args:
+        check = getattr(getattr(value, "store", value), "check_sync_use", None)
+        if callable(check):
+            check()

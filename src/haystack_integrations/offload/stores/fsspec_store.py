@@ -333,13 +333,22 @@ class FsspecToolResultStore(ToolResultStore):
         )
         return SessionDocuments(host, namespace)
 
-    def _run_sync(self, operation: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run an async method for its sync twin (`stores.sync_api`): the sync API is the async one, waited for."""
+    def check_sync_use(self) -> None:
+        """
+        Refuse sync use of a store built on a filesystem created with ``asynchronous=True``: its client belongs to the
+        loop it was made on, and a sync call has no such loop to wait on. Sync calls above the store ask it too.
+
+        :raises TypeError: If the store's filesystem is asynchronous.
+        """
         if getattr(self._filesystem, "asynchronous", False):
             raise TypeError(
                 "This store is built on an fsspec filesystem created with asynchronous=True, which has no loop of its "
-                "own to wait on: use the store's *_async methods, or build the store from a URL instead."
+                "own to wait on: use the *_async functions, or build the store from a URL instead."
             )
+
+    def _run_sync(self, operation: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run an async method for its sync twin (`stores.sync_api`): the sync API is the async one, waited for."""
+        self.check_sync_use()
         io = self._handle.io()
         if io.uses_worker_threads or not io.remote:  # disk or memory: no shared client to hop to
             return run_on_own_loop(operation, *args, **kwargs)
