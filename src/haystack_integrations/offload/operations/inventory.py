@@ -83,8 +83,8 @@ def scan(root: FsspecToolResultStore, *, tenant: str | None = None, session: str
     :raises StorageError: If the backend fails (a missing bucket, a bad endpoint).
     :raises StoragePermissionError: If the credentials are refused.
     """
-    _check_root(root)
-    below = _below(tenant, session)
+    require_root(root)
+    below = scope_below(tenant, session)
     scope = root.for_session(*below) if len(below) == 2 else root.for_tenant(*below) if below else root
     prefix = "".join(f"{segment}/" for segment in below)
     found = scope.find_objects()
@@ -123,7 +123,7 @@ def read_inside_layout(url: str, objects: list[StoredObject]) -> LayoutReading |
         if len(ids) != depth or not parent or parent.endswith(":") or parent.endswith(":/"):
             continue
         try:
-            _below(ids[0], ids[1] if depth == 2 else None)
+            scope_below(ids[0], ids[1] if depth == 2 else None)
         except ValueError:
             continue
         prefix = "".join(f"{segment}/" for segment in ids)
@@ -176,7 +176,7 @@ def delete(
     :raises ValueError: If an object is not a result or a document.
     :raises StorageError: If the backend fails; objects of earlier batches stay deleted.
     """
-    _check_root(root)
+    require_root(root)
     chosen = list(objects)
     if any(item.kind == "other" for item in chosen):
         raise ValueError(
@@ -207,12 +207,23 @@ def read_object(root: RangedResults, path: str, start: int, end: int) -> tuple[b
     return root.read_range_and_size(path, start, end)
 
 
-def _check_root(root: FsspecToolResultStore) -> None:
+def require_root(root: FsspecToolResultStore) -> None:
+    """
+    :param root: The store an operator command was given.
+    :raises ValueError: If it is scoped to a tenant or session: operator commands work on the root.
+    """
     if root.scope:
         raise ValueError("Operator commands work on the root store; pass the root URL, not a scoped store.")
 
 
-def _below(tenant: str | None, session: str | None) -> list[str]:
+def scope_below(tenant: str | None, session: str | None) -> list[str]:
+    """
+    :param tenant: A tenant, or None for the whole root.
+    :param session: A session of `tenant`, or None.
+    :returns: The scope's path segments below the root, validated.
+    :raises ValueError: If a session is given without its tenant.
+    :raises InvalidScopeIdError: If an id is not a safe path segment.
+    """
     if session is not None and tenant is None:
         raise ValueError("A session belongs to a tenant: give the tenant too.")
     below = []

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from haystack_integrations.offload.operations.inventory import StoredObject, _below, _check_root, classify
+from haystack_integrations.offload.operations.inventory import StoredObject, classify, require_root, scope_below
 from haystack_integrations.offload.stores import FsspecToolResultStore
 from haystack_integrations.offload.stores.names import TEMPORARY_GRACE, is_stale_temporary
 from haystack_integrations.offload.stores.purging import PurgeSelection, delete_selection, select_purge
@@ -104,8 +104,8 @@ def plan_purge(
     :raises InvalidScopeIdError: If an id is not a safe path segment.
     :raises StorageError: If the backend fails.
     """
-    _check_root(root)
-    below = _below(tenant, session)
+    require_root(root)
+    below = scope_below(tenant, session)
     if not below and older_than is None:
         raise ValueError("Purging a whole root takes an age: give a tenant, or older_than.")
     scope = root.for_session(*below) if len(below) == 2 else root.for_tenant(*below) if below else root
