@@ -18,6 +18,7 @@ from haystack_integrations.offload import (
 )
 from haystack_integrations.offload.stores import fsspec_store
 from haystack_integrations.offload.testing.faults import FaultProxy
+from support.stopped_server import write_after_the_server_stopped
 
 pytest.importorskip("adlfs")
 
@@ -132,19 +133,13 @@ def test_a_stopped_endpoint_fails_after_our_attempts_alone(attempts: int) -> Non
     missing = azurite_available()
     if missing is not None:
         pytest.skip(missing)  # the session fixture fails it under CI; this one needs a server of its own to stop
-    with AzuriteServer() as server:
-        # attempt_timeout well above our attempts' own time: the Azure SDK's first backoff (15 s) would outlast it
-        # and show up as a "timeout" cause, where a refused connection fails each attempt at once.
-        policy = RetryPolicy(attempts=attempts, base_delay=0, max_delay=0, deadline=None, attempt_timeout=10)
-        store = _store(server, retry=policy)
-        session = store.for_session("acme", "chat-1")
-        session.write(key="before.txt", content="up")
-    with pytest.raises(StorageError) as caught:
-        session.write(key="k.txt", content="x")
-    stats = store.retry_stats.as_dict()
+    # attempt_timeout well above our attempts' own time: the Azure SDK's first backoff (15 s) would outlast it
+    # and show up as a "timeout" cause, where a refused connection fails each attempt at once.
+    policy = RetryPolicy(attempts=attempts, base_delay=0, max_delay=0, deadline=None, attempt_timeout=10)
+    error, stats, endpoint = write_after_the_server_stopped(AzuriteServer(), _store, policy)
     assert (stats["retries"], stats["gave_up"]) == (attempts - 1, 1)
     assert stats["causes"] == {"connection failed": attempts}
-    assert caught.value.location.startswith("az://") and server.endpoint in caught.value.location
+    assert error.location.startswith("az://") and endpoint in error.location
 
 
 def test_without_adlfs_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,6 +22,7 @@ from haystack_integrations.offload import (
     StoragePermissionError,
 )
 from haystack_integrations.offload.testing.faults import FaultProxy
+from support.stopped_server import write_after_the_server_stopped
 
 
 def _store(server: Any, **kwargs: Any) -> FsspecToolResultStore:
@@ -145,15 +146,9 @@ def test_a_stopped_endpoint_fails_after_our_attempts_alone(attempts: int) -> Non
     missing = fake_gcs_available()
     if missing is not None:
         pytest.skip(missing)  # the session fixture fails it under CI; this one needs a server of its own to stop
-    with FakeGCS() as server:
-        # attempt_timeout above gcsfs's first backoff (1-2 s): with its retries inside ours, a cause is "timeout".
-        policy = RetryPolicy(attempts=attempts, base_delay=0, max_delay=0, deadline=None, attempt_timeout=5)
-        store = _store(server, retry=policy)
-        session = store.for_session("acme", "chat-1")
-        session.write(key="before.txt", content="up")
-    with pytest.raises(StorageError) as caught:
-        session.write(key="k.txt", content="x")
-    stats = store.retry_stats.as_dict()
+    # attempt_timeout above gcsfs's first backoff (1-2 s): with its retries inside ours, a cause is "timeout".
+    policy = RetryPolicy(attempts=attempts, base_delay=0, max_delay=0, deadline=None, attempt_timeout=5)
+    error, stats, endpoint = write_after_the_server_stopped(FakeGCS(), _store, policy)
     assert (stats["retries"], stats["gave_up"]) == (attempts - 1, 1)
     assert stats["causes"] == {"connection failed": attempts}
-    assert caught.value.location.startswith("gs://") and server.endpoint in caught.value.location
+    assert error.location.startswith("gs://") and endpoint in error.location
