@@ -146,6 +146,7 @@ SUBPACKAGE_NAMES = {
         "scan",
         "select_older_than",
         "select_scope",
+        "summarize_tenant",
         "usage",
     ],
     "sessions": [
@@ -189,6 +190,7 @@ SUBPACKAGE_NAMES = {
         "Retention",
         "RetryPolicy",
         "RetryStats",
+        "ScopeChildren",
         "SessionDocuments",
         "StoredResult",
         "TenantKeys",

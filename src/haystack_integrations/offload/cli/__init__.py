@@ -105,9 +105,17 @@ def _add_operator_commands(commands: Any) -> None:
         "fit a tenant's or a session's layout; a root with results of its own is always listed as a root. With "
         "--tenant or --session the URL is always the root.",
     )
-    ls.add_argument("--tenant", help="list this tenant's sessions")
+    ls.add_argument(
+        "--tenant",
+        help="list this tenant's sessions (by name, with its usage mark's totals, where quota'd writers keep one)",
+    )
     ls.add_argument("--session", help="list this session's results and documents (needs --tenant)")
     ls.add_argument("-R", "--recursive", action="store_true", help="list every result and document")
+    ls.add_argument(
+        "--exact",
+        action="store_true",
+        help="with --tenant: list every object and count each session, even where the tenant's usage mark serves",
+    )
     add_progress_argument(ls)
 
     du = operator_command(commands, "du", du_command, help="usage per tenant and session")

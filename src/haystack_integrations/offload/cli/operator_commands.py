@@ -44,10 +44,15 @@ def _scoped_url(url: str, tenant: str | None, session: str | None) -> str:
 
 
 def ls_command(arguments: argparse.Namespace) -> int:
-    from haystack_integrations.offload.operations import usage
+    from haystack_integrations.offload.operations import summarize_tenant, usage
     from haystack_integrations.offload.operations.inventory import roots_below
 
-    objects = _scan(arguments, root_store(arguments), arguments.tenant, arguments.session)
+    root = root_store(arguments)
+    if arguments.tenant is not None and arguments.session is None and not (arguments.recursive or arguments.exact):
+        summary = summarize_tenant(root, arguments.tenant)
+        if summary is not None:
+            return _print_tenant_summary(arguments, summary)
+    objects = _scan(arguments, root, arguments.tenant, arguments.session)
     reading = _inside_layout(arguments, objects)
     if reading is not None:
         objects = reading.objects
@@ -101,6 +106,36 @@ def ls_command(arguments: argparse.Namespace) -> int:
         if roots:  # a bucket or prefix above the roots: their objects are the library's, one level too high up
             listed = ", ".join(_scoped_url(arguments.url, None, None) + root for root in roots)
             print(f"  Some of these lie in what look like roots below this URL; list one of them: {listed}")
+    return 0
+
+
+def _print_tenant_summary(arguments: argparse.Namespace, summary: Any) -> int:
+    """A tenant's sessions by name and its totals from its usage mark: no walk of its objects."""
+    marked = summary.marked
+    reconciled = marked.reconciled.strftime("%Y-%m-%d %H:%M:%S UTC") if marked.reconciled else "never"
+    if arguments.json:
+        print_json(
+            {
+                "tenant": summary.tenant,
+                "source": "usage_mark",
+                "sessions": summary.sessions,
+                "results": marked.results,
+                "total_bytes": marked.size,
+                "mark": marked.mark,
+                "reconciled": marked.reconciled.isoformat() if marked.reconciled else None,
+            }
+        )
+        return 0
+    print(
+        f"{_scoped_url(arguments.url, arguments.tenant, None)}  {len(summary.sessions)} session(s), "
+        f"{marked.results} result(s), {size_text(marked.size)} of results and documents"
+    )
+    for session in summary.sessions:
+        print(f"  {session}/")
+    print(
+        f"Totals from the tenant's usage mark #{marked.mark} (last reconciled with a listing: {reconciled}); "
+        "--exact lists every object and counts each session."
+    )
     return 0
 
 

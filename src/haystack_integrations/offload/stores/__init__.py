@@ -13,6 +13,7 @@ _import_structure = {
     "exclusive_creates": ["ExclusiveCreateCheck"],
     "filesystem_handle": ["DEFAULT_S3_MAX_POOL_CONNECTIONS"],
     "fsspec_store": ["FsspecToolResultStore"],
+    "operator_objects": ["ScopeChildren"],
     "options": ["check_region", "redacted_url", "with_s3_choices", "with_timeouts"],
     "purging": ["end_session", "end_session_async"],
     "pending": ["PendingWrite"],
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from .exclusive_creates import ExclusiveCreateCheck as ExclusiveCreateCheck
     from .filesystem_handle import DEFAULT_S3_MAX_POOL_CONNECTIONS as DEFAULT_S3_MAX_POOL_CONNECTIONS
     from .fsspec_store import FsspecToolResultStore as FsspecToolResultStore
+    from .operator_objects import ScopeChildren as ScopeChildren
     from .options import check_region as check_region
     from .options import redacted_url as redacted_url
     from .options import with_s3_choices as with_s3_choices

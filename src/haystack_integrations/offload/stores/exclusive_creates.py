@@ -6,13 +6,17 @@ import contextlib
 import secrets
 import threading
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from haystack_integrations.offload.errors import ExclusiveCreatesUnsupportedError, StorageUnavailableError
 from haystack_integrations.offload.stores.failures import no_answer_cause, status_of, transient_cause
 from haystack_integrations.offload.stores.io import Requests
 from haystack_integrations.offload.stores.names import new_temporary_name
+from haystack_integrations.offload.stores.options import redacted_url
 from haystack_integrations.offload.stores.translate import storage_errors
+
+if TYPE_CHECKING:
+    from haystack_integrations.offload.stores.fsspec_store import FsspecToolResultStore
 
 Verdict = Literal["enforced", "ignored", "unsupported", "unknown"]
 
@@ -143,3 +147,20 @@ async def _create(request: Requests, path: str, data: bytes) -> None:
         # A fresh random name cannot exist unless this very create landed and its answer was lost.
         if await request("get", path, lambda io: io.get_async(path)) != data:
             raise StorageUnavailableError("The probe's fresh key was already taken by another writer.") from None
+
+
+async def store_exclusive_creates_async(store: FsspecToolResultStore, *, refresh: bool) -> ExclusiveCreateCheck:
+    """`FsspecToolResultStore.check_exclusive_creates_async` (see there)."""
+    backend = store._handle.backend_key()
+    known = None if refresh else checked(backend)
+    if known is not None:
+        return known
+    endpoint = backend[2]
+    described = (
+        f"The object store {redacted_url(store.url)!r} (engine {store.resolved_engine!r}"
+        f"{f', endpoint {endpoint}' if endpoint else ''})"
+    )
+    if not (await store._handle.io_async()).remote:
+        # Memory and local disk: the exclusive create is this library's own (a lock, a hard link), nothing to ask.
+        return ExclusiveCreateCheck("enforced", described, "makes exclusive creates in this process")
+    return await check_exclusive_creates(store._handle.request, store._scope_path(), backend=backend, store=described)

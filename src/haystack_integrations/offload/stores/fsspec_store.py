@@ -26,8 +26,7 @@ from haystack_integrations.offload.stores.engines import (
 )
 from haystack_integrations.offload.stores.exclusive_creates import (
     ExclusiveCreateCheck,
-    check_exclusive_creates,
-    checked,
+    store_exclusive_creates_async,
 )
 from haystack_integrations.offload.stores.filesystem_handle import (
     DEFAULT_S3_MAX_POOL_CONNECTIONS as DEFAULT_S3_MAX_POOL_CONNECTIONS,
@@ -36,7 +35,9 @@ from haystack_integrations.offload.stores.filesystem_handle import FilesystemHan
 from haystack_integrations.offload.stores.layout import parse_reference, scope_path
 from haystack_integrations.offload.stores.names import TEMPORARY_GRACE, parse_object_name
 from haystack_integrations.offload.stores.operator_objects import (
+    ScopeChildren,
     activity_times_below_async,
+    children_below_async,
     delete_below_async,
     objects_below_async,
 )
@@ -704,6 +705,18 @@ class FsspecToolResultStore(ToolResultStore):
 
     find_objects = synced(find_objects_async)
 
+    async def find_children_async(self) -> ScopeChildren:
+        """
+        What lies directly below this store's scope: a root's tenants, a tenant's sessions, by name, and the scope's
+        own objects. One LIST with a delimiter per 1000 of them on S3, however much lies deeper.
+
+        :returns: The directories and objects, relative to the scope.
+        :raises StorageError: If the backend fails (e.g. the bucket does not exist).
+        """
+        return await children_below_async(self)
+
+    find_children = synced(find_children_async)
+
     async def delete_objects_async(self, paths: Iterable[str]) -> None:
         """
         Delete objects by their paths relative to this store's scope (as `find_objects` names them), in batches.
@@ -745,19 +758,7 @@ class FsspecToolResultStore(ToolResultStore):
         :returns: The verdict; `ExclusiveCreateCheck.require` raises unless it is ``"enforced"``.
         :raises StoragePermissionError: If the probe may not be written in this scope.
         """
-        backend = self._handle.backend_key()
-        known = None if refresh else checked(backend)
-        if known is not None:
-            return known
-        endpoint = backend[2]
-        described = (
-            f"The object store {redacted_url(self.url)!r} (engine {self.resolved_engine!r}"
-            f"{f', endpoint {endpoint}' if endpoint else ''})"
-        )
-        if not (await self._handle.io_async()).remote:
-            # Memory and local disk: the exclusive create is this library's own (a lock, a hard link), nothing to ask.
-            return ExclusiveCreateCheck("enforced", described, "makes exclusive creates in this process")
-        return await check_exclusive_creates(self._handle.request, self._scope_path(), backend=backend, store=described)
+        return await store_exclusive_creates_async(self, refresh=refresh)
 
     check_exclusive_creates = synced(check_exclusive_creates_async)
 

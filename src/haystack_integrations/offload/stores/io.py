@@ -36,6 +36,15 @@ class Listed(NamedTuple):
     """By the storage's clock (timezone-aware): S3's LastModified, a file's mtime; None where the listing is mute."""
 
 
+class Children(NamedTuple):
+    """What lies directly below a directory (`Engine.children_async`), by full path."""
+
+    directories: list[str]
+    """The subdirectories (S3's common prefixes), without a trailing separator, sorted."""
+    objects: dict[str, int]
+    """The directory's own objects, with their sizes."""
+
+
 class Engine:
     """
     The async operations a store needs of one filesystem: put, put from chunks, exclusive create, get, ranged get
@@ -126,6 +135,27 @@ class Engine:
         :returns: Every object below it, with its size and modification time.
         """
         return {name: Listed(size, None) for name, size in (await self.find_async(path)).items()}
+
+    async def children_async(self, path: str) -> Children:
+        """
+        What lies directly below the directory `path`: its subdirectories and its own objects (S3: a LIST with a
+        delimiter, one per 1000 of them). This base version derives both from `find_async`, a walk of everything below.
+
+        :param path: The directory, without a trailing separator.
+        :returns: The children, by full path.
+        """
+        prefix = path + "/"
+        directories: set[str] = set()
+        objects: dict[str, int] = {}
+        for name, size in (await self.find_async(path)).items():
+            if not name.startswith(prefix):
+                continue
+            child, separator, _ = name[len(prefix) :].partition("/")
+            if separator:
+                directories.add(prefix + child)
+            else:
+                objects[name] = size
+        return Children(sorted(directories), objects)
 
     async def delete_async(self, paths: Iterable[str]) -> None:
         """

@@ -42,6 +42,7 @@ from haystack_integrations.offload.stores.io import (
     MULTIPART_PART_BYTES,
     MULTIPART_PARTS_IN_FLIGHT,
     MULTIPART_THRESHOLD,
+    Children,
     Chunk,
     Engine,
     Listed,
@@ -504,6 +505,22 @@ class ObstoreIO(Engine):
             return await self.fallback().find_detailed_async(path)
         bucket = path.partition("/")[0]
         return {f"{bucket}/{meta['path']}": Listed(int(meta["size"]), meta["last_modified"]) for meta in found}
+
+    async def children_async(self, path: str) -> Children:
+        """A LIST with a delimiter, one per 1000 subdirectories and objects; the fallback engine's as `find_async`."""
+        store, key = await self._located_async(path)
+        try:
+            with _mapped_errors():
+                found = await obstore.list_with_delimiter_async(store, key or None)
+        except InvalidPathError:
+            if self.fallback is None:
+                raise
+            return await self.fallback().children_async(path)
+        bucket = path.partition("/")[0]
+        return Children(
+            sorted(f"{bucket}/{prefix}" for prefix in found["common_prefixes"]),
+            {f"{bucket}/{meta['path']}": int(meta["size"]) for meta in found["objects"]},
+        )
 
     async def delete_async(self, paths: Iterable[str]) -> None:
         """One DeleteObjects per bucket and 1000 keys (a missing key is no error); unparsable keys via the fallback."""

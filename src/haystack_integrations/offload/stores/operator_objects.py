@@ -1,11 +1,12 @@
 """
-The operator's view of a store's scope, for `FsspecToolResultStore.find_objects`, `delete_objects` and
-`activity_times`: every object below the scope by its path relative to it, whatever wrote it.
+The operator's view of a store's scope, for `FsspecToolResultStore.find_objects`, `find_children`, `delete_objects`
+and `activity_times`: the objects below the scope by their paths relative to it, whatever wrote them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,28 @@ async def objects_below_async(store: FsspecToolResultStore) -> dict[str, int]:
         found = await store._handle.request("find", scope, lambda io: io.find_async(scope))
     # A sibling prefix ('t/ab' when 't/a' is listed) is not below the scope.
     return {path[len(prefix) :]: size for path, size in found.items() if path.startswith(prefix)}
+
+
+@dataclass(frozen=True)
+class ScopeChildren:
+    """What lies directly below a store's scope (`FsspecToolResultStore.find_children`), by name relative to it."""
+
+    directories: list[str]
+    """The directories below it, sorted: a root's tenants, a tenant's sessions (and dot-directories of its own)."""
+    objects: dict[str, int]
+    """The scope's own objects, with their sizes (none in a root or a tenant this library wrote alone)."""
+
+
+async def children_below_async(store: FsspecToolResultStore) -> ScopeChildren:
+    """`FsspecToolResultStore.find_children_async` (see there)."""
+    scope = store._scope_path()
+    prefix = scope + "/"
+    with storage_errors("list the store", reference=None):
+        found = await store._handle.request("list", scope, lambda io: io.children_async(scope))
+    return ScopeChildren(
+        [path[len(prefix) :] for path in found.directories if path.startswith(prefix)],
+        {path[len(prefix) :]: size for path, size in found.objects.items() if path.startswith(prefix)},
+    )
 
 
 async def delete_below_async(store: FsspecToolResultStore, paths: Iterable[str]) -> None:

@@ -20,6 +20,7 @@ from haystack_integrations.offload.stores.io import (
     MULTIPART_PART_BYTES,
     MULTIPART_PARTS_IN_FLIGHT,
     MULTIPART_THRESHOLD,
+    Children,
     Chunk,
     aware,
     drained,
@@ -206,6 +207,26 @@ class S3IO(AsyncFilesystemIO):
                 raise StorageError(message)
             for path in batch:
                 fs.invalidate_cache(path)
+
+    async def children_async(self, path: str) -> Children:
+        """A LIST with a delimiter, one per 1000 subdirectories and objects: nothing deeper is listed."""
+        return await self._run_async(self._children, path)
+
+    async def _children(self, fs: AsyncFileSystem, path: str) -> Children:
+        bucket, key, _ = fs.split_path(path)
+        arguments: dict[str, Any] = {"Bucket": bucket, "Prefix": key.rstrip("/") + "/" if key else "", "Delimiter": "/"}
+        directories: list[str] = []
+        objects: dict[str, int] = {}
+        while True:
+            response = await fs._call_s3("list_objects_v2", **arguments)
+            directories.extend(f"{bucket}/{item['Prefix'].rstrip('/')}" for item in response.get("CommonPrefixes", []))
+            objects.update(
+                (f"{bucket}/{item['Key']}", int(item.get("Size") or 0)) for item in response.get("Contents", [])
+            )
+            token = response.get("NextContinuationToken")
+            if not response.get("IsTruncated") or not token:
+                return Children(sorted(directories), objects)
+            arguments["ContinuationToken"] = token
 
 
 def _refused_keys(errors: list[dict[str, Any]], asked: list[str]) -> list[str]:
