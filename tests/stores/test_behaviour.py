@@ -282,3 +282,14 @@ async def test_async_warm_up(store: FsspecToolResultStore) -> None:
     await store.warm_up_async()
     session = store.for_session("a", "b")
     assert await session.read_async(await session.write_async(key="x.txt", content="warm")) == "warm"
+
+
+def test_find_children_lists_one_level_without_what_lies_below(store: FsspecToolResultStore) -> None:
+    # A LIST by delimiter on S3 (`ls --tenant`): sibling tenants apart, nothing deeper than the next level named.
+    for tenant, session in (("acme", "chat-b"), ("acme", "chat-a"), ("acme-2", "chat-a")):
+        store.for_session(tenant, session).write(key="x.txt", content="x")
+    tenant = store.for_tenant("acme").find_children()
+    assert tenant.directories == ["chat-a", "chat-b"] and tenant.objects == {}
+    assert store.find_children().directories == ["acme", "acme-2"]
+    inside = store.for_session("acme", "chat-a").find_children()
+    assert inside.directories == [] and len(inside.objects) == 1
