@@ -3,8 +3,10 @@ Whether an object store keeps the promises this library relies on: the checks be
 
 Every check works below one fresh prefix of the store (``<url>/.doctor/<random>/``), removed at the end even when a
 check fails (and by a later run, if this one is killed), and needs only object read, write, list and delete
-permissions there (no bucket is created). Each gives ``pass``, ``fail``, ``warn``, ``skipped`` (not for this backend,
-with why) or ``unknown`` (a transient failure: run again; never reported as "unsupported").
+permissions there (no bucket is created). Each gives ``pass``, ``fail``, ``warn``, ``skipped`` (no meaning on this
+store, with which store lacks what) or ``unknown`` (a transient failure: run again; never reported as "unsupported").
+S3 is checked here; Azure Blob Storage and Google Cloud Storage answer the same checks in their own protocol
+(`cloud_conformance`).
 `ConformanceReport.exit_status` maps them to the command's exit status.
 """
 
@@ -17,10 +19,22 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from haystack_integrations.offload.errors import StorageUnavailableError
+from haystack_integrations.offload.operations.cloud_conformance import (
+    Cloud,
+    Verdict,
+    azure_committed_blocks,
+    azure_conditional_commit,
+    cloud_of,
+    cloud_pages,
+    gcs_conditional_resumable,
+    large_write_threshold,
+    not_applicable,
+    pages_verdict,
+)
 from haystack_integrations.offload.stores import FsspecToolResultStore
 from haystack_integrations.offload.stores.chunks import ContentChunks
 from haystack_integrations.offload.stores.failures import StorageRequestError, no_answer_cause, transient_cause
-from haystack_integrations.offload.stores.io import MULTIPART_THRESHOLD, Engine, Requests
+from haystack_integrations.offload.stores.io import MULTIPART_PART_BYTES, MULTIPART_THRESHOLD, Engine, Requests
 from haystack_integrations.offload.stores.options import redacted_url
 from haystack_integrations.offload.stores.retention import storage_times_async
 from haystack_integrations.offload.stores.s3fs_io import S3IO, s3_status
@@ -36,7 +50,8 @@ __all__ = [
     "run_conformance_async",
 ]
 
-Verdict = Literal["pass", "fail", "warn", "skipped", "unknown"]
+# Verdict ("pass", "fail", "warn", "skipped", "unknown") is defined beside the Azure and GCS checks, which return it.
+
 EXIT_PASSED = 0
 """Every check passed, warned or was skipped."""
 EXIT_FAILED = 1
@@ -183,7 +198,7 @@ async def _run_all(
     base = probe._handle.root_path()
     io = probe._handle.io()
     request = probe._handle.request
-    client = _S3Client.of(io, probe.resolved_engine)
+    client = _StoreClient.of(io, probe.resolved_engine, root.url)
     checks: dict[str, Callable[[], Awaitable[tuple[Verdict, str] | CheckResult | _NoAnswer]]] = {
         "exclusive-create": lambda: _exclusive_create(probe),
         "ranged-read": lambda: _ranged_read(request, f"{base}/ranged"),
@@ -191,7 +206,7 @@ async def _run_all(
         "batch-delete": lambda: _batch_delete(request, f"{base}/delete"),
         "multipart-write": lambda: _multipart_write(request, client, f"{base}/multipart"),
         "conditional-multipart": lambda: _conditional_multipart(request, client, base),
-        "tenant-isolation": lambda: tenant_isolation(root, probe),
+        "tenant-isolation": lambda: _tenant_isolation(root, probe, client),
         "cleanup": lambda: _cleanup(request, io.fs, client, base),
         "leftovers": lambda: _leftovers(request, io.fs, client, base, leftover_age),
     }
@@ -247,20 +262,35 @@ def _first_line(error: BaseException) -> str:
 
 
 @dataclass(frozen=True)
-class _S3Client:
-    """The S3 client behind a store's I/O, for the checks that speak S3 directly (None parts: not S3)."""
+class _StoreClient:
+    """
+    The client behind a store's I/O, for the checks that speak the store's protocol directly: S3's (`kind`), Azure's
+    or GCS's (`cloud`, through `io`), or neither (local disk, memory: both None).
+    """
 
     kind: Literal["s3fs", "obstore"] | None
+    url: str
     fs: Any = None
     obstore_settings: Any = None
+    cloud: Cloud | None = None
+    io: Engine | None = None
 
     @classmethod
-    def of(cls, io: Engine, engine: str) -> "_S3Client":
+    def of(cls, io: Engine, engine: str, url: str) -> "_StoreClient":
         if isinstance(io, S3IO):
-            return cls("s3fs", fs=io.fs)
+            return cls("s3fs", url, fs=io.fs)
         if engine == "obstore":
-            return cls("obstore", obstore_settings=getattr(io, "settings", None))
-        return cls(None)
+            return cls("obstore", url, obstore_settings=getattr(io, "settings", None))
+        return cls(None, url, fs=io.fs, cloud=cloud_of(io), io=io)
+
+    @property
+    def keeps_directories(self) -> bool:
+        """Whether the store is a filesystem that keeps the directories its objects were in (local disk, memory)."""
+        return self.kind is None and self.cloud is None
+
+    def not_applicable(self, check: str) -> str:
+        """Why `check` has no meaning on this store (not S3): which store lacks what."""
+        return not_applicable(check, self.url, self.cloud)
 
     def s3_store(self, bucket: str) -> Any:
         from obstore.store import S3Store
@@ -275,7 +305,6 @@ class _S3Client:
         )
 
 
-_NOT_S3 = "S3 only: this store is not on S3"
 # A store that ignores or refuses conditional creates fails: approvals, claims and turns are refused on it.
 _EXCLUSIVE: dict[str, Verdict] = {"enforced": "pass", "ignored": "fail", "unsupported": "fail", "unknown": "unknown"}
 
@@ -297,13 +326,15 @@ async def _ranged_read(request: Requests, path: str) -> tuple[Verdict, str]:
     return "pass", "a ranged read returns the bytes and the total size; past the end, the size and no bytes"
 
 
-async def _listing(request: Requests, client: _S3Client, base: str) -> tuple[Verdict, str]:
-    if client.kind is None:
-        return "skipped", f"{_NOT_S3} (pagination and common prefixes are S3 LIST semantics)"
+async def _listing(request: Requests, client: _StoreClient, base: str) -> tuple[Verdict, str]:
+    if client.kind is None and client.cloud is None:
+        return "skipped", client.not_applicable("list-delimiter")
     folders = [f"d{number}" for number in range(LISTED_OBJECTS - 2)]
     files = [f"f{number}" for number in range(2)]
     for name in [f"{folder}/object" for folder in folders] + files:
         await _put(request, f"{base}/{name}", b"x")
+    if client.cloud is not None and client.io is not None:
+        return await _cloud_listing(client.io, client.cloud, base, folders, files)
     bucket, _, key = base.partition("/")
     prefix = f"{key}/"
     if client.kind == "s3fs":
@@ -325,6 +356,23 @@ async def _listing(request: Requests, client: _S3Client, base: str) -> tuple[Ver
     if oversized:
         return "warn", f"complete, but a page held more than the {LIST_PAGE} keys asked for (MaxKeys ignored)"
     return "pass", f"{len(folders)} common prefixes and {len(files)} keys, complete and each once {how}"
+
+
+async def _cloud_listing(
+    io: Engine, cloud: Cloud, base: str, folders: list[str], files: list[str]
+) -> tuple[Verdict, str]:
+    # The delimited listing (common prefixes), then every key below without a delimiter: the listing the store's own
+    # find sends on Azure and GCS (adlfs and gcsfs page it), each in pages of LIST_PAGE.
+    prefix = f"{base.partition('/')[2]}/"
+    want_prefixes = [f"{prefix}{folder}/" for folder in folders]
+    delimited = await cloud_pages(io, cloud, base, delimiter=True, page_size=LIST_PAGE)
+    first = pages_verdict(delimited, want_prefixes, [prefix + name for name in files], LIST_PAGE, "delimited")
+    every_key = [f"{prefix}{folder}/object" for folder in folders] + [prefix + name for name in files]
+    flat = await cloud_pages(io, cloud, base, delimiter=False, page_size=LIST_PAGE)
+    second = pages_verdict(flat, [], every_key, LIST_PAGE, "without a delimiter")
+    verdicts = {first[0], second[0]}
+    verdict: Verdict = "fail" if "fail" in verdicts else "warn" if "warn" in verdicts else "pass"
+    return verdict, f"{first[1]}; {second[1]}"
 
 
 async def _s3fs_pages(fs: Any, bucket: str, prefix: str) -> tuple[list[str], list[str], int, bool]:
@@ -359,28 +407,54 @@ async def _batch_delete(request: Requests, base: str) -> tuple[Verdict, str]:
     return "pass", "a batch delete of one existing and one missing key: no error, and the existing one is gone"
 
 
-def _multipart_content() -> Iterator[bytes]:
-    # Block n is filled with n, so a part stored out of order or twice shows up in the bytes read back.
-    for block in range(MULTIPART_THRESHOLD // _MULTIPART_BLOCK + 1):
-        yield bytes([block]) * _MULTIPART_BLOCK
+def _multipart_content(threshold: int) -> Iterator[bytes]:
+    # Block n is filled with n (mod 256), so a part stored out of order or twice shows up in the bytes read back.
+    for block in range(threshold // _MULTIPART_BLOCK + 1):
+        yield bytes([block % 256]) * _MULTIPART_BLOCK
 
 
-async def _multipart_write(request: Requests, client: _S3Client, path: str) -> tuple[Verdict, str]:
-    if client.kind is None:
-        return "skipped", f"{_NOT_S3} (writes elsewhere are whole, never multipart)"
-    content = ContentChunks(b"".join(_multipart_content()), chunk_chars=_MULTIPART_BLOCK)
+async def _multipart_write(request: Requests, client: _StoreClient, path: str) -> tuple[Verdict, str]:
+    """
+    Write content just above the size where the store's write stops being one request, through the store's own
+    write, and read it back: S3 multipart (our threshold), Azure staged blocks (the SDK's single-put limit), GCS
+    resumable upload (gcsfs's chunk size).
+    """
+    if client.kind is None and client.cloud is None:
+        return "skipped", client.not_applicable("multipart-write")
+    threshold, piece = MULTIPART_THRESHOLD, MULTIPART_PART_BYTES
+    if client.cloud is not None and client.io is not None:
+        threshold, piece = large_write_threshold(client.io, client.cloud)
+    content = ContentChunks(b"".join(_multipart_content(threshold)), chunk_chars=_MULTIPART_BLOCK)
     total = content.nbytes
     await _put_chunks(request, path, content)
     del content
     size = await request("size", path, lambda io: io.size_async(path))
+    what = {None: "a multipart write", "azure": "a staged-block write", "gcs": "a resumable upload"}[client.cloud]
     if size != total:
-        return "fail", f"a multipart write of {total:,} bytes reads back as {size:,}"
+        return "fail", f"{what} of {total:,} bytes reads back as {size:,}"
     blocks = total // _MULTIPART_BLOCK
     for block in (0, blocks // 2, blocks - 1):
         data = await _read(request, path, block * _MULTIPART_BLOCK, block * _MULTIPART_BLOCK + 4)
-        if data != bytes([block]) * 4:
-            return "fail", f"a multipart write of {total:,} bytes reads back wrong at MiB {block}"
-    return "pass", f"a multipart write of {total // 2**20} MiB (above {MULTIPART_THRESHOLD // 2**20} MiB) reads back"
+        if data != bytes([block % 256]) * 4:
+            return "fail", f"{what} of {total:,} bytes reads back wrong at MiB {block}"
+    pieces = -(-total // piece)
+    if client.cloud == "azure" and client.io is not None:
+        committed = await azure_committed_blocks(client.io, path)
+        if committed <= 1:
+            return "warn", (
+                f"a write of {total // 2**20} MiB reads back, but as {committed} committed block(s): the Azure "
+                f"client did not stage blocks above its {threshold // 2**20} MiB single-put size"
+            )
+        return "pass", (
+            f"{what} of {total // 2**20} MiB (above the Azure SDK's {threshold // 2**20} MiB single-put size) "
+            f"reads back, committed as {committed} blocks of up to {piece // 2**20} MiB"
+        )
+    if client.cloud == "gcs":
+        return "pass", (
+            f"{what} of {total // 2**20} MiB (above gcsfs's {threshold // 2**20} MiB chunk size: {pieces} chunks) "
+            "reads back"
+        )
+    return "pass", f"{what} of {total // 2**20} MiB (above {threshold // 2**20} MiB) reads back"
 
 
 async def _put(request: Requests, path: str, data: bytes) -> None:
@@ -395,10 +469,15 @@ async def _read(request: Requests, path: str, start: int, end: int) -> bytes:
     return (await request("get_range_and_size", path, lambda io: io.get_range_and_size_async(path, start, end)))[0]
 
 
-async def _conditional_multipart(request: Requests, client: _S3Client, base: str) -> CheckResult:
+async def _conditional_multipart(request: Requests, client: _StoreClient, base: str) -> CheckResult:
     name = "conditional-multipart"
+    if client.cloud is not None and client.io is not None:
+        path = f"{base}/conditional"
+        await request("put", path, lambda io: io.put_async(path, b"original"))
+        conditional = azure_conditional_commit if client.cloud == "azure" else gcs_conditional_resumable
+        return CheckResult(name, *await conditional(client.io, path))
     if client.kind is None:
-        return CheckResult(name, "skipped", f"{_NOT_S3} (multipart uploads are S3's)")
+        return CheckResult(name, "skipped", client.not_applicable(name))
     if client.kind == "obstore":
         return CheckResult(
             name,
@@ -461,6 +540,14 @@ def _refused_completion(name: str, error: Exception) -> CheckResult:
 
 ISOLATION_TENANTS = ("doctor-tenant-a", "doctor-tenant-b")
 """The two tenants the isolation check writes as, below the run's prefix."""
+
+
+async def _tenant_isolation(
+    root: FsspecToolResultStore, probe: FsspecToolResultStore, client: _StoreClient
+) -> tuple[Verdict, str]:
+    if client.kind is None:  # credentials= and encryption= are refused off S3: say what this store lacks
+        return "skipped", client.not_applicable("tenant-isolation")
+    return await tenant_isolation(root, probe)
 
 
 async def tenant_isolation(root: FsspecToolResultStore, probe: FsspecToolResultStore) -> tuple[Verdict, str]:
@@ -546,11 +633,11 @@ async def _refused(attempt: Awaitable[object], *, without_key: bool = False) -> 
     return False
 
 
-async def _cleanup(request: Requests, fs: Any, client: _S3Client, base: str) -> tuple[Verdict, str]:
+async def _cleanup(request: Requests, fs: Any, client: _StoreClient, base: str) -> tuple[Verdict, str]:
     found = await request("find", base, lambda io: io.find_async(base))
     if found:
         await request("delete", base, lambda io: io.delete_async(list(found)))
-    if client.kind is None:
+    if client.keeps_directories:
         # Local disk and memory keep the directories the objects were in.
         with contextlib.suppress(FileNotFoundError):
             await asyncio.to_thread(fs.rm, base, recursive=True)
@@ -560,7 +647,9 @@ async def _cleanup(request: Requests, fs: Any, client: _S3Client, base: str) -> 
     return "pass", f"removed the {len(found)} object(s) the checks wrote, and their prefix"
 
 
-async def _leftovers(request: Requests, fs: Any, client: _S3Client, base: str, age: timedelta) -> tuple[Verdict, str]:
+async def _leftovers(
+    request: Requests, fs: Any, client: _StoreClient, base: str, age: timedelta
+) -> tuple[Verdict, str]:
     """Remove what earlier doctor runs that were killed left under the root's doctor directory (older than a run)."""
     runs = base.rpartition("/")[0]
     found = await request("find", runs, lambda io: io.find_async(runs))
@@ -570,7 +659,7 @@ async def _leftovers(request: Requests, fs: Any, client: _S3Client, base: str, a
     stale = [path for path, moment in written.items() if moment is not None and moment < cutoff]
     if stale:
         await request("delete", runs, lambda io: io.delete_async(stale))
-    if client.kind is None:  # local disk and memory keep directories: remove the killed runs' and, if empty, the parent
+    if client.keeps_directories:  # remove the killed runs' directories and, if empty, the parent
         kept = {_run_of(path, runs) for path in written if path not in stale}
         for directory in {_run_of(path, runs) for path in stale} - kept:
             with contextlib.suppress(OSError):

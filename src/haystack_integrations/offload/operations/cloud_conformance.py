@@ -1,0 +1,310 @@
+"""
+The doctor's checks as Azure Blob Storage (adlfs) and Google Cloud Storage (gcsfs) answer them: delimited and paged
+listings, the large write each client makes (Azure's staged blocks, GCS's resumable upload) and its conditional form,
+and, for every store, why a check that has no meaning there was not run.
+
+Each check speaks the store's own protocol through the client the store's engine holds, as the S3 checks in
+`conformance` do, so what it finds is the store's answer and not a client's emulation of it.
+"""
+
+import base64
+import contextlib
+import importlib
+import inspect
+from collections.abc import Callable, Coroutine
+from typing import Any, Literal, TypeVar
+
+from fsspec.core import split_protocol
+
+from haystack_integrations.offload.stores.async_fsspec_io import AZURE_PROTOCOLS, GCS_PROTOCOLS, AsyncFilesystemIO
+from haystack_integrations.offload.stores.io import Engine, protocols_of
+
+__all__ = [
+    "AZURE_BLOCK_BYTES",
+    "AZURE_SINGLE_PUT_BYTES",
+    "GCS_CHUNK_BYTES",
+    "Cloud",
+    "Verdict",
+    "azure_committed_blocks",
+    "azure_conditional_commit",
+    "cloud_of",
+    "cloud_pages",
+    "gcs_conditional_resumable",
+    "large_write_threshold",
+    "not_applicable",
+    "pages_verdict",
+]
+
+Verdict = Literal["pass", "fail", "warn", "skipped", "unknown"]
+Cloud = Literal["azure", "gcs"]
+Page = tuple[list[str], list[str]]
+"""One listing page: its common prefixes and its keys."""
+T = TypeVar("T")
+
+AZURE_SINGLE_PUT_BYTES = 64 * 2**20
+"""The Azure SDK's ``max_single_put_size`` default: a blob larger than this is uploaded as staged blocks."""
+AZURE_BLOCK_BYTES = 4 * 2**20
+"""The Azure SDK's ``max_block_size`` default: the size of each staged block."""
+GCS_CHUNK_BYTES = 50 * 2**20
+"""gcsfs's ``_pipe_file`` chunk size default: content of this size or more goes as a resumable upload."""
+_MAX_PAGES = 20
+_NAMES = {"azure": "Azure Blob Storage", "gcs": "Google Cloud Storage"}
+
+
+def cloud_of(io: Engine) -> Cloud | None:
+    """
+    Which cloud store an engine talks to.
+
+    :param io: The store's engine.
+    :returns: ``"azure"`` (adlfs), ``"gcs"`` (gcsfs), or None for any other.
+    """
+    if not isinstance(io, AsyncFilesystemIO):
+        return None
+    protocols = set(protocols_of(io.fs))
+    if protocols & AZURE_PROTOCOLS:
+        return "azure"
+    return "gcs" if protocols & GCS_PROTOCOLS else None
+
+
+async def _on_engine(io: Engine, operation: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
+    # On the loop the engine's client belongs to, with the engine's classification of failures (a refused
+    # connection or a 503 is a transient StorageRequestError, which the doctor reports as "unknown").
+    if not isinstance(io, AsyncFilesystemIO):
+        raise TypeError(f"{type(io).__name__} is not an async filesystem engine")
+    return await io._run_async(operation, *args)
+
+
+def large_write_threshold(io: Engine, cloud: Cloud) -> tuple[int, int]:
+    """
+    Where the client changes how it writes, as the store's own write (one ``_pipe_file``) would meet it.
+
+    :param io: The store's engine.
+    :param cloud: Its cloud.
+    :returns: A size such that content larger than it is sent in pieces (Azure: staged blocks; GCS: a resumable
+        upload of more than one chunk), and the size of each piece.
+    """
+    if cloud == "azure":
+        config = getattr(getattr(io.fs, "service_client", None), "_config", None)
+        single = getattr(config, "max_single_put_size", AZURE_SINGLE_PUT_BYTES)
+        block = getattr(config, "max_block_size", AZURE_BLOCK_BYTES)
+        return int(single), int(block)
+    parameter = inspect.signature(type(io.fs)._pipe_file).parameters.get("chunksize")
+    chunk = parameter.default if parameter is not None and isinstance(parameter.default, int) else GCS_CHUNK_BYTES
+    # gcsfs: a simple upload below the chunk size, resumable from it; above it, more than one chunk.
+    return chunk, chunk
+
+
+async def cloud_pages(io: Engine, cloud: Cloud, path: str, *, delimiter: bool, page_size: int) -> list[Page]:
+    """
+    List below `path` page by page as the store pages, asking for `page_size` entries a page.
+
+    :param io: The store's engine.
+    :param cloud: Its cloud.
+    :param path: ``container/prefix`` or ``bucket/prefix``, without a trailing ``/``.
+    :param delimiter: Whether to list with the ``/`` delimiter (common prefixes) or every key below.
+    :param page_size: Entries to ask for per page (``maxresults``, ``maxResults``).
+    :returns: The pages, in order.
+    :raises OSError: If the listing does not end within 20 pages.
+    """
+    where, _, key = path.partition("/")
+    lister = _azure_pages if cloud == "azure" else _gcs_pages
+    return await _on_engine(io, lister, where, f"{key}/", delimiter, page_size)
+
+
+async def _azure_pages(fs: Any, container: str, prefix: str, delimiter: bool, page_size: int) -> list[Page]:
+    blob_prefix = importlib.import_module("azure.storage.blob.aio").BlobPrefix
+    pages: list[Page] = []
+    async with fs.service_client.get_container_client(container) as client:
+        if delimiter:
+            items = client.walk_blobs(name_starts_with=prefix, delimiter="/", results_per_page=page_size)
+        else:
+            items = client.list_blobs(name_starts_with=prefix, results_per_page=page_size)
+        async for page in items.by_page():
+            entries = [entry async for entry in page]
+            pages.append(
+                (
+                    [entry.name for entry in entries if isinstance(entry, blob_prefix)],
+                    [entry.name for entry in entries if not isinstance(entry, blob_prefix)],
+                )
+            )
+            if len(pages) >= _MAX_PAGES:
+                raise OSError(f"the listing did not end within {_MAX_PAGES} pages")
+    return pages
+
+
+async def _gcs_pages(fs: Any, bucket: str, prefix: str, delimiter: bool, page_size: int) -> list[Page]:
+    pages: list[Page] = []
+    token: str | None = None
+    while len(pages) < _MAX_PAGES:
+        query: dict[str, Any] = {"prefix": prefix, "maxResults": page_size}
+        if delimiter:
+            query["delimiter"] = "/"
+        if token:
+            query["pageToken"] = token
+        answer = await fs._call("GET", "b/{}/o", bucket, json_out=True, **query)
+        pages.append((list(answer.get("prefixes") or []), [item["name"] for item in answer.get("items") or []]))
+        token = answer.get("nextPageToken")
+        if not token:
+            return pages
+    raise OSError(f"the listing did not end within {_MAX_PAGES} pages")
+
+
+def pages_verdict(
+    pages: list[Page], want_prefixes: list[str], want_keys: list[str], page_size: int, what: str
+) -> tuple[Verdict, str]:
+    """
+    Judge one paged listing: complete and each entry once (else ``fail``), pages no larger than asked (else
+    ``warn``).
+
+    :param pages: What the store returned.
+    :param want_prefixes: The common prefixes it should hold.
+    :param want_keys: The keys it should hold.
+    :param page_size: The entries asked for per page.
+    :param what: The listing, for the detail (``"a delimited listing"``).
+    :returns: The verdict and one phrase.
+    """
+    prefixes = [name for page in pages for name in page[0]]
+    keys = [name for page in pages for name in page[1]]
+    largest = max((len(page[0]) + len(page[1]) for page in pages), default=0)
+    if sorted(prefixes) != sorted(want_prefixes) or sorted(keys) != sorted(want_keys):
+        return "fail", (
+            f"{what} in {len(pages)} page(s) gave {len(prefixes)} common prefix(es) and {len(keys)} key(s) "
+            f"(want {len(want_prefixes)} and {len(want_keys)}, each once)"
+        )
+    held = f"{len(want_prefixes)} common prefixes and " if want_prefixes else ""
+    if largest > page_size:
+        return "warn", (
+            f"{what}: {held}{len(want_keys)} keys, complete, but in {len(pages)} page(s) of up to {largest} entries "
+            f"where {page_size} were asked for (the page size is ignored)"
+        )
+    return "pass", f"{what}: {held}{len(want_keys)} keys, complete and each once in {len(pages)} pages of {page_size}"
+
+
+async def azure_committed_blocks(io: Engine, path: str) -> int:
+    """
+    :param io: The store's engine (Azure).
+    :param path: ``container/blob``.
+    :returns: How many committed blocks the blob is made of (0 for a blob written in one Put Blob).
+    """
+    return await _on_engine(io, _committed_blocks, *path.split("/", 1))
+
+
+async def _committed_blocks(fs: Any, container: str, blob: str) -> int:
+    async with fs.service_client.get_blob_client(container=container, blob=blob) as client:
+        committed, _ = await client.get_block_list("committed")
+        return len(committed)
+
+
+async def azure_conditional_commit(io: Engine, path: str) -> tuple[Verdict, str, str]:
+    """
+    On an existing blob, stage a block and commit it with ``If-None-Match: *``: what the Azure SDK sends last for an
+    exclusive create above its single-put size (``upload_blob(overwrite=False)``, the store's ``put_exclusive``).
+
+    :param io: The store's engine (Azure).
+    :param path: ``container/blob`` of an existing blob holding ``b"original"``.
+    :returns: The verdict, the detail and the finding (``refused`` or ``ignored``).
+    """
+    return await _on_engine(io, _conditional_commit, *path.split("/", 1))
+
+
+async def _conditional_commit(fs: Any, container: str, blob: str) -> tuple[Verdict, str, str]:
+    exceptions = importlib.import_module("azure.core.exceptions")
+    missing = importlib.import_module("azure.core").MatchConditions.IfMissing
+    block = base64.b64encode(b"doctor-0").decode()
+    async with fs.service_client.get_blob_client(container=container, blob=blob) as client:
+        await client.stage_block(block, b"new")
+        try:
+            await client.commit_block_list([block], match_condition=missing)  # If-None-Match: *
+        except (exceptions.ResourceExistsError, exceptions.ResourceModifiedError) as error:
+            status = getattr(error, "status_code", None)
+            return (
+                "pass",
+                f"Put Block List with If-None-Match: * on an existing blob: refused ({status}), so an exclusive "
+                "create sent as staged blocks is enforced too",
+                "refused",
+            )
+        now = await (await client.download_blob()).readall()
+    what = "overwrote the existing blob" if now == b"new" else "was accepted"
+    return (
+        "warn",
+        f"Put Block List with If-None-Match: * {what}; this library writes coordination documents as single Put Blob "
+        "requests only, so coordination is unaffected",
+        "ignored",
+    )
+
+
+async def gcs_conditional_resumable(io: Engine, path: str) -> tuple[Verdict, str, str]:
+    """
+    On an existing object, a resumable upload started with ``ifGenerationMatch=0``: what gcsfs sends for an exclusive
+    create of its chunk size or more (``_pipe_file(mode="create")``, the store's ``put_exclusive``).
+
+    :param io: The store's engine (GCS).
+    :param path: ``bucket/key`` of an existing object holding ``b"original"``.
+    :returns: The verdict, the detail and the finding (``refused`` or ``ignored``).
+    """
+    return await _on_engine(io, _conditional_resumable, *path.split("/", 1))
+
+
+async def _conditional_resumable(fs: Any, bucket: str, key: str) -> tuple[Verdict, str, str]:
+    gcsfs_core = importlib.import_module("gcsfs.core")
+    content_type = "application/octet-stream"
+    try:
+        location = await gcsfs_core.initiate_upload(fs, bucket, key, content_type, None, mode="create")
+    except FileExistsError:
+        return (
+            "pass",
+            "a resumable upload with ifGenerationMatch=0 on an existing object: refused at its start",
+            "refused",
+        )
+    try:
+        await gcsfs_core.upload_chunk(fs, location, b"new", 0, 3, content_type)
+    except FileExistsError:
+        return "pass", "a resumable upload with ifGenerationMatch=0 on an existing object: refused (412)", "refused"
+    except BaseException:
+        with contextlib.suppress(Exception):  # as gcsfs does: cancel the upload it started
+            await fs._call("DELETE", location.replace("&ifGenerationMatch=0", ""))
+        raise
+    finally:
+        fs.invalidate_cache(f"{bucket}/{key}")
+    now = await fs._cat_file(f"{bucket}/{key}")
+    what = "overwrote the existing object" if now == b"new" else "was accepted"
+    return (
+        "warn",
+        f"a resumable upload with ifGenerationMatch=0 {what}; this library writes coordination documents as single "
+        "simple uploads only (ifGenerationMatch=0 on them: the exclusive-create check), so coordination is unaffected",
+        "ignored",
+    )
+
+
+def not_applicable(check: str, url: str, cloud: Cloud | None) -> str:
+    """
+    Why a check has no meaning on a store that is not on S3, worded for the store.
+
+    :param check: ``list-delimiter``, ``multipart-write``, ``conditional-multipart`` or ``tenant-isolation``.
+    :param url: The store's URL.
+    :param cloud: Its cloud, if Azure or GCS.
+    :returns: One sentence naming the store, what it lacks and why the check cannot apply.
+    """
+    if cloud is not None and check == "tenant-isolation":
+        name = _NAMES[cloud]
+        missing = (
+            "per-tenant SAS tokens and customer-provided keys"
+            if cloud == "azure"
+            else "downscoped credentials per tenant prefix and customer-supplied keys"
+        )
+        return (
+            f"{name} enforces no isolation per tenant for this library yet: {missing} are not built (credentials= "
+            "and encryption= take s3:// stores only); tenants are kept apart by prefixes and reference checks alone"
+        )
+    protocol = split_protocol(url)[0] or "file"
+    store = "memory://" if protocol == "memory" else "local disk" if protocol in {"file", "local"} else f"{protocol}://"
+    reasons = {
+        "list-delimiter": "lists a directory whole: it has no listing pages and no common prefixes to check",
+        "multipart-write": "has no multipart or block upload: a large write is written whole "
+        "(on local disk, streamed to a temporary file renamed into place)",
+        "conditional-multipart": "has no multipart or block upload whose completion could ignore a condition: "
+        "its exclusive creates are single writes (the exclusive-create check)",
+        "tenant-isolation": "has no credentials or keys per tenant: tenants are kept apart by prefixes and "
+        "reference checks alone",
+    }
+    return f"{store} {reasons[check]}"
