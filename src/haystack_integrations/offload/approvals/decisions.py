@@ -52,12 +52,22 @@ async def pending_approvals_async(store: SessionDocumentSource) -> list[Approval
     :raises ValueError: If the store is not scoped to one session.
     """
     ledger = ApprovalLedger(store)
-    snapshot = await ledger.snapshot_async()
-    await repair_newest_async(ledger, snapshot)  # the newest step's audit, if an append failed
-    return ledger.saw_waiting(_waiting_in(snapshot))
+    return await pending_in_async(ledger, await ledger.snapshot_async())
 
 
 pending_approvals = sync_twin(pending_approvals_async)
+
+
+async def pending_in_async(ledger: ApprovalLedger, snapshot: ApprovalSnapshot) -> list[ApprovalRequest]:
+    """
+    `pending_approvals_async` from what a request already read of the newest step (nothing of it is read again).
+
+    :param ledger: The session's ledger, for this request.
+    :param snapshot: Its snapshot of the newest step.
+    :returns: The requests that wait, in the model's order.
+    """
+    await repair_newest_async(ledger, snapshot)  # the newest step's audit, if an append failed
+    return ledger.saw_waiting(_waiting_in(snapshot))
 
 
 async def decide_async(
@@ -83,7 +93,30 @@ async def decide_async(
     :raises ApprovalAlreadyDecidedError: If the request already has a decision (its ``repeated`` says whether this
         one was the same: same verdict, same final arguments).
     """
-    ledger = ApprovalLedger(store)
+    return await decide_in_async(ApprovalLedger(store), request_id, decision, ttl=ttl)
+
+
+decide = sync_twin(decide_async)
+
+
+async def decide_in_async(
+    ledger: ApprovalLedger, request_id: str, decision: Decision, *, ttl: float = DEFAULT_DECISION_TTL
+) -> ApprovalDecision:
+    """
+    `decide_async` through a request's own ledger, which keeps the step and the decision for what the request does
+    next (its snapshot of the newest step reads neither again).
+
+    :param ledger: The session's ledger, for this request.
+    :param request_id: The request, as a client sent it.
+    :param decision: The decision.
+    :param ttl: Seconds the approval stays usable by `resume`.
+    :returns: The recorded decision.
+    :raises ApprovalNotFoundError: If this session has no such request.
+    :raises ApprovalExpiredError: If the request has expired.
+    :raises InvalidApprovalEditError: If the decision names another tool, or its edited arguments are invalid.
+    :raises ApprovalAlreadyDecidedError: If the request already has a decision.
+    """
+    store = ledger.store
     step_id, position = parse_request_id(request_id)
     request = _request(await ledger.step_async(sequence_of(step_id)), position, request_id)
     at = now()
@@ -99,9 +132,6 @@ async def decide_async(
     return record
 
 
-decide = sync_twin(decide_async)
-
-
 async def open_step_async(store: SessionDocumentSource) -> "OpenStep | None":
     """
     The session's held step that is not finished yet, and where it stands: the server's check before a new message.
@@ -111,21 +141,31 @@ async def open_step_async(store: SessionDocumentSource) -> "OpenStep | None":
         live lease is resuming it now.
     """
     ledger = ApprovalLedger(store)
-    snapshot = await ledger.snapshot_async()
+    return await open_step_in_async(ledger, await ledger.snapshot_async())
+
+
+async def open_step_in_async(ledger: ApprovalLedger, snapshot: ApprovalSnapshot) -> "OpenStep | None":
+    """
+    `open_step_async` from what a request already read of the newest step (nothing of it is read again).
+
+    :param ledger: The session's ledger, for this request.
+    :param snapshot: Its snapshot of the newest step.
+    :returns: The open step and where it stands, or None.
+    """
     step, listing = snapshot.step, snapshot.listing
     await repair_newest_async(ledger, snapshot)  # the newest step's audit, if an append failed
     if step is None or snapshot.done is not None:
         ledger.saw_waiting([])
         return None
     at = now()
-    sequence = step.sequence
     waiting = ledger.saw_waiting(_waiting(step, listing, at))
-    attempts = listing.claims_of(sequence)
-    lease_until = (await ledger.step_claim_async(sequence, attempts[-1])).lease_until if attempts else None
+    claim = await ledger.newest_claim_async(snapshot)
+    # The lease is judged when the claim was read, not later: a renewal since then would not be seen.
+    live = claim is not None and snapshot.read_at < claim.lease_until
     return OpenStep(
-        sequence=sequence,
+        sequence=step.sequence,
         waiting=waiting,
-        resuming_until=lease_until if lease_until and at < lease_until else None,
+        resuming_until=claim.lease_until if claim is not None and live else None,
         decided=any(listing.decided(request.request_id) for request in step.requests()),
     )
 
@@ -138,6 +178,17 @@ async def newest_done_async(store: SessionDocumentSource) -> StepDone | None:
     :returns: The done record of the newest step that has one.
     """
     return await ApprovalLedger(store).newest_done_async()
+
+
+async def newest_done_in_async(ledger: ApprovalLedger, snapshot: ApprovalSnapshot) -> StepDone | None:
+    """
+    `newest_done_async` from what a request already read of the newest step (its done record is not read again).
+
+    :param ledger: The session's ledger, for this request.
+    :param snapshot: Its snapshot of the newest step.
+    :returns: The done record of the newest step that has one.
+    """
+    return await ledger.newest_done_async(snapshot)
 
 
 @dataclass(frozen=True)

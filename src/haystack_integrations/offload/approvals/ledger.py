@@ -202,12 +202,18 @@ class ApprovalSnapshot:
     What a request needs to know of the session's newest held step, read by name: the step, its done record, and an
     `ApprovalListing` of the documents found about it (the step, its done record, its resume claims, its decisions).
 
-    Its cost depends on the step alone, never on how many steps the session held before it.
+    Its cost depends on the step alone, never on how many steps the session held before it. One request reads it once
+    and passes it on (decide, the pending check and the resume it runs): every write it leads to is conditional, or
+    made under a claim that is, so a snapshot gone stale meanwhile is refused by that write, never acted on blindly.
     """
 
     step: HeldStep | None
     done: StepDone | None
     listing: ApprovalListing
+    read_at: datetime
+    """When the read began: a resume claim's lease is judged at this time, the time its document was read after."""
+    claim: StepClaim | None = None
+    """The newest resume claim on the step, as its document was read (None when nobody claimed it)."""
 
 
 def _step_name(sequence: int) -> str:
@@ -223,14 +229,20 @@ def _resume_name(sequence: int, attempt: int) -> str:
 
 
 def _snapshot(
-    step: HeldStep, done: StepDone | None, attempts: list[int], decisions: dict[str, ApprovalDecision | None]
+    step: HeldStep,
+    done: StepDone | None,
+    attempts: list[int],
+    decisions: dict[str, ApprovalDecision | None],
+    *,
+    read_at: datetime,
+    claim: StepClaim | None = None,
 ) -> ApprovalSnapshot:
     names = {_step_name(step.sequence)}
     names.update(_resume_name(step.sequence, attempt) for attempt in attempts)
     names.update(f"decision.{request}.json" for request, decision in decisions.items() if decision is not None)
     if done is not None:
         names.add(f"done.{step.sequence:08d}.json")
-    return ApprovalSnapshot(step, done, ApprovalListing(frozenset(names)))
+    return ApprovalSnapshot(step, done, ApprovalListing(frozenset(names)), read_at=read_at, claim=claim)
 
 
 def _parse(model: type[_Model], name: str, data: bytes) -> _Model:
@@ -363,6 +375,8 @@ class ApprovalLedger:
         # Documents created once and never rewritten, as this ledger read them (it lives for one operation).
         self._steps: dict[int, HeldStep] = {}
         self._decisions: dict[str, ApprovalDecision] = {}
+        # The releases of claims this ledger wrote again (`_as_released_async`), by claim token.
+        self._released: dict[str, StepClaim] = {}
 
     # Listing
 
@@ -418,19 +432,20 @@ class ApprovalLedger:
         The session's newest held step and what is recorded about it (a few GETs, at any length of history); what can
         be read at once is (three round trips when the head is current).
         """
+        read_at = now()
         sequence, done = await self._newest_async(done=True)
         step = await self._step_or_none_async(sequence) if sequence is not None else None
         if step is None:  # none held, or purged from under its head
-            return ApprovalSnapshot(None, None, ApprovalListing(frozenset()))
+            return ApprovalSnapshot(None, None, ApprovalListing(frozenset()), read_at=read_at)
         if done is not None:
-            return _snapshot(step, done, [], {})
+            return _snapshot(step, done, [], {}, read_at=read_at)
         requests = step.requests()
-        attempts, found = await asyncio.gather(
+        (attempts, claim), found = await asyncio.gather(
             self._attempts_async(step.sequence),
             asyncio.gather(*(self.decision_async(request.request_id) for request in requests)),
         )
         decisions = {request.request_id: decision for request, decision in zip(requests, found, strict=True)}
-        return _snapshot(step, None, attempts, decisions)
+        return _snapshot(step, None, attempts, decisions, read_at=read_at, claim=claim)
 
     snapshot = sync_twin(snapshot_async)
 
@@ -458,12 +473,23 @@ class ApprovalLedger:
             names.add(_UNRUN_NAME.format(call=key, attempt=attempt))
         return names
 
-    async def newest_done_async(self) -> StepDone | None:
-        """The done record of the session's newest step that has one, or None (read from the newest step back)."""
-        newest = await self.newest_async()
-        if newest is None:
-            return None
-        for sequence in range(newest, max(0, newest - _DONE_LOOKBACK), -1):
+    async def newest_done_async(self, snapshot: ApprovalSnapshot | None = None) -> StepDone | None:
+        """
+        The done record of the session's newest step that has one, or None (read from the newest step back).
+
+        :param snapshot: What this request already read of the newest step: it is not read again.
+        :returns: The done record, or None.
+        """
+        if snapshot is not None and snapshot.step is not None:
+            if snapshot.done is not None:
+                return snapshot.done
+            newest, start = snapshot.step.sequence, snapshot.step.sequence - 1  # the newest has none: read on from it
+        else:
+            found = await self.newest_async()
+            if found is None:
+                return None
+            newest, start = found, found
+        for sequence in range(start, max(0, newest - _DONE_LOOKBACK), -1):
             done = await self.done_async(sequence)
             if done is not None:
                 return done
@@ -473,11 +499,16 @@ class ApprovalLedger:
         finished = [sequence for sequence in listing.sequences() if listing.done(sequence)]
         return await self.done_async(finished[-1]) if finished else None
 
-    async def _attempts_async(self, sequence: int) -> list[int]:
+    async def _attempts_async(self, sequence: int) -> tuple[list[int], StepClaim | None]:
+        """The attempts claimed at resuming a step, and the newest one's claim (read on the way, so kept)."""
         attempts: list[int] = []
-        while await self.read_async(_resume_name(sequence, len(attempts) + 1)) is not None:
+        newest: bytes | None = None
+        while (data := await self.read_async(_resume_name(sequence, len(attempts) + 1))) is not None:
             attempts.append(len(attempts) + 1)
-        return attempts
+            newest = data
+        if newest is None:
+            return attempts, None
+        return attempts, _parse(StepClaim, _resume_name(sequence, attempts[-1]), newest)
 
     async def _head_async(self) -> int | None:
         head = await self._optional_async(_HEAD_NAME, ApprovalHead)
@@ -571,6 +602,8 @@ class ApprovalLedger:
         """
         with self._deciding(decision):
             await self.documents.create_async(f"decision.{decision.request_id}.json", _dump(decision))
+        # Created by this write, with this content, and never rewritten: the rest of the operation need not read it.
+        self._decisions[decision.request_id] = decision
 
     create_decision = sync_twin(create_decision_async)
 
@@ -618,13 +651,31 @@ class ApprovalLedger:
 
     async def step_claim_async(self, sequence: int, attempt: int) -> StepClaim:
         """Read one attempt's claim (as released, if this worker released it though the store kept its lease)."""
-        claim = await self._required_async(f"resume.{sequence:08d}.{attempt:03d}.json", StepClaim)
+        return await self._as_released_async(
+            await self._required_async(f"resume.{sequence:08d}.{attempt:03d}.json", StepClaim)
+        )
+
+    async def newest_claim_async(self, snapshot: ApprovalSnapshot) -> StepClaim | None:
+        """
+        The newest resume claim on the snapshot's step, as the snapshot read it (not read again), and as released if
+        this worker released it though the store kept its lease. Judge its lease at ``snapshot.read_at``: the claim
+        was read after that, so a lease live then was live when read, and one lapsed then had lapsed unrenewed.
+
+        :param snapshot: What this request read of the newest step.
+        :returns: The claim, or None when nobody claimed the step.
+        """
+        return await self._as_released_async(snapshot.claim) if snapshot.claim is not None else None
+
+    async def _as_released_async(self, claim: StepClaim) -> StepClaim:
         if claim.lease_until <= claim.claimed_at or not released_claims.released(claim):
             return claim
         released = claim.model_copy(update={"lease_until": claim.claimed_at})
+        if self._released.get(claim.token) == released:  # written once per operation, however often it is asked
+            return released
         try:
             # So that other workers see it released too, now that the store may answer again.
             await self.renew_step_async(released)
+            self._released[claim.token] = released
         except OffloadError as error:
             logger.warning("Could not write the release of the claim on held step %s: %s", claim.step_id, error)
         return released

@@ -50,7 +50,7 @@ from haystack_integrations.offload.approvals.audit import (
     new_event,
     outcome_event,
 )
-from haystack_integrations.offload.approvals.audit_repair import mark_audited
+from haystack_integrations.offload.approvals.audit_repair import mark_audited, owes_audit_check
 from haystack_integrations.offload.approvals.channels import APPROVAL_REQUIRED, DurableApprovals
 from haystack_integrations.offload.approvals.errors import (
     ApprovalClaimedError,
@@ -164,17 +164,70 @@ async def resume_async(
     """
     if not lease > 0:
         raise ValueError(f"lease must be a positive number of seconds, got {lease}.")
-    ledger = ApprovalLedger(store)
+    return await resume_in_async(
+        agent,
+        messages,
+        ApprovalLedger(store),
+        None,
+        hook_context=hook_context,
+        worker=worker,
+        lease=lease,
+        **run_kwargs,
+    )
+
+
+resume = sync_twin(resume_async)
+
+
+async def resume_in_async(
+    agent: Agent,
+    messages: Sequence[ChatMessage],
+    ledger: ApprovalLedger,
+    snapshot: ApprovalSnapshot | None,
+    *,
+    hook_context: dict[str, Any] | None = None,
+    worker: str | None = None,
+    lease: float = DEFAULT_RESUME_LEASE,
+    **run_kwargs: Any,
+) -> dict[str, Any]:
+    """
+    `resume_async` through a request's own ledger, from what the request already read of the newest step: a server
+    that decided, checked what waits and claimed its turn in the same request reads nothing of the step again.
+
+    A snapshot read earlier in the request may be stale by now; every write it leads to says so: the step's resume
+    claim is a conditional create (a claim made meanwhile refuses this one), each call's try is claimed the same way,
+    and a lease is judged at the time its claim was read.
+
+    :param agent: The Agent that held the step.
+    :param messages: The conversation as the stopped run returned it.
+    :param ledger: The session's ledger, for this request.
+    :param snapshot: Its snapshot of the newest step; None reads one now.
+    :param hook_context: As for `resume_async`.
+    :param worker: As for `resume_async`.
+    :param lease: As for `resume_async`.
+    :param run_kwargs: As for `resume_async`.
+    :returns: As `resume_async` returns.
+    :raises ApprovalNotFoundError: If the session has no held step.
+    :raises ApprovalPendingError: If some requests are neither decided nor expired; nothing ran.
+    :raises ApprovalClaimedError: If the step was resumed already, or another worker's lease on it is live.
+    :raises ResumeConversationError: If `messages` already contains the held message.
+    :raises ResumeInterruptedError: If the step ran but the Agent then failed to continue.
+    :raises ValueError: If `lease` is not a positive number of seconds.
+    """
+    if not lease > 0:
+        raise ValueError(f"lease must be a positive number of seconds, got {lease}.")
+    store = ledger.store
     worker = worker or default_worker()
     context = resume_context(store, hook_context, default_channel=DurableApprovals)
     messages = _without_notice(messages)
-    at = now()
     # One look at the session's newest step serves the whole resume (no listing: its cost is the step's, not the
-    # session's history).
-    snapshot = await ledger.snapshot_async()
+    # session's history), read here unless the request read it already.
+    if snapshot is None:
+        snapshot = await ledger.snapshot_async()
+    at = now()
     step = _open_step(snapshot)
     listing = snapshot.listing
-    attempt = await _next_attempt(ledger, listing, step, at)
+    attempt = await _next_attempt(ledger, snapshot, step)
     # What this resume adds starts where the given conversation ends: the answers that a lost turn of the resume that
     # held `step` again gave before holding (put back here) are recorded with it, so a lost turn of this one keeps them.
     added_from = len(messages)
@@ -184,7 +237,12 @@ async def resume_async(
     # Before the step is claimed: what is recorded of its calls (as a listing would have told), and the audit of
     # every request and decision (one whose append failed is appended now, or nothing runs), read at once.
     keys = _call_keys(rulings.first_step_id, step)
-    recorded, _ = await asyncio.gather(ledger.call_names_async(keys), append_missing_async(store, rulings.audited))
+    audited = rulings.audited
+    if not owes_audit_check(ledger, snapshot):
+        # This process found the step's own requests and decisions in the audit (or appended them) as the snapshot
+        # stands: the request that read it, or an earlier one. The steps it continues are still checked.
+        audited = [event for event in audited if event.step_id != step.step_id]
+    recorded, _ = await asyncio.gather(ledger.call_names_async(keys), append_missing_async(store, audited))
     listing = listing.merged(recorded)
     claim = StepClaim(
         step_id=step.step_id,
@@ -244,9 +302,6 @@ async def resume_async(
         raise _interrupted(error, conversation, outcomes) from error
     result[OUTCOMES_KEY] = outcomes
     return result
-
-
-resume = sync_twin(resume_async)
 
 
 @dataclass
@@ -589,13 +644,18 @@ async def _released_on_failure(ledger: ApprovalLedger, claim: StepClaim) -> Asyn
         raise
 
 
-async def _next_attempt(ledger: ApprovalLedger, listing: ApprovalListing, step: HeldStep, at: datetime) -> int:
-    """1 for a step nobody claimed; the next attempt when the last claim's lease has lapsed (its worker died)."""
-    attempts = listing.claims_of(step.sequence)
+async def _next_attempt(ledger: ApprovalLedger, snapshot: ApprovalSnapshot, step: HeldStep) -> int:
+    """
+    1 for a step nobody claimed; the next attempt when the last claim's lease has lapsed (its worker died), judged
+    when the snapshot was read (the claim was read after that; a renewal since then it cannot see).
+    """
+    attempts = snapshot.listing.claims_of(step.sequence)
     if not attempts:
         return 1
-    last = await ledger.step_claim_async(step.sequence, attempts[-1])
-    if at < last.lease_until:
+    last = await ledger.newest_claim_async(snapshot)
+    if last is None:  # listed, so read with the snapshot: only a snapshot made by hand lacks it
+        last = await ledger.step_claim_async(step.sequence, attempts[-1])
+    if snapshot.read_at < last.lease_until:
         raise ApprovalClaimedError(
             f"Held step {step.sequence} is being resumed by {last.claimed_by} (lease until "
             f"{last.lease_until.isoformat()}); if that worker died, it can be resumed once the lease has passed."

@@ -30,15 +30,26 @@ from haystack_integrations.offload.approvals import (
     DurableApprovals,
     InvalidApprovalEditError,
     ResumeInterruptedError,
-    decide_async,
     pending_approvals_async,
     read_audit_async,
-    resume_async,
 )
 from haystack_integrations.offload.approvals.agent_step import continuing_agent
-from haystack_integrations.offload.approvals.decisions import newest_done_async, open_step_async
-from haystack_integrations.offload.approvals.ledger import sequence_of
-from haystack_integrations.offload.approvals.resume import DEFAULT_RESUME_LEASE, OUTCOMES_KEY, default_worker
+from haystack_integrations.offload.approvals.decisions import (
+    OpenStep,
+    decide_in_async,
+    newest_done_async,
+    newest_done_in_async,
+    open_step_async,
+    open_step_in_async,
+    pending_in_async,
+)
+from haystack_integrations.offload.approvals.ledger import ApprovalLedger, ApprovalSnapshot, sequence_of
+from haystack_integrations.offload.approvals.resume import (
+    DEFAULT_RESUME_LEASE,
+    OUTCOMES_KEY,
+    default_worker,
+    resume_in_async,
+)
 from haystack_integrations.offload.context import offload_context
 from haystack_integrations.offload.errors import InvalidReferenceError, ResultNotFoundError
 from haystack_integrations.offload.hooks.pointers import OFFLOADED_META_KEY
@@ -78,6 +89,27 @@ NOT_FOUND_RESULT = "No such result in this session."
 NOT_FOUND_APPROVAL = "No such approval request in this session."
 # A turn's status as the turns metric tells it (`metrics.turn_ended`): one held for approval is "held".
 _TURN_METRIC_STATUSES: dict[TurnStatus, str] = {"completed": "completed", "approval_required": "held"}
+
+
+@dataclass(frozen=True)
+class _ApprovalsRead:
+    """
+    What one request read of the session's approvals, passed on to the rest of the request instead of read again:
+    its ledger (which keeps the steps and decisions it read or wrote) and its snapshot of the newest held step.
+    """
+
+    ledger: ApprovalLedger
+    snapshot: ApprovalSnapshot
+
+    @classmethod
+    async def of(cls, store: FsspecToolResultStore) -> "_ApprovalsRead":
+        """Read the session's newest held step, once for the request."""
+        ledger = ApprovalLedger(store)
+        return cls(ledger, await ledger.snapshot_async())
+
+    async def open_step(self) -> OpenStep | None:
+        """The open step as the snapshot tells it (see `open_step_async`)."""
+        return await open_step_in_async(self.ledger, self.snapshot)
 
 
 @dataclass
@@ -236,9 +268,11 @@ class ChatService:
         history = self._history(store)
         state = await history.read(for_turn=True)
         while True:
-            await self._refuse_while_held(store, state)
+            approvals = await self._refuse_while_held(store, state)
             try:
-                turn, conversation = await self._begin(history, state, progress, kind="message", text=text, actor=actor)
+                turn, conversation = await self._begin(
+                    history, state, progress, approvals, kind="message", text=text, actor=actor
+                )
                 break
             except StaleHistoryError:
                 # This worker's cached conversation was behind (the claim found the turn taken; nothing ran): read what
@@ -279,11 +313,26 @@ class ChatService:
         :raises SessionBusyError: If another request holds the session's next turn.
         :raises RunFailedError: If continuing failed (what ran is kept in the conversation).
         """
+        return await self._resume(store, await _ApprovalsRead.of(store), actor=actor, progress=progress)
+
+    async def _resume(
+        self,
+        store: FsspecToolResultStore,
+        approvals: _ApprovalsRead,
+        *,
+        actor: str | None,
+        progress: TurnProgress | None,
+    ) -> TurnOutcome:
+        """
+        `resume`, from what the request read of the approvals (by `decide`, or by `resume` itself): the snapshot serves
+        the checks, the turn's lost answers and the resume, each of whose writes is conditional (or made under a
+        conditional claim), so a snapshot gone stale since it was read is refused, never acted on.
+        """
         # The approval ledger, not the history, says whether a step waits: a turn that died while resuming (its
         # worker killed, its end never written) leaves the step open, and it must stay resumable.
-        step = await open_step_async(store)
+        step = await approvals.open_step()
         if step is None:
-            return await self._finish_lost_step(store, actor, progress)
+            return await self._finish_lost_step(store, approvals, actor, progress)
         if step.waiting:
             raise ApprovalPendingConflict(
                 f"{len(step.waiting)} approval request(s) still wait for a decision.", step.waiting
@@ -292,13 +341,14 @@ class ChatService:
             raise SessionBusyError("Another worker is resuming this conversation; try again when it has finished.")
         history = self._history(store)
         state = await history.read()
-        turn, conversation = await self._begin(history, state, progress, kind="resume", actor=actor)
+        turn, conversation = await self._begin(history, state, progress, approvals, kind="resume", actor=actor)
         try:
             async with history.renewing(turn):
-                reply = await resume_async(
+                reply = await resume_in_async(
                     self.agent,
                     conversation,
-                    store,
+                    approvals.ledger,
+                    approvals.snapshot,
                     hook_context=self._context(store, actor, progress),
                     worker=self.worker,
                     lease=self.resume_lease,
@@ -338,9 +388,11 @@ class ChatService:
         if not busy and status in ("failed", "abandoned", "approval_required"):
             # Only after a failure or a hold is the ledger read: a resume that failed, or a decision whose answer
             # failed before its resume began (an audit append that gave up), leaves the step open, decided, unrun.
-            step = await open_step_async(store)
+            approvals = await _ApprovalsRead.of(store)
+            step = await approvals.open_step()
             if step is None:  # a resumed step that ran, whose turn was lost: resume gives the model its answers
-                resumable = await self._with_lost_steps(store, state, list(state.conversation)) != state.conversation
+                lost = await self._with_lost_steps(store, state, list(state.conversation), approvals)
+                resumable = lost != state.conversation
             else:
                 resumable = (
                     not step.waiting
@@ -403,24 +455,34 @@ class ChatService:
             )
         except ValueError as error:  # pydantic's ValidationError: e.g. a denial that carries arguments
             raise InvalidApprovalEditError(str(error)) from error
+        # One ledger and one snapshot of the held step serve the whole request (the decision, what still waits, the
+        # resume): each document is read once. The snapshot is read after the decision is recorded, so it holds it.
+        ledger = ApprovalLedger(store)
+        approvals: _ApprovalsRead | None = None
         try:
-            record = await decide_async(store, request_id, decision, ttl=self.approval_ttl)
+            record = await decide_in_async(ledger, request_id, decision, ttl=self.approval_ttl)
         except ApprovalNotFoundError as error:
             raise NotFoundError(NOT_FOUND_APPROVAL) from error
         except ApprovalAlreadyDecidedError as error:
-            if not error.repeated or not await self._decided_step_open(store, error.recorded):
+            if not error.repeated:
+                raise
+            approvals = _ApprovalsRead(ledger, await ledger.snapshot_async())
+            if not await self._decided_step_open(approvals, error.recorded):
                 raise
             # The same decision again, while its step is still open: its first answer failed while resuming (or never
             # arrived). Continue the step as that answer would have; the resume's claims keep every call to one run.
             record = error.recorded
-        pending = await pending_approvals_async(store)
+        if approvals is None:
+            approvals = _ApprovalsRead(ledger, await ledger.snapshot_async())
+        pending = await pending_in_async(ledger, approvals.snapshot)
         if pending:
             return DecisionOutcome(decision=record, pending=pending, resumed=None)
         try:
-            resumed = await self.resume(store, actor=actor, progress=progress)
+            resumed = await self._resume(store, approvals, actor=actor, progress=progress)
         except (SessionBusyError, NothingToResumeError):
             # "Resumed elsewhere" only when another worker's claim on the step really exists (it is resuming, or has
-            # finished it); any other failure is the caller's to retry, and the decision stands either way.
+            # finished it); any other failure is the caller's to retry, and the decision stands either way. Read
+            # afresh: the refusal says the snapshot this request read is stale.
             if not await self._resumed_elsewhere(store):
                 raise
             return DecisionOutcome(decision=record, pending=[], resumed=None, resumed_elsewhere=True)
@@ -537,13 +599,21 @@ class ChatService:
         return SessionHistory(store, worker=self.worker, lease=self.turn_lease, cache=self.conversation_cache)
 
     async def _begin(
-        self, history: SessionHistory, state: HistoryState, progress: TurnProgress | None, **start: Any
+        self,
+        history: SessionHistory,
+        state: HistoryState,
+        progress: TurnProgress | None,
+        approvals: _ApprovalsRead | None,
+        **start: Any,
     ) -> tuple[Turn, list[ChatMessage]]:
-        """Claim the next turn (telling a watching client) and build the conversation it continues."""
+        """
+        Claim the next turn (telling a watching client) and build the conversation it continues, from what the request
+        read of the approvals (`approvals`; None: read if needed).
+        """
         turn = await history.begin(state, **start)
         if progress is not None:
             progress.turn_started(turn.start.turn)
-        return turn, await self._with_lost_steps(history.store, state, list(turn.conversation))
+        return turn, await self._with_lost_steps(history.store, state, list(turn.conversation), approvals)
 
     def _context(
         self, store: FsspecToolResultStore, actor: str | None, progress: TurnProgress | None = None
@@ -553,22 +623,29 @@ class ChatService:
             context[PROGRESS_CONTEXT_KEY] = progress  # the progress hooks publish to it; without one they do nothing
         return context
 
-    async def _refuse_while_held(self, store: FsspecToolResultStore, state: HistoryState) -> None:
+    async def _refuse_while_held(self, store: FsspecToolResultStore, state: HistoryState) -> _ApprovalsRead | None:
+        """Refuse a new message while a held step is open; returns what was read of the approvals (None: nothing)."""
         # Asked of the ledger: a step whose resuming turn died is still open, and a new message must not drop it. Only
         # a turn that ran to completion closes every step, so after one the ledger need not be read (no extra requests
         # on the usual path).
         if _settled(state):
-            return
-        step = await open_step_async(store)
+            return None
+        approvals = await _ApprovalsRead.of(store)
+        step = await approvals.open_step()
         if step is not None:
             raise ApprovalPendingConflict(
                 "This conversation waits for approval decisions: decide them (or resume, if they are decided or "
                 "expired) first.",
                 step.waiting,
             )
+        return approvals
 
     async def _finish_lost_step(
-        self, store: FsspecToolResultStore, actor: str | None, progress: TurnProgress | None = None
+        self,
+        store: FsspecToolResultStore,
+        approvals: _ApprovalsRead,
+        actor: str | None,
+        progress: TurnProgress | None = None,
     ) -> TurnOutcome:
         """
         Continue a conversation whose last resumed step ran but whose turn was lost (its worker died, or its end could
@@ -576,9 +653,10 @@ class ChatService:
         """
         history = self._history(store)
         state = await history.read()
-        if _settled(state) or await self._with_lost_steps(store, state, list(state.conversation)) == state.conversation:
+        lost = await self._with_lost_steps(store, state, list(state.conversation), approvals)
+        if _settled(state) or lost == state.conversation:
             raise NothingToResumeError("Nothing waits for approval in this session.")
-        turn, conversation = await self._begin(history, state, progress, kind="resume", actor=actor)
+        turn, conversation = await self._begin(history, state, progress, approvals, kind="resume", actor=actor)
         try:
             async with history.renewing(turn):
                 reply = await continuing_agent(self.agent).run_async(
@@ -591,11 +669,11 @@ class ChatService:
             raise RunFailedError(f"The agent failed to continue: {type(error).__name__}.") from error
         return await self._finish(history, turn, store, reply, before=turn.conversation, progress=progress)
 
-    async def _decided_step_open(self, store: FsspecToolResultStore, decision: ApprovalDecision | None) -> bool:
+    async def _decided_step_open(self, approvals: _ApprovalsRead, decision: ApprovalDecision | None) -> bool:
         """Whether the decision's held step is the session's open one (so a repeat of the decision may continue it)."""
         if decision is None:
             return False
-        step = await open_step_async(store)
+        step = await approvals.open_step()
         return step is not None and step.sequence == sequence_of(decision.step_id)
 
     async def _resumed_elsewhere(self, store: FsspecToolResultStore) -> bool:
@@ -605,16 +683,24 @@ class ChatService:
         return step.resuming_until is not None
 
     async def _with_lost_steps(
-        self, store: FsspecToolResultStore, state: HistoryState, conversation: list[ChatMessage]
+        self,
+        store: FsspecToolResultStore,
+        state: HistoryState,
+        conversation: list[ChatMessage],
+        approvals: _ApprovalsRead | None,
     ) -> list[ChatMessage]:
         """
         Add what the newest resumed step recorded, if its turn was lost (abandoned, or its end never written).
 
         The calls ran and their results are recorded in the step's done record, so the model learns that they ran.
+        What the request read of the approvals (`approvals`) is not read again; None: read here.
         """
         if _settled(state):
             return conversation
-        done = await newest_done_async(store)
+        if approvals is None:
+            done = await newest_done_async(store)
+        else:
+            done = await newest_done_in_async(approvals.ledger, approvals.snapshot)
         if done is None:
             return conversation
         answered = {m.tool_call_result.origin.id for m in conversation if m.tool_call_result is not None}
