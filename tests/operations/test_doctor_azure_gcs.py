@@ -137,7 +137,7 @@ def test_doctor_on_fake_gcs_runs_every_check_in_gcss_protocol(
     started = [r for r in _below(sent, "/conditional") if _gcs_shape(r) == "start"]
     assert len(started) == 1 and "ifGenerationMatch=0" in started[0].target
     assert checks["conditional-multipart"]["finding"] == "ignored"
-    assert "coordination is unaffected" in checks["conditional-multipart"]["detail"]
+    assert "an exclusive create of 50 MiB or more" in checks["conditional-multipart"]["detail"]
     # The coordination path itself, a simple upload with ifGenerationMatch=0, is refused the second time.
     assert checks["exclusive-create"]["finding"] == "enforced"
 

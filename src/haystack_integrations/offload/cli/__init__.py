@@ -162,10 +162,11 @@ def _add_operator_commands(commands: Any) -> None:
         "doctor",
         help="check that an object store keeps the promises this library relies on",
         description="Check, below one fresh prefix of the store (removed after), that a second exclusive create is "
-        "refused, ranged reads carry the size, delimited listings page completely, batch deletes take missing keys, "
-        "multipart writes read back, a conditional multipart completion is refused, and, given credentials or keys per "
-        "tenant, that the store refuses one tenant's objects to another's credentials and an SSE-C object to a read "
-        "without its key. Exit status: 0 every check "
+        "refused, ranged reads carry the size, delimited listings page completely, batch deletes take missing keys, a "
+        "large write reads back as the store's client sends it (S3 multipart, Azure staged blocks, GCS resumable "
+        "upload) and its conditional form is refused, and, given credentials or keys per tenant (S3), that the store "
+        "refuses one tenant's objects to another's credentials and an SSE-C object to a read without its key. A check "
+        "that has no meaning on a store is skipped with what the store lacks. Exit status: 0 every check "
         "passed, warned or was skipped; 1 a check failed (a store that does not refuse a second exclusive create, "
         "which approvals and serve refuse, a missing bucket or refused credentials: each check names why); 2 the "
         "doctor could not run (a bad argument, no store URL, a local directory that does not exist); 3 no check "

@@ -88,10 +88,15 @@ def large_write_threshold(io: Engine, cloud: Cloud) -> tuple[int, int]:
         single = getattr(config, "max_single_put_size", AZURE_SINGLE_PUT_BYTES)
         block = getattr(config, "max_block_size", AZURE_BLOCK_BYTES)
         return int(single), int(block)
-    parameter = inspect.signature(type(io.fs)._pipe_file).parameters.get("chunksize")
-    chunk = parameter.default if parameter is not None and isinstance(parameter.default, int) else GCS_CHUNK_BYTES
+    chunk = _gcs_chunk(io.fs)
     # gcsfs: a simple upload below the chunk size, resumable from it; above it, more than one chunk.
     return chunk, chunk
+
+
+def _gcs_chunk(fs: Any) -> int:
+    # The store calls `_pipe_file` without a chunk size, so gcsfs's default decides (50 MiB in 2026.10).
+    parameter = inspect.signature(type(fs)._pipe_file).parameters.get("chunksize")
+    return parameter.default if parameter is not None and isinstance(parameter.default, int) else GCS_CHUNK_BYTES
 
 
 async def cloud_pages(io: Engine, cloud: Cloud, path: str, *, delimiter: bool, page_size: int) -> list[Page]:
@@ -225,10 +230,14 @@ async def _conditional_commit(fs: Any, container: str, blob: str) -> tuple[Verdi
             )
         now = await (await client.download_blob()).readall()
     what = "overwrote the existing blob" if now == b"new" else "was accepted"
+    single = AZURE_SINGLE_PUT_BYTES
+    with contextlib.suppress(AttributeError):
+        single = int(fs.service_client._config.max_single_put_size)
     return (
         "warn",
-        f"Put Block List with If-None-Match: * {what}; this library writes coordination documents as single Put Blob "
-        "requests only, so coordination is unaffected",
+        f"Put Block List with If-None-Match: * {what}: an exclusive create above {single // 2**20} MiB (staged "
+        "blocks) would not be refused here; coordination documents are far smaller, single Put Blob requests, "
+        "refused as they must be (the exclusive-create check)",
         "ignored",
     )
 
@@ -268,10 +277,12 @@ async def _conditional_resumable(fs: Any, bucket: str, key: str) -> tuple[Verdic
         fs.invalidate_cache(f"{bucket}/{key}")
     now = await fs._cat_file(f"{bucket}/{key}")
     what = "overwrote the existing object" if now == b"new" else "was accepted"
+    chunk = _gcs_chunk(fs)
     return (
         "warn",
-        f"a resumable upload with ifGenerationMatch=0 {what}; this library writes coordination documents as single "
-        "simple uploads only (ifGenerationMatch=0 on them: the exclusive-create check), so coordination is unaffected",
+        f"a resumable upload with ifGenerationMatch=0 {what}: an exclusive create of {chunk // 2**20} MiB or more "
+        "(gcsfs sends it so) would not be refused here; coordination documents are far smaller, simple uploads, "
+        "refused as they must be (the exclusive-create check)",
         "ignored",
     )
 
