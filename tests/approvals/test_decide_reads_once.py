@@ -1,8 +1,9 @@
 """
 A decision through `ChatService.decide` (the decision, the pending check and the resume it runs, in one request) reads
 each approval, audit and history document at most once, at any length of the session's approval history (issue 42):
-what one part of the request read is passed on to the next, never read again. The conditional writes still guard:
-a claim another worker makes after the decision's read is refused by the resume claim's conditional create.
+what one part of the request read is passed on to the next, never read again; a message whose run holds a step does not
+read back the step it just recorded. The conditional writes still guard: a claim another worker makes after the
+decision's read is refused by the resume claim's conditional create.
 """
 
 import asyncio
@@ -25,13 +26,23 @@ from haystack_integrations.offload.testing.faults import Fault, FaultPlan, Fault
 
 pytestmark = pytest.mark.s3
 
-DECIDE_READS = 13
+DECIDE_READS = 10
 """
-The reads of one decide request that resumes a one-call step (32 before each part passed on what it read): the step
-(decide), the head, the next step number, the step's done record and resume claim (one snapshot), the step's request
-and decision events (the audit check), the history's head, newest end and next start (the turn), the previous step's
-done record (a lost turn's answers), the call's claim and outcome (before it runs).
+The approval and audit reads of one decide request that resumes a one-call step (29 before each part passed on what it
+read): the step (decide), the head, the next step number, the step's done record and resume claim (one snapshot), the
+step's request and decision events (the audit check), the previous step's done record (a lost turn's answers), the
+call's claim and outcome (before it runs). Beside them the turn reads the history (3 GETs today: its head, newest end
+and next start), counted in the request's totals, which are equal at both sizes.
 """
+
+HOLD_READS = 2
+"""
+The approval and audit reads of a message whose run holds a step (8 before the hook handed the step it held to the
+service): the approvals head and the next step number (the hold numbers its step).
+"""
+
+Costs = tuple[Counter[str], Counter[str]]
+"""A request's requests by kind, and its reads by object."""
 
 
 def kind(request: Any) -> str:
@@ -44,11 +55,22 @@ def key(request: Any) -> str:
     return f"{request.path.split('/chat-1/', 1)[-1]}?{request.query}" if kind(request) == "LIST" else request.path
 
 
-async def decide_costs(s3_server: Any, s3_requests: Any, ledger: Path, prior: int) -> tuple[Counter[str], Counter[str]]:
-    """
-    Seed `prior` decided approvals, run one round trip through `ChatService`, then hold, list and decide again.
+def approval_reads(reads: Counter[str]) -> int:
+    """How many of the reads were of the session's approval and audit documents."""
+    return sum(count for name, count in reads.items() if "/.approvals/" in name or "/.audit/" in name)
 
-    :returns: The decide request's requests by kind, and its reads by object.
+
+def costs(log: list[Any]) -> Costs:
+    """A request log's requests by kind, and its reads by object."""
+    reads = Counter(key(request) for request in log if kind(request) in ("GET", "HEAD", "LIST"))
+    return Counter(kind(request) for request in log), reads
+
+
+async def round_trip_costs(s3_server: Any, s3_requests: Any, ledger: Path, prior: int) -> dict[str, Costs]:
+    """
+    Seed `prior` decided approvals, run one round trip through `ChatService`, then another, measured.
+
+    :returns: The `Costs` of the measured round trip's message (``send``) and decision (``decide``).
     """
     root = FsspecToolResultStore(
         f"{s3_server.bucket_url}/{uuid.uuid4().hex}", storage_options=s3_server.storage_options()
@@ -59,31 +81,47 @@ async def decide_costs(s3_server: Any, s3_requests: Any, ledger: Path, prior: in
     agent = make_agent({"send_invoice": AlwaysAskPolicy()})
     await seed(root, session, agent, prior)
     service = ChatService(agent)
-    log: list[Any] = []
+    measured: dict[str, Costs] = {}
     for call_id in ("warm", "measured"):  # what the first round trip learns once (a process's checks) is not measured
+        s3_requests.clear()
         held = await service.send_message(
             session, plan(("send_invoice", {"customer": "acme", "amount": 10}, call_id)).text or ""
         )
+        measured["send"] = costs(s3_requests.snapshot())
+        # What the message reports waiting is what the ledger says waits.
+        assert held.status == "approval_required" and held.pending == await service.pending(session)
         [request] = held.pending
+        assert request.tool_call_id == call_id
         ran = len(ledger_lines(ledger))
         s3_requests.clear()
         decided = await service.decide(session, request.request_id, approved=True, actor="alice")
-        log = s3_requests.snapshot()
+        measured["decide"] = costs(s3_requests.snapshot())
         assert len(ledger_lines(ledger)) == ran + 1  # the approved call ran, once
         assert decided.resumed is not None and decided.resumed.status == "completed"
         assert decided.resumed.reply == "final: invoice sent to acme for 10"
-    reads = Counter(key(request) for request in log if kind(request) in ("GET", "HEAD", "LIST"))
-    return Counter(kind(request) for request in log), reads
+    return measured
 
 
 def test_a_decide_request_reads_each_document_once_after_10_and_after_200_decided_approvals(
     s3_server: Any, s3_requests: Any, ledger: Path
 ) -> None:
-    small, small_reads = asyncio.run(decide_costs(s3_server, s3_requests, ledger, 10))
-    large, large_reads = asyncio.run(decide_costs(s3_server, s3_requests, ledger, 200))
+    small, small_reads = asyncio.run(round_trip_costs(s3_server, s3_requests, ledger, 10))["decide"]
+    large, large_reads = asyncio.run(round_trip_costs(s3_server, s3_requests, ledger, 200))["decide"]
     for kinds, reads in ((small, small_reads), (large, large_reads)):
         assert [name for name, count in reads.items() if count > 1] == [], reads
-        assert kinds["GET"] + kinds["LIST"] == DECIDE_READS, kinds
+        assert approval_reads(reads) == DECIDE_READS, reads
+        assert kinds["HEAD"] == kinds["LIST"] == 0, kinds
+    assert small == large, (small, large)  # every kind, GET and LIST included, the same at both sizes
+
+
+def test_a_message_that_holds_reads_no_document_twice_after_10_and_after_200_decided_approvals(
+    s3_server: Any, s3_requests: Any, ledger: Path
+) -> None:
+    small, small_reads = asyncio.run(round_trip_costs(s3_server, s3_requests, ledger, 10))["send"]
+    large, large_reads = asyncio.run(round_trip_costs(s3_server, s3_requests, ledger, 200))["send"]
+    for kinds, reads in ((small, small_reads), (large, large_reads)):
+        assert [name for name, count in reads.items() if count > 1] == [], reads
+        assert approval_reads(reads) == HOLD_READS, reads
         assert kinds["HEAD"] == kinds["LIST"] == 0, kinds
     assert small == large, (small, large)
 

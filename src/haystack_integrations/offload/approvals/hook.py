@@ -104,6 +104,13 @@ _AGENT_STATE_KEYS = [
     "context_tokens",
 ]
 
+HELD_STEPS_KEY = "offload.held_steps"
+"""
+The `hook_context` key of a list a run's caller may put there: each step the run holds is appended to it once its
+requests are recorded and audited, so the caller knows what waits without reading back what the run just wrote
+(`ChatService` does; a run without the key is unchanged).
+"""
+
 UNBOUND_CALL = Denial(
     kind=APPROVAL_DENIED,
     reason="This call needs approval but has no tool-call id, so no decision could be bound to it; it was not run.",
@@ -291,6 +298,7 @@ class ApprovalHook:
             await append_audit_async(step.ledger.store, *step.events)
             if held is not None:  # its requests are in the audit: this process need not check (`audit_repair`)
                 mark_audited(step.ledger, held, None)
+                _tell_held(state, held)
         _rewrite(state, step)
 
     # Serialization
@@ -671,6 +679,13 @@ def _stop(state: State, step: _Step, held: HeldStep) -> None:
     messages = state.data["messages"]
     state.set("messages", [*messages[:-1], approval_notice(held)], handler_override=replace_values)
     state.set("stop_run", APPROVAL_REQUIRED)
+
+
+def _tell_held(state: State, held: HeldStep) -> None:
+    """Hand the held step to the run's caller, if it asked for it (`HELD_STEPS_KEY`)."""
+    sink = hook_context_of(state).get(HELD_STEPS_KEY)
+    if isinstance(sink, list):
+        sink.append(held)
 
 
 def _rewrite(state: State, step: _Step) -> None:

@@ -34,6 +34,7 @@ from haystack_integrations.offload.approvals import (
     read_audit_async,
 )
 from haystack_integrations.offload.approvals.agent_step import continuing_agent
+from haystack_integrations.offload.approvals.approval_records import HeldStep
 from haystack_integrations.offload.approvals.decisions import (
     OpenStep,
     decide_in_async,
@@ -43,6 +44,7 @@ from haystack_integrations.offload.approvals.decisions import (
     open_step_in_async,
     pending_in_async,
 )
+from haystack_integrations.offload.approvals.hook import HELD_STEPS_KEY
 from haystack_integrations.offload.approvals.ledger import ApprovalLedger, ApprovalSnapshot, sequence_of
 from haystack_integrations.offload.approvals.resume import (
     DEFAULT_RESUME_LEASE,
@@ -281,18 +283,19 @@ class ChatService:
         if not conversation and self.system_prompt:
             conversation.append(ChatMessage.from_system(self.system_prompt))
         messages = [*conversation, ChatMessage.from_user(text)]
+        context = self._context(store, actor, progress)
         try:
             async with history.renewing(turn):
                 reply = await self.agent.run_async(
                     messages,
                     # Only a watching client gets a callback: a generator streams (stream=true) only when given one.
                     streaming_callback=progress.on_chunk if progress is not None else None,
-                    hook_context=self._context(store, actor, progress),
+                    hook_context=context,
                 )
         except Exception as error:
             await self._fail(history, turn, error, messages=None)
             raise RunFailedError(f"The agent failed to answer: {type(error).__name__}.") from error
-        return await self._finish(history, turn, store, reply, before=conversation, progress=progress)
+        return await self._finish(history, turn, store, reply, context, before=conversation, progress=progress)
 
     async def resume(
         self, store: FsspecToolResultStore, *, actor: str | None = None, progress: TurnProgress | None = None
@@ -342,6 +345,7 @@ class ChatService:
         history = self._history(store)
         state = await history.read()
         turn, conversation = await self._begin(history, state, progress, approvals, kind="resume", actor=actor)
+        context = self._context(store, actor, progress)
         try:
             async with history.renewing(turn):
                 reply = await resume_in_async(
@@ -349,7 +353,7 @@ class ChatService:
                     conversation,
                     approvals.ledger,
                     approvals.snapshot,
-                    hook_context=self._context(store, actor, progress),
+                    hook_context=context,
                     worker=self.worker,
                     lease=self.resume_lease,
                     # Passed on to the continuing Agent run (run keyword arguments); only a watching client has one.
@@ -369,7 +373,7 @@ class ChatService:
         except Exception as error:
             await self._fail(history, turn, error, messages=None)
             raise RunFailedError(f"The agent failed to continue: {type(error).__name__}.") from error
-        return await self._finish(history, turn, store, reply, before=turn.conversation, progress=progress)
+        return await self._finish(history, turn, store, reply, context, before=turn.conversation, progress=progress)
 
     async def transcript(self, store: FsspecToolResultStore) -> Transcript:
         """
@@ -619,6 +623,8 @@ class ChatService:
         self, store: FsspecToolResultStore, actor: str | None, progress: TurnProgress | None = None
     ) -> dict[str, Any]:
         context = offload_context(store, approval_channel=DurableApprovals(ttl=self.approval_ttl, actor=actor))
+        # The steps the run holds, handed over by ApprovalHook as it records them: `_finish` need not read them back.
+        context[HELD_STEPS_KEY] = []
         if progress is not None:
             context[PROGRESS_CONTEXT_KEY] = progress  # the progress hooks publish to it; without one they do nothing
         return context
@@ -657,17 +663,18 @@ class ChatService:
         if _settled(state) or lost == state.conversation:
             raise NothingToResumeError("Nothing waits for approval in this session.")
         turn, conversation = await self._begin(history, state, progress, approvals, kind="resume", actor=actor)
+        context = self._context(store, actor, progress)
         try:
             async with history.renewing(turn):
                 reply = await continuing_agent(self.agent).run_async(
                     messages=conversation,
                     streaming_callback=progress.on_chunk if progress is not None else None,
-                    hook_context=self._context(store, actor, progress),
+                    hook_context=context,
                 )
         except Exception as error:
             await self._fail(history, turn, error, messages=conversation)
             raise RunFailedError(f"The agent failed to continue: {type(error).__name__}.") from error
-        return await self._finish(history, turn, store, reply, before=turn.conversation, progress=progress)
+        return await self._finish(history, turn, store, reply, context, before=turn.conversation, progress=progress)
 
     async def _decided_step_open(self, approvals: _ApprovalsRead, decision: ApprovalDecision | None) -> bool:
         """Whether the decision's held step is the session's open one (so a repeat of the decision may continue it)."""
@@ -716,6 +723,7 @@ class ChatService:
         turn: Turn,
         store: FsspecToolResultStore,
         reply: dict[str, Any],
+        context: dict[str, Any],
         *,
         before: list[ChatMessage],
         progress: TurnProgress | None = None,
@@ -723,9 +731,12 @@ class ChatService:
         messages: list[ChatMessage] = list(reply["messages"])
         pending: list[ApprovalRequest] = []
         exit_reason = reply.get("exit_reason")
+        held_steps: list[HeldStep] = context.get(HELD_STEPS_KEY) or []
         if exit_reason != "text":
-            # The Agent reports max_agent_steps instead when the held step was its last: the ledger is the check.
-            pending = await pending_approvals_async(store)
+            # The Agent reports max_agent_steps instead when the held step was its last: the ledger is the check,
+            # unless the run held the step itself. Then its requests are what waits: just recorded under the turn this
+            # request claimed, so none is decided yet (their ids were nowhere else), and they are in the audit.
+            pending = _waiting_of(held_steps[-1]) if held_steps else await pending_approvals_async(store)
         if progress is not None:
             # The run stopped for these: told from the ledger's records, which name the tool and the arguments.
             for request in pending:
@@ -775,6 +786,12 @@ class ChatService:
 
 def _seconds_since(turn: Turn) -> float:
     return max(0.0, (datetime.now(UTC) - turn.start.started_at).total_seconds())
+
+
+def _waiting_of(step: HeldStep) -> list[ApprovalRequest]:
+    """The requests of a step this request just held that wait: all but any already expired."""
+    at = datetime.now(UTC)
+    return [request for request in step.requests() if not request.expired(at)]
 
 
 def _settled(state: HistoryState) -> bool:
