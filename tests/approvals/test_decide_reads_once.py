@@ -18,7 +18,7 @@ from approval_history import seed
 from approval_scenario import ledger_lines, make_agent, plan
 from haystack.hooks.human_in_the_loop import AlwaysAskPolicy
 
-from haystack_integrations.offload import FsspecToolResultStore
+from haystack_integrations.offload import Decision, FsspecToolResultStore, decide_async
 from haystack_integrations.offload.approvals.approval_records import StepClaim
 from haystack_integrations.offload.approvals.ledger import now
 from haystack_integrations.offload.sessions import ChatService
@@ -122,6 +122,71 @@ def test_a_message_that_holds_reads_no_document_twice_after_10_and_after_200_dec
     for kinds, reads in ((small, small_reads), (large, large_reads)):
         assert [name for name, count in reads.items() if count > 1] == [], reads
         assert approval_reads(reads) == HOLD_READS, reads
+        assert kinds["HEAD"] == kinds["LIST"] == 0, kinds
+    assert small == large, (small, large)
+
+
+TAKEOVER_READS = 12
+"""
+The approval and audit reads of a resume that takes over a claim whose lease lapsed (26 before the snapshot kept the
+claim it read): the head, the next step number, the step, its done record, decision and two resume claims (the lapsed
+one, the next missing), the step's request and decision events, the previous step's done record, the call's claim and
+outcome.
+"""
+
+
+async def takeover_costs(s3_server: Any, s3_requests: Any, ledger: Path, prior: int) -> Costs:
+    """
+    Seed `prior` decided approvals, hold a step and decide it without resuming; a worker that claimed its resume died
+    (its lease lapsed long ago). Measure `ChatService.resume` taking the step over.
+    """
+    root = FsspecToolResultStore(
+        f"{s3_server.bucket_url}/{uuid.uuid4().hex}", storage_options=s3_server.storage_options()
+    )
+    await root.warm_up_async()
+    session = root.for_session("acme", "chat-1")
+    agent = make_agent({"send_invoice": AlwaysAskPolicy()})
+    await seed(root, session, agent, prior)
+    service = ChatService(agent)
+    held = await service.send_message(
+        session, plan(("send_invoice", {"customer": "acme", "amount": 10}, "taken-over")).text or ""
+    )
+    [request] = held.pending
+    await decide_async(session, request.request_id, Decision.approve(by="alice"))
+    at = now() - timedelta(minutes=10)
+    dead = StepClaim(
+        step_id=request.step_id,
+        tenant="acme",
+        session="chat-1",
+        attempt=1,
+        claimed_by="a-worker-that-died",
+        claimed_at=at,
+        lease_until=at + timedelta(minutes=2),
+    )
+    sequence = int(request.step_id[:8])
+    await session.documents("approvals").create_async(
+        f"resume.{sequence:08d}.001.json", dead.model_dump_json().encode()
+    )
+    ran = len(ledger_lines(ledger))
+    s3_requests.clear()
+    resumed = await service.resume(session)
+    measured = costs(s3_requests.snapshot())
+    assert resumed.status == "completed" and [o.outcome for o in resumed.approval_outcomes] == ["executed"]
+    assert len(ledger_lines(ledger)) == ran + 1
+    # The takeover is the step's second attempt: the lapsed claim was judged from the one read of it.
+    claims = await session.documents("approvals").list_async()
+    assert f"resume.{sequence:08d}.002.json" in claims
+    return measured
+
+
+def test_a_resume_that_takes_over_a_lapsed_claim_reads_each_document_once_after_10_and_after_200(
+    s3_server: Any, s3_requests: Any, ledger: Path
+) -> None:
+    small, small_reads = asyncio.run(takeover_costs(s3_server, s3_requests, ledger, 10))
+    large, large_reads = asyncio.run(takeover_costs(s3_server, s3_requests, ledger, 200))
+    for kinds, reads in ((small, small_reads), (large, large_reads)):
+        assert [name for name, count in reads.items() if count > 1] == [], reads
+        assert approval_reads(reads) == TAKEOVER_READS, reads
         assert kinds["HEAD"] == kinds["LIST"] == 0, kinds
     assert small == large, (small, large)
 
