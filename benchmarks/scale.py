@@ -33,7 +33,9 @@ import argparse
 import asyncio
 import importlib.util
 import inspect
+import random
 import shutil
+import string
 import subprocess
 import sys
 import tempfile
@@ -72,10 +74,26 @@ class Cost:
     cpu: float
 
 
+# Words of 2 to 9 letters drawn from a fixed vocabulary: text that gzip shrinks about as much as prose (2.5-3x), where
+# one letter repeated would shrink to nothing and flatter the stored documents.
+_VOCABULARY = [
+    "".join(random.Random(index).choices(string.ascii_lowercase, k=2 + index % 8))  # noqa: S311 - test text
+    for index in range(2_000)
+]
+
+
+def _prose(seed: str, chars: int) -> str:
+    draw, words, length = random.Random(seed), [], 0  # noqa: S311 - test text
+    while length < chars:
+        words.append(draw.choice(_VOCABULARY))
+        length += len(words[-1]) + 1
+    return " ".join(words)[:chars]
+
+
 def _exchange(number: int, chars: int) -> list[ChatMessage]:
     return [
-        ChatMessage.from_user(f"question {number} " + "q" * chars),
-        ChatMessage.from_assistant(f"answer {number} " + "a" * chars),
+        ChatMessage.from_user(f"question {number} " + _prose(f"q{number}", chars)),
+        ChatMessage.from_assistant(f"answer {number} " + _prose(f"a{number}", chars)),
     ]
 
 
@@ -85,7 +103,8 @@ async def _turn(history: Any, number: int, chars: int) -> list[ChatMessage]:
     state = await (history.read(for_turn=True) if for_turn else history.read())
     turn = await history.begin(state, kind="message", text=f"question {number}")
     conversation = [*turn.conversation, *_exchange(number, chars)]
-    await history.finish(turn, status="completed", messages=conversation, reply=f"answer {number}")
+    # The reply as ChatService records it: the text of the last message.
+    await history.finish(turn, status="completed", messages=conversation, reply=conversation[-1].text)
     return list(conversation)
 
 

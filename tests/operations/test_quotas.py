@@ -4,9 +4,11 @@ workers (separate root stores, as separate processes would have) within the docu
 """
 
 import asyncio
+import base64
 import errno
 import json
 import logging
+import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -322,7 +324,8 @@ async def test_cancelled_writers_do_not_disturb_the_others(backend: tuple[str, d
 
 async def _turn(history: SessionHistory, text: str, reply_chars: int) -> None:
     turn = await history.begin(await history.read(), kind="message", text=text)
-    reply = ChatMessage.from_assistant(f"{text}: " + "x" * reply_chars)
+    # Random text: a history end is stored gzipped, and a reply of one letter repeated would take no room at all.
+    reply = ChatMessage.from_assistant(f"{text}: " + base64.b64encode(os.urandom(reply_chars))[:reply_chars].decode())
     await history.finish(turn, status="completed", messages=[*turn.conversation, ChatMessage.from_user(text), reply])
 
 

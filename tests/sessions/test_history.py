@@ -14,12 +14,10 @@ from haystack.dataclasses import ChatMessage, ToolCall
 from haystack_integrations.offload import FsspecToolResultStore
 from haystack_integrations.offload.sessions import history as history_module
 from haystack_integrations.offload.sessions.conversation_cache import ConversationCache
-from haystack_integrations.offload.sessions.history import (
-    HistoryRecordError,
-    SessionBusyError,
-    SessionHistory,
-    TurnAbandonedError,
-)
+from haystack_integrations.offload.sessions.errors import HistoryRecordError
+from haystack_integrations.offload.sessions.history import SessionBusyError, SessionHistory, TurnAbandonedError
+from haystack_integrations.offload.sessions.history_records import TurnEnd
+from haystack_integrations.offload.stores.compact_documents import decompress_document
 
 # Also on the real S3 server's lane, both engines, and there with STS credentials and SSE-C keys per tenant.
 pytestmark = [pytest.mark.real_s3, pytest.mark.isolated]
@@ -98,6 +96,25 @@ async def test_a_corrupt_history_document_is_a_clear_error(store: FsspecToolResu
         await SessionHistory(session, worker="w", cache=ConversationCache(0)).read()
 
 
+async def test_an_end_stores_the_reply_once_and_leaves_out_fields_at_their_defaults(
+    store: FsspecToolResultStore,
+) -> None:
+    # ChatService records the reply as the last message's text: stored twice, it was a third of a plain exchange.
+    history = _history(store)
+    reply = "the answer is " + "a" * 300
+    turn = await history.begin(await history.read(), kind="message", text="q")
+    await history.finish(
+        turn, status="completed", messages=[ChatMessage.from_user("q"), ChatMessage.from_assistant(reply)], reply=reply
+    )
+    stored = store.for_session("acme", "chat-1").documents("history").get("turn.00000001.end.json")
+    document = decompress_document(stored)
+    assert document.count(reply.encode()) == 1 and len(stored) < len(document)  # and gzipped
+    assert b'"error"' not in document and b'"segment"' not in document
+    # Read back, a cold worker's conversation ends with the reply all the same.
+    cold = SessionHistory(store.for_session("acme", "chat-1"), worker="w2", cache=ConversationCache(0))
+    assert (await cold.read()).conversation[-1].text == reply
+
+
 def test_history_needs_a_session_store_and_a_positive_lease(store: FsspecToolResultStore) -> None:
     with pytest.raises(ValueError, match="one session"):
         SessionHistory(store.for_tenant("acme"), worker="w")
@@ -134,8 +151,9 @@ def _stored_bytes(store: FsspecToolResultStore) -> int:
 
 
 def _end(store: FsspecToolResultStore, turn: int) -> dict[str, object]:
+    # As the history reads it: a stored end leaves out the fields at their defaults.
     documents = store.for_session("acme", "chat-1").documents("history")
-    return dict(json.loads(documents.get(f"turn.{turn:08d}.end.json")))
+    return TurnEnd.model_validate_json(decompress_document(documents.get(f"turn.{turn:08d}.end.json"))).model_dump()
 
 
 @pytest.mark.slow
@@ -193,7 +211,7 @@ async def test_a_cold_read_fetches_the_head_then_its_chain_at_once(store: Fsspec
     # Checkpoints at least double in size; in between, a segment every CHAIN_LIMIT turns bounds what a read gets.
     assert "segment" in bases and bases.count("checkpoint") <= 6
     head = json.loads(history.documents.get("head.json"))
-    base = max(head["checkpoint"], head["segment"])
+    base = max(head["checkpoint"], head.get("segment", 0))
     assert 40 - base < history_module.CHAIN_LIMIT
     read: list[str] = []
     cold = SessionHistory(history.store, worker="cold", cache=ConversationCache(0))
@@ -207,7 +225,7 @@ async def test_a_cold_read_fetches_the_head_then_its_chain_at_once(store: Fsspec
     state = await cold.read()
     assert state.conversation == (await history.read()).conversation and state.next_turn == 41
     batch = range(base, base + history_module.CHAIN_LIMIT + 1)
-    checkpoint = [f"turn.{head['checkpoint']:08d}.end.json"] if head["segment"] else []
+    checkpoint = [f"turn.{head['checkpoint']:08d}.end.json"] if head.get("segment") else []
     expected = ["head.json", *checkpoint, *(f"turn.{turn:08d}.end.json" for turn in batch), "turn.00000041.start.json"]
     assert sorted(read) == sorted(expected)
 

@@ -125,7 +125,12 @@ def _add_operator_commands(commands: Any) -> None:
     du.add_argument("--exact", action="store_true", help="with --tenant: list every object, per session")
     add_progress_argument(du)
 
-    cat = operator_command(commands, "cat", cat_command, help="print one stored result or document (bytes as stored)")
+    cat = operator_command(
+        commands,
+        "cat",
+        cat_command,
+        help="print one stored result (bytes as stored) or document (decompressed where it is stored gzipped)",
+    )
     cat.add_argument("reference", help="tenant/session/name as `ls` prints it, or a name with --tenant and --session")
     cat.add_argument("--tenant", help="the tenant, when the reference is a name alone (with --session)")
     cat.add_argument("--session", help="the session, when the reference is a name alone (with --tenant)")

@@ -272,12 +272,14 @@ def _read_stored(root: Any, path: str, start: int, end: int | None) -> tuple[Ite
     :returns: The bytes in pieces (the first one already read), the object's size, and ``"result"`` or ``"document"``.
     """
     from haystack_integrations.offload.operations import read_object
+    from haystack_integrations.offload.stores.compact_documents import decompress_document
 
     parts = path.split("/")
     if len(parts) == 4 and parts[2].startswith("."):
         # Through the session's documents API, which validates the ids, the namespace and the name.
         tenant, session, directory, name = parts
-        document = root.for_session(tenant, session).documents(directory[1:]).get(name)
+        stored = root.for_session(tenant, session).documents(directory[1:]).get(name)
+        document = decompress_document(stored)  # a history document is stored gzipped; shown as written
         return iter([document[start:end]]), len(document), "document"
     first, total = read_object(root, path, start, start + _CAT_CHUNK if end is None else min(start + _CAT_CHUNK, end))
     stop = total if end is None else min(end, total)

@@ -17,23 +17,32 @@ import re
 from collections.abc import Awaitable, Coroutine, Hashable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, TypeVar
+from typing import Any
 
 from haystack.dataclasses import ChatMessage
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from haystack_integrations.offload.errors import DocumentExistsError, ResultNotFoundError
 from haystack_integrations.offload.leases import renewing
 from haystack_integrations.offload.sessions.conversation_cache import SHARED_CONVERSATIONS, ConversationCache
 from haystack_integrations.offload.sessions.errors import (
-    HistoryRecordError,
     SessionBusyError,
     StaleHistoryError,
     TurnAbandonedError,
 )
+from haystack_integrations.offload.sessions.history_records import (
+    HistoryHead,
+    RecordT,
+    TurnEnd,
+    TurnKind,
+    TurnStart,
+    parse_record,
+    parse_sized,
+)
+from haystack_integrations.offload.sessions.history_records import TurnStatus as TurnStatus
 from haystack_integrations.offload.sessions.message_json import added_messages, expanded, message_json, stored_form
 from haystack_integrations.offload.stores import FsspecToolResultStore
-from haystack_integrations.offload.stores.documents import SessionDocuments, writer_token
+from haystack_integrations.offload.stores.compact_documents import compress_document
+from haystack_integrations.offload.stores.documents import SessionDocuments
 from haystack_integrations.offload.stores.retention import activity_document_name
 
 logger = logging.getLogger(__name__)
@@ -52,69 +61,10 @@ and re-created session of the same name."""
 DEFAULT_TURN_LEASE = 300.0
 """Seconds a started turn blocks its session before another request may declare it abandoned."""
 
-TurnKind = Literal["message", "resume"]
-TurnStatus = Literal["completed", "approval_required", "failed", "abandoned"]
-TurnBase = Literal["checkpoint", "segment", "append"]
-
-_Record_T = TypeVar("_Record_T", bound=BaseModel)
 TURN_DOCUMENT = re.compile(r"turn\.(?P<turn>\d{8})\.(?P<part>start|end)\.json")
 """A turn's start or end document: activity documents (`stores.retention`), so purges date sessions by them."""
 _START = re.compile(r"turn\.(?P<turn>\d{8})\.start\.json")
 _END = re.compile(r"turn\.(?P<turn>\d{8})\.end\.json")
-
-
-class _Record(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class TurnStart(_Record):
-    """The claim on one turn: created once, by the request that runs the turn."""
-
-    turn: int = Field(ge=1)
-    kind: TurnKind
-    text: str | None = Field(default=None, description="The user's message, for message turns.")
-    actor: str | None = None
-    worker: str
-    started_at: AwareDatetime
-    lease_until: AwareDatetime
-    token: str = Field(default_factory=writer_token, description="Unique to this claim: tells our create from another.")
-
-
-class TurnEnd(_Record):
-    """How one turn ended: created once, by the request that ran it (or by a later one, as ``abandoned``)."""
-
-    turn: int = Field(ge=1)
-    status: TurnStatus
-    base: TurnBase = Field(
-        description='What `messages` holds: "checkpoint", the whole conversation after the turn; "segment", every '
-        'message after the checkpoint\'s; "append", only the messages this turn added.'
-    )
-    messages: list[dict[str, Any]] | None = Field(
-        default=None, description="ChatMessage.to_dict of the messages, as `base` says; None: conversation unchanged."
-    )
-    checkpoint: int = Field(
-        ge=0,
-        description="The turn whose checkpoint the conversation after this turn builds on (this turn's, for a "
-        "checkpoint; 0: none yet).",
-    )
-    segment: int = Field(
-        default=0,
-        ge=0,
-        description="The turn whose segment the conversation after this turn builds on (0: none since the checkpoint).",
-    )
-    reply: str | None = None
-    error: str | None = None
-    worker: str
-    ended_at: AwareDatetime
-    token: str = Field(default_factory=writer_token, description="Unique to this end: tells our create from another.")
-
-
-class HistoryHead(_Record):
-    """Where a session's newest checkpoint and segment are, rewritten with each: a cold read starts here, not a LIST."""
-
-    checkpoint: int = Field(ge=1)
-    segment: int = Field(default=0, ge=0)
-    token: str = Field(description="The token of the newest of those ends: tells this session from a purged one's.")
 
 
 @dataclass(frozen=True)
@@ -331,7 +281,7 @@ class SessionHistory:
 
     def _is_newest(self, end: bytes | None, cached: CachedConversation) -> bool:
         """Whether `end` is the document of `cached`'s newest end (its writer's token), not another session's."""
-        return end is not None and _parse(_end_name(cached.turn), end, TurnEnd).token == cached.last_end.token
+        return end is not None and parse_record(_end_name(cached.turn), end, TurnEnd).token == cached.last_end.token
 
     async def _follow(self, cached: CachedConversation, start: bytes | None) -> HistoryState:
         """The cached conversation, carried on through the turns other workers ran since (`start`: the next one's)."""
@@ -342,7 +292,7 @@ class SessionHistory:
                 self._end_or_none(chain.turn + 1), self._get(_start_name(chain.turn + 2))
             )
             if found is None:
-                return chain.state(open_start=_parse(_start_name(chain.turn + 1), start, TurnStart))
+                return chain.state(open_start=parse_record(_start_name(chain.turn + 1), start, TurnStart))
             chain.add(*found)
             start = start_after
         return chain.state(open_start=None)
@@ -379,9 +329,7 @@ class SessionHistory:
             lease_until=at + timedelta(seconds=self.lease),
         )
         # The one history write a quota may refuse: nothing has run yet, so refusing it loses nothing.
-        claim = self.documents.create_async(
-            _start_name(start.turn), start.model_dump_json().encode(), enforce_quota=True
-        )
+        claim = self.documents.create_async(_start_name(start.turn), start.encoded(), enforce_quota=True)
         try:
             await (claim if state.current is None else self._claim_if_current(claim, state.current, start.turn))
         except DocumentExistsError as error:
@@ -433,7 +381,7 @@ class SessionHistory:
         async def renew() -> None:
             start = turn.start.model_copy(update={"lease_until": _now() + timedelta(seconds=self.lease)})
             # The holder's own document: a plain write keeps its token, so a reader still knows whose it is.
-            await self.documents.put_async(_start_name(start.turn), start.model_dump_json().encode())
+            await self.documents.put_async(_start_name(start.turn), start.encoded())
 
         return renewing(self.lease, renew, what=f"the lease on turn {turn.start.turn}")
 
@@ -455,11 +403,14 @@ class SessionHistory:
         :param turn: The turn from `begin`.
         :param status: How it ended.
         :param messages: The whole conversation after the turn, or None to leave it as it was.
-        :param reply: The assistant's last text, for listings.
+        :param reply: The assistant's last text, for listings. Not stored when it is the text of the conversation's
+            last message, which holds it already (an end without a reply then means that message's text).
         :param error: What went wrong, for failed turns.
         :returns: The recorded end.
         :raises TurnAbandonedError: If the turn's lease passed and another request ended it first.
         """
+        if messages and reply is not None and messages[-1].text == reply:
+            reply = None  # stored once, in its message, not twice in every end
         end = _planned_end(
             turn,
             messages,
@@ -469,7 +420,9 @@ class SessionHistory:
             worker=self.worker,
             ended_at=_now(),
         )
-        data = end.model_dump_json().encode()
+        # Sizes are of the JSON (what serializing and parsing cost), however small it is stored.
+        document = end.json_form()
+        data = compress_document(document)
         try:
             # Charged to the quota but never refused: the turn has run, and this is the record of what it did.
             await self.documents.create_async(_end_name(end.turn), data)
@@ -478,7 +431,7 @@ class SessionHistory:
             raise TurnAbandonedError(
                 f"Turn {end.turn} ran past its lease and was ended by another request; its result was not recorded."
             ) from exc
-        await self._remember(turn, end, len(data))
+        await self._remember(turn, end, len(document))
         return end
 
     async def starts(self) -> list[TurnStart]:
@@ -495,9 +448,7 @@ class SessionHistory:
         head = turn.basis.head if turn.basis is not None else None
         leads = _leads(turn.log, end)
         if leads:
-            written = (
-                HistoryHead(checkpoint=end.checkpoint, segment=end.segment, token=end.token).model_dump_json().encode()
-            )
+            written = HistoryHead(checkpoint=end.checkpoint, segment=end.segment, token=end.token).encoded()
             try:
                 await self.documents.put_async(HEAD_DOCUMENT, written)
             except Exception:  # the end is recorded; a head left behind only makes cold reads walk a little further
@@ -528,7 +479,7 @@ class SessionHistory:
             if first_start is None:
                 return HistoryState(next_turn=1, conversation=[], last_end=None, open_start=None)
             return await self._read_headless(first_start)
-        head = _parse(HEAD_DOCUMENT, head_data, HistoryHead)
+        head = parse_record(HEAD_DOCUMENT, head_data, HistoryHead)
         base = max(head.checkpoint, head.segment)
         checkpoint, ends = await asyncio.gather(
             self._end_or_none(head.checkpoint) if head.segment else _nothing(), self._batch(base)
@@ -558,7 +509,7 @@ class SessionHistory:
                 break
             chain.add(*found)
         if chain.turn == 0:  # the first turn is running (or was abandoned): nothing is stored yet
-            return chain.state(open_start=_parse(_start_name(1), first_start, TurnStart))
+            return chain.state(open_start=parse_record(_start_name(1), first_start, TurnStart))
         return chain.state(open_start=await self._start_or_none(chain.turn + 1))
 
     async def _forward(self, chain: "_Chain", first: int, batch: list[tuple[TurnEnd, int] | None]) -> "_Chain":
@@ -610,7 +561,7 @@ class SessionHistory:
             ended_at=_now(),
         )
         try:
-            await self.documents.create_async(_end_name(start.turn), end.model_dump_json().encode())
+            await self.documents.create_async(_end_name(start.turn), end.encoded())
         except DocumentExistsError as error:
             # The turn ended (finished late, or abandoned by another request) since we read: read again and retry.
             raise SessionBusyError("This session's history changed while this request read it; try again.") from error
@@ -624,33 +575,26 @@ class SessionHistory:
     async def _end_or_none(self, turn: int) -> tuple[TurnEnd, int] | None:
         name = _end_name(turn)
         data = await self._get(name)
-        return None if data is None else (_parse(name, data, TurnEnd), len(data))
+        return None if data is None else parse_sized(name, data, TurnEnd)
 
     async def _start_or_none(self, turn: int) -> TurnStart | None:
         name = _start_name(turn)
         data = await self._get(name)
-        return None if data is None else _parse(name, data, TurnStart)
+        return None if data is None else parse_record(name, data, TurnStart)
 
     async def _read_end(self, turn: int) -> tuple[TurnEnd, int]:
         return await self._read_sized(_end_name(turn), TurnEnd)
 
-    async def _read(self, name: str, model: type[_Record_T]) -> _Record_T:
+    async def _read(self, name: str, model: type[RecordT]) -> RecordT:
         record, _ = await self._read_sized(name, model)
         return record
 
-    async def _read_sized(self, name: str, model: type[_Record_T]) -> tuple[_Record_T, int]:
+    async def _read_sized(self, name: str, model: type[RecordT]) -> tuple[RecordT, int]:
         data = await self._get(name)
         if data is None:
             # A listed document vanished: the session was purged while we read it.
             raise SessionBusyError("This session's history changed while this request read it; try again.")
-        return _parse(name, data, model), len(data)
-
-
-def _parse(name: str, data: bytes, model: type[_Record_T]) -> _Record_T:
-    try:
-        return model.model_validate_json(data)
-    except ValidationError as error:
-        raise HistoryRecordError(f"The history document {name!r} is not a valid {model.__name__}.") from error
+        return parse_sized(name, data, model)
 
 
 async def _nothing() -> None:
@@ -690,7 +634,7 @@ def _planned_end(turn: Turn, messages: list[ChatMessage] | None, **fields: Any) 
         # Between heads every turn appends, even when the appends outgrow the checkpoint: a checkpoint the head does
         # not name would cost a head PUT, or make cold reads fetch the conversation it replaces as well.
         return append
-    if log.appended_bytes + len(append.model_dump_json()) > log.checkpoint_bytes:
+    if log.appended_bytes + len(append.json_form()) > log.checkpoint_bytes:
         # The appends have outgrown the checkpoint: checkpoints at least double, so stored bytes stay linear.
         return TurnEnd(**fields, turn=number, base="checkpoint", messages=_json_form(turn) + new, checkpoint=number)
     tail = _json_form(turn, start=log.checkpoint_messages)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from haystack_integrations.offload.errors import ResultNotFoundError
+from haystack_integrations.offload.stores.compact_documents import decompress_document
 from haystack_integrations.offload.stores.layout import below, place
 from haystack_integrations.offload.stores.names import parse_object_name
 from haystack_integrations.offload.stores.quotas import is_document
@@ -276,7 +277,7 @@ def activity_time(data: bytes) -> datetime | None:
     :returns: The time, or None if the document says neither.
     """
     try:
-        record = json.loads(data)
+        record = json.loads(decompress_document(data))
         stamp = record.get("ended_at") or record.get("started_at")
         found = datetime.fromisoformat(stamp) if isinstance(stamp, str) else None
     except (ValueError, AttributeError):
