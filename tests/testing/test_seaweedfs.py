@@ -1,10 +1,12 @@
 """The SeaweedFS harness of the real-S3 lane: it starts, checks signatures, refuses a second create, leaves nothing."""
 
+import json
 import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import boto3
 import pytest
 from botocore.exceptions import ClientError
 
@@ -41,8 +43,6 @@ def test_a_second_conditional_create_is_refused_with_412(server: SeaweedFSServer
 
 
 def test_a_wrong_secret_is_refused(server: SeaweedFSServer) -> None:
-    import boto3
-
     options = server.storage_options()
     wrong = boto3.session.Session(
         aws_access_key_id=options["key"],
@@ -54,8 +54,42 @@ def test_a_wrong_secret_is_refused(server: SeaweedFSServer) -> None:
     assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
 
 
-def test_it_says_what_it_lacks() -> None:
-    assert "STS" in SeaweedFSServer.lacks["sts"]
+def test_without_sts_it_says_so_and_has_no_role() -> None:
+    plain = SeaweedFSServer()
+    assert "STS" in plain.lacks["sts"] and SeaweedFSServer(sts=True).lacks == {}
+    with pytest.raises(RuntimeError, match="STS"):
+        plain.create_tenant_role()
+
+
+def test_with_sts_a_session_policy_limits_the_credentials_to_one_prefix() -> None:
+    _require_weed()
+    with SeaweedFSServer(sts=True) as running:
+        own, other = f"{uuid.uuid4().hex}/acme", f"{uuid.uuid4().hex}/globex"
+        running.client().put_object(Bucket=running.bucket, Key=f"{other}/x", Body=b"globex's")
+        policy = {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Action": ["s3:GetObject", "s3:PutObject"],
+                    "Resource": f"arn:aws:s3:::{running.bucket}/{own}/*",
+                }
+            ],
+        }
+        answer = running.client("sts").assume_role(
+            RoleArn=running.create_tenant_role(), RoleSessionName="offload-acme", Policy=json.dumps(policy)
+        )
+        credentials = answer["Credentials"]
+        tenant = boto3.session.Session(
+            aws_access_key_id=credentials["AccessKeyId"],
+            aws_secret_access_key=credentials["SecretAccessKey"],
+            aws_session_token=credentials["SessionToken"],
+            region_name=running.region,
+        ).client("s3", endpoint_url=running.endpoint_url)
+        tenant.put_object(Bucket=running.bucket, Key=f"{own}/x", Body=b"acme's")
+        with pytest.raises(ClientError) as refused:
+            tenant.get_object(Bucket=running.bucket, Key=f"{other}/x")
+        assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
 
 
 def test_stop_leaves_no_process_no_folder_and_no_socket() -> None:
