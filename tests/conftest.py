@@ -10,8 +10,8 @@ Modules marked ``real_s3`` also run on a real S3 server, on both engines (``rgw`
 on: ``OFFLOAD_TEST_REAL_S3=rgw`` starts a one-node Ceph RGW per worker (`support.ceph_rgw`), ``=seaweedfs`` a
 SeaweedFS (`support.seaweedfs`), ``=external`` uses your own bucket (see `real_s3_server`). Tests that need a server
 of their own ask for ``s3_endpoint``: moto, and the real server when the lane is on. Modules marked ``isolated`` run
-on RGW once more, on both engines (``rgw-isolated``, ``rgw-obstore-isolated``): every tenant's requests signed with
-its own STS credentials and encrypted with its own SSE-C key (`IsolatedBackend`).
+on RGW (or SeaweedFS) once more, on both engines (``rgw-isolated``, ``rgw-obstore-isolated``): every tenant's
+requests signed with its own STS credentials and encrypted with its own SSE-C key (`IsolatedBackend`).
 """
 
 import os
@@ -241,8 +241,8 @@ def fake_gcs_server() -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def real_s3_tenant_role(real_s3_server: Any) -> str:
-    """The RGW lane's role for tenants' STS credentials, made once per worker session; skipped where the server has
-    no STS (SeaweedFS here)."""
+    """The lane's role for tenants' STS credentials, made once per worker session; skipped, with the server's reason,
+    where it has no STS (its ``lacks``)."""
     lacking = getattr(real_s3_server, "lacks", {}).get("sts")
     if lacking is not None:
         pytest.skip(lacking)
