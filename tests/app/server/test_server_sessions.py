@@ -230,7 +230,7 @@ def test_a_listing_that_reaches_a_sibling_prefix_lists_none_of_it() -> None:
     # Backends list by string prefix: S3 may answer "root/acme" with "root/acme2/..." keys too. The store's
     # find_objects leaves those out (tests/stores/test_objects_api.py); here, what is left makes only real sessions.
     from haystack_integrations.offload import FsspecToolResultStore
-    from haystack_integrations.offload.sessions.service import _session_summaries
+    from haystack_integrations.offload.sessions.outcomes import session_summaries
 
     root = FsspecToolResultStore("memory://sessions-sibling")
     result = root.for_session("acme", "mine").write(key="a.txt", content="x", tool_name="web_search")
@@ -239,6 +239,6 @@ def test_a_listing_that_reaches_a_sibling_prefix_lists_none_of_it() -> None:
     root.for_session("acme2", "theirs").documents("history").put("turn.00000001.start.json", b"{}")
     found = root.for_tenant("acme").find_objects()
     found |= {"README.txt": 10, "temp/.tmp-0123456789abcdef": 10}  # an operator's file; a write in progress
-    [summary] = _session_summaries(found, "acme")
+    [summary] = session_summaries(found, "acme")
     assert (summary.session, summary.turns, summary.results) == ("mine", 3, 1)
     assert result in {path.split("/")[-1] for path in found}

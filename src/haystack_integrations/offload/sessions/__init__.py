@@ -29,10 +29,7 @@ _import_structure = {
     "conversation_cache": ["ConversationCache"],
     "history": ["SessionHistory"],
     "progress": ["OffloadProgressHook", "ToolCallProgressHook", "ToolResultProgressHook", "TurnProgress"],
-    "service": [
-        "DEFAULT_PAGE_BYTES",
-        "MAX_PAGE_BYTES",
-        "ChatService",
+    "outcomes": [
         "DecisionOutcome",
         "ResultPage",
         "SessionSummary",
@@ -41,6 +38,7 @@ _import_structure = {
         "media_type_of",
         "record_named",
     ],
+    "service": ["DEFAULT_PAGE_BYTES", "MAX_PAGE_BYTES", "ChatService"],
 }
 
 if TYPE_CHECKING:
@@ -59,6 +57,13 @@ if TYPE_CHECKING:
     from .errors import SessionBusyError as SessionBusyError
     from .errors import TurnAbandonedError as TurnAbandonedError
     from .history import SessionHistory as SessionHistory
+    from .outcomes import DecisionOutcome as DecisionOutcome
+    from .outcomes import ResultPage as ResultPage
+    from .outcomes import SessionSummary as SessionSummary
+    from .outcomes import Transcript as Transcript
+    from .outcomes import TurnOutcome as TurnOutcome
+    from .outcomes import media_type_of as media_type_of
+    from .outcomes import record_named as record_named
     from .progress import OffloadProgressHook as OffloadProgressHook
     from .progress import ToolCallProgressHook as ToolCallProgressHook
     from .progress import ToolResultProgressHook as ToolResultProgressHook
@@ -66,13 +71,6 @@ if TYPE_CHECKING:
     from .service import DEFAULT_PAGE_BYTES as DEFAULT_PAGE_BYTES
     from .service import MAX_PAGE_BYTES as MAX_PAGE_BYTES
     from .service import ChatService as ChatService
-    from .service import DecisionOutcome as DecisionOutcome
-    from .service import ResultPage as ResultPage
-    from .service import SessionSummary as SessionSummary
-    from .service import Transcript as Transcript
-    from .service import TurnOutcome as TurnOutcome
-    from .service import media_type_of as media_type_of
-    from .service import record_named as record_named
 else:
     _module = LazyImporter(name=__name__, module_file=__file__, import_structure=_import_structure)
     # LazyImporter lists the submodules in __all__ too; the public surface is the names alone.

@@ -6,9 +6,8 @@ with a `TurnProgress` for a client that watches.
 """
 
 import logging
-import mimetypes
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,7 +24,6 @@ from haystack_integrations.offload.approvals import (
     ApprovalPendingError,
     ApprovalRequest,
     AuditEvent,
-    CallOutcome,
     Decision,
     DurableApprovals,
     InvalidApprovalEditError,
@@ -55,7 +53,6 @@ from haystack_integrations.offload.approvals.resume import (
 from haystack_integrations.offload.context import offload_context
 from haystack_integrations.offload.errors import InvalidReferenceError, ResultNotFoundError
 from haystack_integrations.offload.hooks.pointers import OFFLOADED_META_KEY
-from haystack_integrations.offload.operations.inventory import classify
 from haystack_integrations.offload.sessions.conversation_cache import ConversationCache
 from haystack_integrations.offload.sessions.errors import (
     ApprovalPendingConflict,
@@ -68,17 +65,23 @@ from haystack_integrations.offload.sessions.errors import (
 )
 from haystack_integrations.offload.sessions.history import (
     DEFAULT_TURN_LEASE,
-    NAMESPACE,
-    TURN_DOCUMENT,
     HistoryState,
     SessionHistory,
     Turn,
     TurnStatus,
 )
+from haystack_integrations.offload.sessions.outcomes import (
+    DecisionOutcome,
+    ResultPage,
+    SessionSummary,
+    Transcript,
+    TurnOutcome,
+    media_type_of,
+    record_named,
+    session_summaries,
+)
 from haystack_integrations.offload.sessions.progress import PROGRESS_CONTEXT_KEY, TurnProgress, summarize_arguments
 from haystack_integrations.offload.stores import FsspecToolResultStore, StoredResult
-from haystack_integrations.offload.stores.names import parse_object_name
-from haystack_integrations.offload.stores.retention import name_time
 from haystack_integrations.offload.tools.paging import complete_length, leading_continuations
 
 logger = logging.getLogger(__name__)
@@ -112,79 +115,6 @@ class _ApprovalsRead:
     async def open_step(self) -> OpenStep | None:
         """The open step as the snapshot tells it (see `open_step_async`)."""
         return await open_step_in_async(self.ledger, self.snapshot)
-
-
-@dataclass
-class TurnOutcome:
-    """What one turn produced."""
-
-    turn: int
-    status: TurnStatus
-    reply: str | None
-    pending: list[ApprovalRequest] = field(default_factory=list)
-    new_references: list[str] = field(default_factory=list)
-    """Results written during the turn (offloaded or compacted), as references in the session's store."""
-    approval_outcomes: list[CallOutcome] = field(default_factory=list)
-    """For resume turns: what happened to each call of the held step."""
-    messages: list[ChatMessage] = field(default_factory=list)
-    """The whole conversation after the turn."""
-
-
-@dataclass
-class DecisionOutcome:
-    """What a decision led to: still waiting for others, resumed here, or resumed by a concurrent request."""
-
-    decision: ApprovalDecision
-    pending: list[ApprovalRequest]
-    resumed: TurnOutcome | None
-    resumed_elsewhere: bool = False
-
-
-@dataclass
-class Transcript:
-    """A session's conversation as stored, and the state of its newest turn."""
-
-    messages: list[ChatMessage]
-    turns: int
-    busy: bool
-    status: TurnStatus | None
-    """How the newest turn ended (``abandoned`` also for one whose lease passed with no end); None before any."""
-    error: str | None
-    resumable: bool = False
-    """
-    Whether `resume` continues the conversation: a held step is decided but not run, and no worker is resuming it (its
-    resume failed, or the decision's answer did before it began); or a resumed step ran and its turn was lost.
-    """
-
-
-@dataclass
-class SessionSummary:
-    """One of a tenant's sessions, as a listing of the tenant's scope tells it (no document is read)."""
-
-    session: str
-    last_activity: datetime | None = None
-    """The newest time the session's object names carry (results, approval audit events); None if none carries one."""
-    turns: int = 0
-    """Turns begun in the session's history."""
-    results: int = 0
-    """Results stored in the session."""
-
-
-@dataclass
-class ResultPage:
-    """Bytes of one stored result, cut on UTF-8 character boundaries for text."""
-
-    record: StoredResult
-    media_type: str
-    data: bytes
-    start: int
-    end: int
-    total: int
-
-    @property
-    def next_offset(self) -> int | None:
-        """Where the next page starts, or None at the end."""
-        return self.end if self.end < self.total else None
 
 
 class ChatService:
@@ -520,7 +450,7 @@ class ChatService:
         tenant = store.tenant
         if tenant is None or store.session is not None:
             raise ValueError("Sessions are listed per tenant: pass root.for_tenant(tenant).")
-        return _session_summaries(await store.find_objects_async(), tenant)
+        return session_summaries(await store.find_objects_async(), tenant)
 
     # Results
 
@@ -799,68 +729,8 @@ def _settled(state: HistoryState) -> bool:
     return state.open_start is None and (state.last_end is None or state.last_end.status == "completed")
 
 
-def _session_summaries(found: dict[str, int], tenant: str) -> list[SessionSummary]:
-    summaries: dict[str, SessionSummary] = {}
-    for path in found:
-        item = classify(f"{tenant}/{path}", 0)
-        if item.session is None or item.kind not in ("result", "document"):
-            continue  # temporary files and objects this library did not write make no session
-        summary = summaries.setdefault(item.session, SessionSummary(session=item.session))
-        name = path.rsplit("/", 1)[-1]
-        moment = item.created
-        if item.kind == "result":
-            summary.results += 1
-        elif item.namespace == NAMESPACE:
-            turn = TURN_DOCUMENT.fullmatch(name)
-            summary.turns = max(summary.turns, int(turn["turn"]) if turn else 0)
-        else:
-            moment = name_time(name)
-        if moment is not None and (summary.last_activity is None or moment > summary.last_activity):
-            summary.last_activity = moment
-    dated = sorted((s for s in summaries.values() if s.last_activity is not None), key=_activity, reverse=True)
-    undated = sorted((s for s in summaries.values() if s.last_activity is None), key=lambda s: s.session)
-    return dated + undated
-
-
-def _activity(summary: SessionSummary) -> tuple[datetime, str]:
-    return (summary.last_activity or datetime.min.replace(tzinfo=UTC), summary.session)
-
-
 def _references(messages: list[ChatMessage]) -> set[str]:
     found: set[str] = set()
     for message in messages:
         found.update(message.meta.get(OFFLOADED_META_KEY) or [])
     return found
-
-
-def record_named(reference: str) -> StoredResult | None:
-    """
-    A result's record from its reference alone (no request; its size is unknown, so 0).
-
-    :param reference: A reference in the session's store (a client's input: anything else names no record).
-    :returns: The record, or None if `reference` is not the name of a stored result.
-    """
-    parsed = parse_object_name(reference) if isinstance(reference, str) and "/" not in reference else None
-    if parsed is None:
-        return None
-    return StoredResult(
-        reference=reference,
-        kind=parsed.kind,
-        size=0,
-        created=parsed.created,
-        tool_name=parsed.tool_name,
-        key=parsed.key,
-    )
-
-
-def media_type_of(record: StoredResult) -> str:
-    """
-    The media type to serve a stored result with, from its key's extension and kind.
-
-    :param record: The result's record.
-    :returns: ``text/plain; charset=utf-8`` for text, the guessed type (or ``application/octet-stream``) for bytes.
-    """
-    if record.kind == "text":
-        return "text/plain; charset=utf-8"
-    guessed, _ = mimetypes.guess_type(record.key)
-    return guessed or "application/octet-stream"
