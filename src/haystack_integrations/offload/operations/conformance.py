@@ -1,13 +1,10 @@
 """
 Whether an object store keeps the promises this library relies on: the checks behind ``offload-haystack doctor``.
 
-Every check works below one fresh prefix of the store (``<url>/.doctor/<random>/``), removed at the end even when a
-check fails (and by a later run, if this one is killed), and needs only object read, write, list and delete
-permissions there (no bucket is created). Each gives ``pass``, ``fail``, ``warn``, ``skipped`` (no meaning on this
-store, with which store lacks what) or ``unknown`` (a transient failure: run again; never reported as "unsupported").
-S3 is checked here; Azure Blob Storage and Google Cloud Storage answer the same checks in their own protocol
-(`cloud_conformance`).
-`ConformanceReport.exit_status` maps them to the command's exit status.
+Every check works below one fresh prefix (``<url>/.doctor/<random>/``), removed at the end, with object read, write,
+list and delete permissions only. Each gives ``pass``, ``fail``, ``warn``, ``skipped`` (no meaning on this store, and
+why) or ``unknown`` (transient: run again). S3 is checked here, Azure and GCS in their own protocol
+(`cloud_conformance`); `ConformanceReport.exit_status` maps the verdicts to the command's exit status.
 """
 
 import asyncio
