@@ -146,6 +146,7 @@ SUBPACKAGE_NAMES = {
         "scan",
         "select_older_than",
         "select_scope",
+        "summarize_root",
         "summarize_tenant",
         "usage",
     ],

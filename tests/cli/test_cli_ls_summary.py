@@ -1,6 +1,6 @@
 """
-`ls --tenant` from the tenant's usage mark and a listing of its sessions by delimiter (issue 42): the same requests at
-any tenant size, instead of a walk of every object; ``--exact``, ``-R`` or a tenant with no mark walk as before.
+`ls` of a root and `ls --tenant` from usage marks and listings by delimiter (issue 42): the same requests at any size,
+instead of a walk of every object; ``--exact``, ``-R``, a tenant with no mark or a root without marks walk as before.
 `find_children` (the delimiter listing) on each engine, counted on moto's server.
 """
 
@@ -75,6 +75,50 @@ def test_ls_text_names_the_sessions_the_mark_and_how_to_count_them(
     assert "2 session(s)" in lines[0]
     assert lines[1:3] == ["  chat-1/", "  chat-2/"]
     assert "usage mark #" in lines[3] and "--exact" in lines[3]
+
+
+def _marked_root(server: LocalS3Server, per_tenant: int) -> str:
+    """A root of tenants acme-0 to acme-2, each with `per_tenant` results and a mark, and globex without one."""
+    prefix = f"ls-root-{uuid.uuid4().hex}"
+    url = f"{server.bucket_url}/{prefix}"
+    writer = FsspecToolResultStore(url, storage_options=server.storage_options(), quota=Quota(tenant_results=10**6))
+    for index in range(3):
+        seed_results(server, prefix, per_tenant, per_session=50, body=b"xy", tenant=f"acme-{index}")
+        writer.for_session(f"acme-{index}", "new-chat").write(key="k.txt", content="abc")
+    FsspecToolResultStore(url, storage_options=server.storage_options()).for_session("globex", "c").write(
+        key="g.txt", content="abcd"
+    )
+    return url
+
+
+@pytest.mark.parametrize("per_tenant", [20, 1_100])
+def test_ls_of_a_root_costs_the_same_requests_at_any_size(
+    s3_server: LocalS3Server, s3_requests: RequestLog, capsys: pytest.CaptureFixture[str], per_tenant: int
+) -> None:
+    url = _marked_root(s3_server, per_tenant)
+    options = json.dumps(s3_server.storage_options())
+    s3_requests.clear()
+    assert main(["ls", url, "--storage-options", options, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    # One LIST by delimiter, each tenant's mark (a LIST of one key, a GET; globex has none: its LIST, and its walk).
+    # Before: a walk of the root, 1 LIST at 64 objects, 4 at 3,304.
+    assert (s3_requests.count(**LISTS), len(s3_requests)) == (1 + 4 + 1, 1 + 4 + 1 + 3)
+    assert [tenant.get("tenant") for tenant in summary["tenants"]] == ["acme-0", "acme-1", "acme-2", "globex"]
+    assert [tenant["source"] for tenant in summary["tenants"]] == ["usage_mark"] * 3 + ["listing"]
+    assert summary["results"] == 3 * per_tenant + 1 and summary["source"] == "usage_marks"
+    s3_requests.clear()
+    assert main(["ls", url, "--storage-options", options, "--json", "--exact"]) == 0
+    exact = json.loads(capsys.readouterr().out)
+    assert exact["results"] == 3 * (per_tenant + 1) + 1 and "source" not in exact
+
+
+def test_ls_of_a_root_without_marks_walks_it(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    root = FsspecToolResultStore(str(tmp_path))  # no quota: no marks
+    for tenant in ("acme", "globex"):
+        root.for_session(tenant, "chat-1").write(key="a.txt", content="abc")
+    assert main(["ls", str(tmp_path), "--json"]) == 0
+    walked = json.loads(capsys.readouterr().out)
+    assert walked["results"] == 2 and "source" not in walked
 
 
 @pytest.mark.parametrize("engine", ["obstore", "fsspec"])

@@ -6,18 +6,21 @@ from typing import Any
 from haystack_integrations.offload.stores.names import new_object_name
 
 
-def seed_results(server: Any, prefix: str, count: int, *, per_session: int | None = None, body: bytes = b"x") -> None:
+def seed_results(
+    server: Any, prefix: str, count: int, *, per_session: int | None = None, body: bytes = b"x", tenant: str = "acme"
+) -> None:
     """
-    Put `count` results of tenant acme below `prefix`, named as the store names them.
+    Put `count` results of a tenant below `prefix`, named as the store names them.
 
     :param server: An S3 server fixture (moto's or the real one's): `client()` and `bucket`.
     :param prefix: The root's prefix in the bucket.
     :param count: How many results.
     :param per_session: Results per session (``chat-0``, ``chat-1``, ...); None: all in ``chat-1``.
     :param body: Each result's content.
+    :param tenant: The tenant.
     """
     keys = [
-        f"{prefix}/acme/{f'chat-{index // per_session}' if per_session else 'chat-1'}/"
+        f"{prefix}/{tenant}/{f'chat-{index // per_session}' if per_session else 'chat-1'}/"
         f"{new_object_name(key=f'{index}.txt', kind='text', tool_name='t')}"
         for index in range(count)
     ]

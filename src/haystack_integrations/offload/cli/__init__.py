@@ -114,7 +114,7 @@ def _add_operator_commands(commands: Any) -> None:
     ls.add_argument(
         "--exact",
         action="store_true",
-        help="with --tenant: list every object and count each session, even where the tenant's usage mark serves",
+        help="list every object and count each session, even where tenants' usage marks serve",
     )
     add_progress_argument(ls)
 

@@ -44,14 +44,19 @@ def _scoped_url(url: str, tenant: str | None, session: str | None) -> str:
 
 
 def ls_command(arguments: argparse.Namespace) -> int:
-    from haystack_integrations.offload.operations import summarize_tenant, usage
+    from haystack_integrations.offload.operations import summarize_root, summarize_tenant, usage
     from haystack_integrations.offload.operations.inventory import roots_below
 
     root = root_store(arguments)
-    if arguments.tenant is not None and arguments.session is None and not (arguments.recursive or arguments.exact):
-        summary = summarize_tenant(root, arguments.tenant)
-        if summary is not None:
-            return _print_tenant_summary(arguments, summary)
+    if arguments.session is None and not (arguments.recursive or arguments.exact):
+        if arguments.tenant is not None:
+            summary = summarize_tenant(root, arguments.tenant)
+            if summary is not None:
+                return _print_tenant_summary(arguments, summary)
+        else:
+            summarized = summarize_root(root)
+            if summarized is not None:
+                return _print_root_summary(arguments, summarized)
     objects = _scan(arguments, root, arguments.tenant, arguments.session)
     reading = _inside_layout(arguments, objects)
     if reading is not None:
@@ -137,6 +142,48 @@ def _print_tenant_summary(arguments: argparse.Namespace, summary: Any) -> int:
         "--exact lists every object and counts each session."
     )
     return 0
+
+
+def _print_root_summary(arguments: argparse.Namespace, summary: Any) -> int:
+    """Every tenant from its usage mark, or walked where it keeps none: no walk of the whole root."""
+    if arguments.json:
+        tenants = [_tenant_summary_json(summary, name) for name in summary.tenants]
+        print_json(
+            {"source": "usage_marks", "results": summary.results, "total_bytes": summary.size, "tenants": tenants}
+        )
+        return 0
+    print(
+        f"{_scoped_url(arguments.url, None, None)}  {len(summary.tenants)} tenant(s), {summary.results} result(s), "
+        f"{size_text(summary.size)} of results and documents"
+    )
+    for name in summary.tenants:
+        mark = summary.marked.get(name)
+        if mark is None:
+            print(f"  {name}/  {_contents(summary.walked[name].total)}")
+        else:
+            marked = f"{mark.results} result(s), {size_text(mark.size)} of results and documents (mark #{mark.mark})"
+            print(f"  {name}/  {marked}")
+    print(
+        f"{len(summary.marked)} of {len(summary.tenants)} tenant(s) from their usage marks (what quota'd writers had "
+        "marked; deletes and expiry show after the next reconcile); --exact walks every object and counts each session."
+    )
+    return 0
+
+
+def _tenant_summary_json(summary: Any, name: str) -> dict[str, Any]:
+    """One tenant of ``ls --json``'s root summary: its mark's figures, or its walk's."""
+    mark = summary.marked.get(name)
+    if mark is None:
+        return {"source": "listing", **summary.walked[name].to_dict()}
+    reconciled = mark.reconciled.isoformat() if mark.reconciled else None
+    return {
+        "tenant": name,
+        "source": "usage_mark",
+        "results": mark.results,
+        "total_bytes": mark.size,
+        "mark": mark.mark,
+        "reconciled": reconciled,
+    }
 
 
 def _contents(figures: Any) -> str:

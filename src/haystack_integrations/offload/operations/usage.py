@@ -1,6 +1,5 @@
 """
-Usage per tenant and session, from one scan: how many results and documents, how many bytes, how old. Or a tenant's
-summary from its usage mark and the names of its sessions, without a walk (`summarize_tenant`).
+Usage per tenant and session, from one scan: how many results and documents, how many bytes, how old.
 
 Temporary files of local writes count too: a writer killed mid-write leaves one (it can be hundreds of megabytes)
 until a purge removes it, and the disk it takes is the tenant's.
@@ -11,8 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from haystack_integrations.offload.operations.inventory import StoredObject, require_root
-from haystack_integrations.offload.stores import FsspecToolResultStore, MarkedUsage, validate_scope_id
+from haystack_integrations.offload.operations.inventory import StoredObject
 
 
 @dataclass
@@ -121,43 +119,3 @@ def usage(objects: Iterable[StoredObject]) -> StoreUsage:
         tenant.total.add(item)
         found.total.add(item)
     return found
-
-
-@dataclass(frozen=True)
-class TenantSummary:
-    """A tenant as its newest usage mark and a listing of its sessions' names say: no walk of its objects."""
-
-    tenant: str
-    sessions: list[str]
-    """The sessions' ids, sorted (a delimiter listing: one LIST per 1000 sessions on S3)."""
-    marked: MarkedUsage
-    """The tenant's totals, as of its writers' last marks (see `MarkedUsage` for what they do not show yet)."""
-
-
-def summarize_tenant(root: FsspecToolResultStore, tenant: str) -> TenantSummary | None:
-    """
-    A tenant's summary where quota'd writers keep usage marks: its totals from the newest mark (one LIST and one GET)
-    and its sessions from a listing by delimiter, whatever number of objects it holds.
-
-    :param root: An unscoped store.
-    :param tenant: The tenant.
-    :returns: The summary; None if the tenant has no usage mark (walk it with `scan` then).
-    :raises ValueError: If `root` is scoped.
-    :raises InvalidScopeIdError: If `tenant` is not a safe path segment.
-    :raises StorageError: If the backend fails.
-    """
-    require_root(root)
-    marked = root.marked_usage(validate_scope_id(tenant, field="tenant"))
-    if marked is None:
-        return None
-    directories = root.for_tenant(tenant).find_children().directories
-    return TenantSummary(tenant, [name for name in directories if _is_session_id(name)], marked)
-
-
-def _is_session_id(name: str) -> bool:
-    # A tenant's own directories (its usage marks) start with a dot, which no session id may.
-    try:
-        validate_scope_id(name, field="session")
-    except ValueError:
-        return False
-    return True
