@@ -40,6 +40,7 @@ from haystack_integrations.offload.operations.inventory import classify
 from haystack_integrations.offload.sessions.errors import RunFailedError
 from haystack_integrations.offload.sessions.history import NAMESPACE as HISTORY_NAMESPACE
 from haystack_integrations.offload.sessions.service import ChatService
+from haystack_integrations.offload.stores.compact_documents import decompress_document
 from haystack_integrations.offload.testing.faults import Fault, FaultProxy
 from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RecordedRequest
 from metric_readings import MetricReadings, process_reader
@@ -208,7 +209,7 @@ def read_store(s3_server: LocalS3Server, prefix: str) -> Stored:
         if item.kind == "result":
             results[relative] = int(details["size"])
         elif item.kind == "document":
-            documents[relative] = json.loads(fs.cat_file(path))
+            documents[relative] = json.loads(decompress_document(fs.cat_file(path)))  # a turn's end is gzipped
     return Stored(results, documents)
 
 
@@ -580,7 +581,9 @@ async def test_a_failed_turn_is_counted_as_failed(metric_readings: MetricReading
     store = FsspecToolResultStore(f"memory://metrics-{uuid.uuid4().hex}").for_session("acme", "chat-1")
     with pytest.raises(RunFailedError):
         await service.send_message(store, "Chart revenue")
-    [end] = [json.loads(data) for name, data in _history(store).items() if name.endswith(".end.json")]
+    [end] = [
+        json.loads(decompress_document(data)) for name, data in _history(store).items() if name.endswith(".end.json")
+    ]
     assert end["status"] == "failed"
     assert metric_readings.recorded("offload.turn.duration", offload__status="failed")[0] == 1
 
