@@ -226,11 +226,12 @@ def _check_obstore(url: str) -> None:
     """
     Refuse ``--engine obstore`` where it cannot work, in one line, before anything is built.
 
-    :raises CommandError: If the store is not on S3 or obstore is not installed.
+    :raises CommandError: If the store is not on S3 or Azure, or obstore is not installed.
     """
-    if not _is_s3(url):
+    if not _is_s3(url) and not ("://" in url and url.split("://", 1)[0].lower() in {"az", "abfs", "abfss"}):
         raise CommandError(
-            f"--engine obstore serves s3:// stores only, and {shown_url(url)!r} is not one: use --engine fsspec."
+            f"--engine obstore serves s3:// stores only (and Azure's az://), and {shown_url(url)!r} is not one: use "
+            "--engine fsspec."
         )
     if importlib.util.find_spec("obstore") is None:
         raise CommandError(

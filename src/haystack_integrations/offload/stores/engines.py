@@ -1,4 +1,4 @@
-"""Which engine serves a store's requests: obstore for ``s3://`` wherever it can serve the options, else fsspec."""
+"""Which engine serves a store's requests: obstore for ``s3://`` and ``az://`` where it can, else fsspec."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from fsspec import AbstractFileSystem
 from fsspec.asyn import AsyncFileSystem
 from fsspec.core import split_protocol
 
-from haystack_integrations.offload.stores.async_fsspec_io import AsyncFilesystemIO
+from haystack_integrations.offload.stores.async_fsspec_io import AZURE_PROTOCOLS, AsyncFilesystemIO
 from haystack_integrations.offload.stores.io import Engine, SyncFilesystemIO, protocols_of
 from haystack_integrations.offload.stores.local_io import LocalIO, PathCheckedLocalIO, descriptor_calls_available
 from haystack_integrations.offload.stores.s3fs_io import S3IO, close_s3_io_async
@@ -26,6 +26,7 @@ ENGINES = ("auto", "fsspec", "obstore")
 DEFAULT_ENGINE = "auto"
 
 _S3_PROTOCOLS = frozenset({"s3", "s3a"})
+_OBSTORE_PROTOCOLS = _S3_PROTOCOLS | AZURE_PROTOCOLS
 _fallbacks_logged: set[tuple[str, str]] = set()
 _logged_lock = threading.Lock()
 
@@ -49,9 +50,9 @@ def choose_engine(
     """
     Resolve the engine a store asked for (no I/O).
 
-    ``"auto"`` (the default) picks obstore for an ``s3://`` URL when obstore is installed and understands every
-    storage option, and otherwise fsspec's backend, logging why once per URL. A named engine is taken as asked, or
-    refused if it cannot serve the store.
+    ``"auto"`` (the default) picks obstore for an ``s3://`` or Azure (``az://``, ``abfs://``, ``abfss://``) URL when
+    obstore is installed and understands every storage option, and otherwise fsspec's backend (s3fs, adlfs), logging
+    why once per URL. A named engine is taken as asked, or refused if it cannot serve the store.
 
     :param engine: ``"auto"``, ``"fsspec"`` or ``"obstore"``.
     :param url: The store's root URL.
@@ -64,14 +65,18 @@ def choose_engine(
         raise ValueError(f"Unknown engine {engine!r}: use one of {', '.join(map(repr, ENGINES))}.")
     if engine == "fsspec":
         return EngineChoice("fsspec", 'engine="fsspec" was asked for')
-    on_s3 = filesystem is None and split_protocol(url)[0] in _S3_PROTOCOLS
-    if not on_s3:
+    protocol = split_protocol(url)[0]
+    served = filesystem is None and protocol in _OBSTORE_PROTOCOLS
+    if not served:
         if engine == "obstore":
-            raise ValueError('engine="obstore" serves s3:// URLs only (not a filesystem object); use engine="fsspec".')
-        what = "a filesystem object" if filesystem is not None else f"{split_protocol(url)[0] or 'file'}:// URLs"
-        return EngineChoice("fsspec", f"{what} are served by fsspec; obstore serves s3:// only")
+            raise ValueError(
+                'engine="obstore" serves s3:// URLs only, besides Azure\'s az:// and abfs:// (not a filesystem '
+                'object); use engine="fsspec".'
+            )
+        what = "a filesystem object" if filesystem is not None else f"{protocol or 'file'}:// URLs"
+        return EngineChoice("fsspec", f"{what} are served by fsspec; obstore serves s3:// only, besides Azure's az://")
     if engine == "obstore":
-        unsupported = _unsupported_options(storage_options or {})  # ImportError names the extra to install
+        unsupported = _unsupported_options(protocol, storage_options or {})  # ImportError names the extra to install
         if unsupported:
             raise ValueError(
                 f"Storage option(s) {', '.join(unsupported)} not supported by the obstore engine: leave them out, or "
@@ -79,18 +84,24 @@ def choose_engine(
             )
         return EngineChoice("obstore", 'engine="obstore" was asked for')
     try:
-        unsupported = _unsupported_options(storage_options or {})
+        unsupported = _unsupported_options(protocol, storage_options or {})
     except ImportError:
-        problem = 'obstore is not installed (pip install "offload-haystack[s3]")'
+        extra = "pip install obstore" if protocol in AZURE_PROTOCOLS else 'pip install "offload-haystack[s3]"'
+        problem = f"obstore is not installed ({extra})"
     else:
         if not unsupported:
-            return EngineChoice("obstore", "s3:// with options the obstore engine serves")
+            served_as = "s3://" if protocol in _S3_PROTOCOLS else f"{protocol}://"
+            return EngineChoice("obstore", f"{served_as} with options the obstore engine serves")
         problem = f"storage option(s) {', '.join(unsupported)} have no obstore counterpart"
     _log_once(url, problem)
     return EngineChoice("fsspec", f"the obstore engine cannot serve this store: {problem}")
 
 
-def _unsupported_options(storage_options: Mapping[str, Any]) -> list[str]:
+def _unsupported_options(protocol: str | None, storage_options: Mapping[str, Any]) -> list[str]:
+    if protocol in AZURE_PROTOCOLS:
+        from haystack_integrations.offload.stores.obstore_azure import unsupported_azure_options
+
+        return unsupported_azure_options(storage_options)
     from haystack_integrations.offload.stores.obstore_io import unsupported_options
 
     return unsupported_options(storage_options)
@@ -101,7 +112,8 @@ def _log_once(url: str, problem: str) -> None:
         if (url, problem) in _fallbacks_logged:
             return
         _fallbacks_logged.add((url, problem))
-    logger.info("The store %s uses the fsspec engine (s3fs): %s.", url, problem)
+    backend = "adlfs" if split_protocol(url)[0] in AZURE_PROTOCOLS else "s3fs"
+    logger.info("The store %s uses the fsspec engine (%s): %s.", url, backend, problem)
 
 
 def engine_for(fs: AbstractFileSystem) -> Engine:

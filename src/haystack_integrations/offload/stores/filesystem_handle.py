@@ -18,6 +18,7 @@ from fsspec import AbstractFileSystem
 
 from haystack_integrations.offload import metrics
 from haystack_integrations.offload.stores.async_fsspec_io import (
+    AZURE_PROTOCOLS,
     CLOUD_PROTOCOLS,
     cloud_location,
     without_client_retries,
@@ -149,7 +150,10 @@ class FilesystemHandle:
                     )
                 if self._protocol in {"s3", "s3a"}:
                     options = with_default_timeouts(options)
-                if self._engine == "obstore":
+                if self._engine == "obstore" and self._protocol in AZURE_PROTOCOLS:
+                    io = _obstore_azure_io(options, self._retry, fallback=self._adlfs_fallback(options))
+                    fs = io.fs
+                elif self._engine == "obstore":
                     io = _obstore_io(options, self._retry, fallback=self._s3fs_fallback(options))
                     fs = io.fs
                 elif self._protocol in {"s3", "s3a"}:
@@ -315,6 +319,15 @@ class FilesystemHandle:
             return None
         return _MadeOnFirstNeed(lambda: self._s3fs_io(options))
 
+    def _adlfs_fallback(self, options: dict[str, Any]) -> Callable[[], Engine] | None:
+        """adlfs, made on first need, for the keys obstore cannot list or delete on Azure; None without adlfs."""
+        if importlib.util.find_spec("adlfs") is None:
+            return None
+        own = {"skip_instance_cache": True}  # its retries go off: not on an instance the application may hold
+        return _MadeOnFirstNeed(
+            lambda: engine_for(without_client_retries(fsspec.filesystem(self._protocol, **options, **own)))
+        )
+
     def _s3_filesystem(self, options: dict[str, Any], *, asynchronous: bool = False) -> AbstractFileSystem:
         if asynchronous:
             # Never from fsspec's instance cache: an asynchronous instance belongs to the loop it was made on.
@@ -463,8 +476,13 @@ class _MadeOnFirstNeed:
 
 
 def strip_protocol(filesystem_class: type[AbstractFileSystem] | None, url: str) -> str:
-    if filesystem_class is None:  # the obstore engine, without s3fs installed
+    if filesystem_class is None:  # the obstore engine, without s3fs (or adlfs) installed
         from haystack_integrations.offload.stores.obstore_io import strip_s3_url
+
+        if url.split("://", 1)[0] in AZURE_PROTOCOLS:
+            from haystack_integrations.offload.stores.obstore_azure import strip_azure_url
+
+            return strip_azure_url(url)
 
         return strip_s3_url(url)
     return str(filesystem_class._strip_protocol(url)).rstrip("/")
@@ -477,3 +495,14 @@ def _obstore_io(options: dict[str, Any], retry: RetryPolicy | None, *, fallback:
         options, retrying=retry is not None, attempt_timeout=retry.attempt_timeout if retry is not None else None
     )
     return ObstoreIO(settings, fallback=fallback)
+
+
+def _obstore_azure_io(
+    options: dict[str, Any], retry: RetryPolicy | None, *, fallback: Callable[[], Engine] | None
+) -> Engine:
+    from haystack_integrations.offload.stores.obstore_azure import AzureObstoreIO, azure_settings
+
+    settings = azure_settings(
+        options, retrying=retry is not None, attempt_timeout=retry.attempt_timeout if retry is not None else None
+    )
+    return AzureObstoreIO(settings, fallback=fallback)

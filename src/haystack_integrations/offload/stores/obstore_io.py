@@ -426,17 +426,21 @@ class ObstoreIO(Engine):
                 self._stores[bucket] = store
         return store
 
+    def _errors(self) -> contextlib.AbstractContextManager[None]:
+        """How a write's failures are classified (`_mapped_errors`; Azure's engine reads its 409 otherwise)."""
+        return _mapped_errors()
+
     async def put_async(self, path: str, data: bytes) -> None:
         """One PUT (never multipart, whatever the size)."""
         store, key = await self._located_async(path)
-        with _mapped_errors():
+        with self._errors():
             await obstore.put_async(store, key, data, use_multipart=False)
 
     async def put_chunks_async(self, path: str, chunks: Iterable[Chunk]) -> None:
         """One PUT up to `MULTIPART_THRESHOLD` bytes; above, obstore's multipart upload, fed the chunks as they come."""
         store, key = await self._located_async(path)
         head, rest = _leading_chunks(chunks, MULTIPART_THRESHOLD)
-        with _mapped_errors():
+        with self._errors():
             if rest is None:
                 await obstore.put_async(store, key, b"".join(head), use_multipart=False)
             else:
@@ -446,7 +450,7 @@ class ObstoreIO(Engine):
     async def put_exclusive_async(self, path: str, data: bytes) -> None:
         """One PUT with ``If-None-Match: *``; `FileExistsError` if the key exists (S3's 412)."""
         store, key = await self._located_async(path)
-        with _mapped_errors():
+        with self._errors():
             await obstore.put_async(store, key, data, mode="create", use_multipart=False)
 
     async def get_async(self, path: str) -> bytes:

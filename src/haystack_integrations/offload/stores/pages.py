@@ -85,7 +85,13 @@ async def _obstore_after_async(io: Any, path: str, start_after: str | None, limi
             chunk = S3_PAGE_KEYS if limit is None else max(1, min(limit, S3_PAGE_KEYS))
             stream = obstore.list(store, key or None, offset=offset, chunk_size=chunk)
             async for batch in stream:
-                entries.extend((f"{bucket}/{meta['path']}", int(meta["size"])) for meta in batch)
+                # Azure has no start-after (only its own continuation markers): object_store lists from the first key
+                # there, so the offset is applied here too (a no-op on S3, which applied it already).
+                entries.extend(
+                    (f"{bucket}/{meta['path']}", int(meta["size"]))
+                    for meta in batch
+                    if offset is None or meta["path"] > offset
+                )
                 if limit is not None and len(entries) >= limit:
                     break
     except InvalidPathError:

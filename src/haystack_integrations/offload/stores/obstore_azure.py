@@ -1,0 +1,280 @@
+"""
+The obstore engine on Azure Blob Storage (``az://``, ``abfs://``): adlfs's storage options as `AzureStore` settings.
+
+`azure_settings` translates what adlfs users pass (or refuses it, `unsupported_azure_options`); `AzureObstoreIO` is
+`ObstoreIO` with one `AzureStore` per container, Azure's "exists" answer and a delete that tolerates missing blobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, cast
+
+import obstore
+from obstore.exceptions import AlreadyExistsError
+from obstore.fsspec import FsspecStore
+from obstore.store import AzureStore
+
+from haystack_integrations.offload.stores.exit_wait import wait_at_exit
+from haystack_integrations.offload.stores.failures import status_failure
+from haystack_integrations.offload.stores.io import Engine
+from haystack_integrations.offload.stores.obstore_io import _NOT_CACHED, ObstoreIO, _mapped_errors, describe_failure
+
+if TYPE_CHECKING:
+    from obstore.store import AzureConfig, ClientConfig, RetryConfig
+
+__all__ = ["AzureObstoreIO", "AzureSettings", "azure_settings", "strip_azure_url", "unsupported_azure_options"]
+
+# adlfs options that tune adlfs's own caching, file objects and upload concurrency: nothing here goes through them, so
+# they are accepted (the same storage_options serve both engines) and have no effect.
+_ADLFS_ONLY = frozenset(
+    {
+        "assume_container_exists",
+        "blocksize",
+        "default_cache_type",
+        "default_fill_cache",
+        "listings_expiry_time",
+        "max_concurrency",
+        "max_paths",
+        "skip_instance_cache",
+        "socket_timeout",
+        "use_listings_cache",
+    }
+)
+# storage option -> AzureConfig key.
+_CONFIG_NAMES = {
+    "account_name": "account_name",
+    "account_key": "account_key",
+    "client_id": "client_id",
+    "client_secret": "client_secret",
+    "tenant_id": "tenant_id",
+}
+_UNDERSTOOD = frozenset(
+    {*_CONFIG_NAMES, "connection_string", "sas_token", "anon", "account_host", "connection_timeout"}
+)
+# Understood at one value only: the primary location (adlfs's default), the latest version of each blob.
+_ONLY_AT = {"location_mode": "primary", "version_aware": False}
+# adlfs reads these when the option is not given (its own environment names, not all of which object_store reads).
+_ENVIRONMENT = {
+    "account_name": "AZURE_STORAGE_ACCOUNT_NAME",
+    "account_key": "AZURE_STORAGE_ACCOUNT_KEY",
+    "connection_string": "AZURE_STORAGE_CONNECTION_STRING",
+    "sas_token": "AZURE_STORAGE_SAS_TOKEN",
+    "client_id": "AZURE_STORAGE_CLIENT_ID",
+    "client_secret": "AZURE_STORAGE_CLIENT_SECRET",
+    "tenant_id": "AZURE_STORAGE_TENANT_ID",
+}
+_UNSUPPORTED_HINT = 'the obstore engine cannot honour it; leave it out, or use engine="fsspec" (adlfs)'
+
+
+@dataclass(frozen=True)
+class AzureSettings:
+    """What every `AzureStore` of one `AzureObstoreIO` is built with (secrets included: never logged)."""
+
+    config: dict[str, Any] = field(default_factory=dict, repr=False)  # keys and SAS tokens: never in a repr
+    client_options: dict[str, Any] = field(default_factory=dict)
+    retry_config: dict[str, Any] = field(default_factory=dict)
+
+
+def unsupported_azure_options(storage_options: Mapping[str, Any]) -> list[str]:
+    """
+    Name the adlfs storage options the obstore engine cannot honour (by name and plain value, secrets unresolved).
+
+    Refused: ``credential`` (an azure-identity object), ``request_session``, ``timeout`` and ``read_timeout``
+    (object_store has no per-read timeout: the store's `RetryPolicy.attempt_timeout` bounds each request),
+    ``location_mode`` other than ``"primary"``, ``version_aware=True``, and any name adlfs does not take either.
+
+    :param storage_options: Options written for adlfs.
+    :returns: Their names; empty when all are understood.
+    """
+    unknown = []
+    for name, value in storage_options.items():
+        if name in _ONLY_AT:
+            if value is not None and value != _ONLY_AT[name]:
+                unknown.append(f"{name}={value!r}")
+        elif name not in _UNDERSTOOD and name not in _ADLFS_ONLY:
+            unknown.append(name)
+    return unknown
+
+
+def _connection_fields(connection_string: str) -> dict[str, str]:
+    return dict(part.strip().split("=", 1) for part in connection_string.split(";") if "=" in part)
+
+
+def _from_connection_string(connection_string: str) -> dict[str, Any]:
+    """AzureConfig entries from a connection string (account, key or SAS, blob endpoint), as Azure's SDK reads it."""
+    fields = _connection_fields(connection_string)
+    if fields.get("UseDevelopmentStorage", "").lower() == "true":
+        # object_store's emulator mode: Azurite's account and key, at AZURITE_BLOB_STORAGE_URL or 127.0.0.1:10000.
+        return {"use_emulator": True}
+    config: dict[str, Any] = {}
+    if fields.get("AccountName"):
+        config["account_name"] = fields["AccountName"]
+    if fields.get("AccountKey"):
+        config["account_key"] = fields["AccountKey"]
+    if fields.get("SharedAccessSignature"):
+        config["sas_key"] = fields["SharedAccessSignature"].lstrip("?")
+    if fields.get("BlobEndpoint"):
+        config["endpoint"] = fields["BlobEndpoint"].rstrip("/")
+    elif fields.get("EndpointSuffix") and config.get("account_name"):
+        scheme = fields.get("DefaultEndpointsProtocol", "https")
+        config["endpoint"] = f"{scheme}://{config['account_name']}.blob.{fields['EndpointSuffix']}"
+    return config
+
+
+def azure_settings(
+    storage_options: Mapping[str, Any], *, retrying: bool, attempt_timeout: float | None
+) -> AzureSettings:
+    """
+    Translate adlfs storage options (with secrets resolved) into `AzureStore` settings.
+
+    Understood: ``account_name``, ``account_key``, ``sas_token``, ``connection_string`` (``AccountName``,
+    ``AccountKey``, ``SharedAccessSignature``, ``BlobEndpoint``, ``EndpointSuffix``, ``UseDevelopmentStorage``),
+    ``client_id``/``client_secret``/``tenant_id`` (a service principal), ``anon`` (unsigned requests),
+    ``account_host`` (the endpoint's host), ``connection_timeout``; adlfs's environment variables
+    (``AZURE_STORAGE_CONNECTION_STRING``, ...) where an option is not given, as adlfs reads them. adlfs's caching and
+    block options are accepted and have no effect. With no credentials at all, object_store asks the machine's managed
+    identity (adlfs asks azure-identity's whole default chain).
+
+    :param storage_options: Options written for adlfs, secrets resolved.
+    :param retrying: Whether a `RetryPolicy` retries the store's calls: obstore's own retries are then off.
+    :param attempt_timeout: The policy's time limit per attempt, in seconds: the client's request timeout.
+    :returns: The settings.
+    :raises ValueError: If an option cannot be honoured (see `unsupported_azure_options`), or no account is named.
+    """
+    unknown = unsupported_azure_options(storage_options)
+    if unknown:
+        raise ValueError(f"Storage option(s) {', '.join(unknown)} not supported: {_UNSUPPORTED_HINT}.")
+    given = {name: storage_options.get(name) or os.environ.get(variable) for name, variable in _ENVIRONMENT.items()}
+    config: dict[str, Any] = {}
+    client: dict[str, Any] = {}
+    if given["connection_string"]:
+        config.update(_from_connection_string(str(given["connection_string"])))
+    for name, target in _CONFIG_NAMES.items():
+        # An option given beside a connection string wins, as in adlfs (which uses the string alone when it has one,
+        # but fills its account name from the options).
+        if storage_options.get(name) is not None or (given[name] and target not in config):
+            config[target] = given[name]
+    if given["sas_token"]:
+        config["sas_key"] = str(given["sas_token"]).lstrip("?")
+    anon = storage_options.get("anon")
+    if anon is None:
+        anon = os.environ.get("AZURE_STORAGE_ANON", "false").lower() not in {"false", "0", "f", ""}
+    if anon:
+        config["skip_signature"] = True
+    if storage_options.get("account_host"):
+        config["endpoint"] = f"https://{storage_options['account_host']}"
+    if not config.get("account_name") and not config.get("use_emulator"):
+        raise ValueError("The obstore engine needs the Azure account: give account_name or a connection_string.")
+    if str(config.get("endpoint", "")).startswith("http://"):
+        client["allow_http"] = True
+    if storage_options.get("connection_timeout") is not None:
+        client["connect_timeout"] = timedelta(seconds=float(storage_options["connection_timeout"]))
+    if retrying:
+        retry: dict[str, Any] = {"max_retries": 0}  # the store retries (`retry.retried`); stacked retries multiply
+    else:
+        retry = {}
+    if attempt_timeout is not None:
+        client["timeout"] = timedelta(seconds=attempt_timeout)
+    return AzureSettings(config, client, retry)
+
+
+def strip_azure_url(url: str) -> str:
+    """
+    The ``container/prefix`` of an ``az://``, ``abfs://`` or ``abfss://`` URL, as adlfs's ``_strip_protocol`` gives it
+    (adlfs not needed): an ``abfs://container@account.dfs.core.windows.net/prefix`` keeps its container.
+
+    :param url: The store's URL.
+    :returns: The path, without the protocol, account host and trailing slashes.
+    """
+    path = url.split("://", 1)[1] if "://" in url else url
+    container, slash, rest = path.partition("/")
+    return f"{container.split('@', 1)[0]}{slash}{rest}".rstrip("/")
+
+
+class AzureObstoreIO(ObstoreIO):
+    """
+    Azure Blob Storage through obstore: `ObstoreIO`'s operations (one request per write, whole read or page), with one
+    `AzureStore` per container. A conditional create that finds the blob answers 409 ``BlobAlreadyExists`` on Azure
+    (S3's 409 is a write in flight): here it is "exists". ``fs`` is obstore's fsspec filesystem for Azure.
+    """
+
+    def __init__(self, settings: AzureSettings, *, fallback: Callable[[], Engine] | None = None) -> None:
+        """
+        :param settings: What every container's `AzureStore` is built with (see `azure_settings`).
+        :param fallback: The engine (adlfs) for keys object_store cannot parse; None: they fail loudly.
+        """
+        Engine.__init__(
+            self,
+            FsspecStore(
+                "az",
+                config=cast("AzureConfig", settings.config),
+                client_options=cast("ClientConfig", settings.client_options),
+                retry_config=cast("RetryConfig", settings.retry_config),
+                **_NOT_CACHED,
+            ),
+        )
+        self.azure_settings = settings
+        self.fallback = fallback
+        self._stores: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        wait_at_exit()  # as ObstoreIO: obstore's threads hand results to event loops
+
+    async def _located_async(self, path: str) -> tuple[Any, str]:
+        container, _, key = path.partition("/")
+        return self._stores.get(container) or self._store_for(container, None), key
+
+    def _store_for(self, bucket: str, region: str | None) -> Any:
+        with self._lock:
+            store = self._stores.get(bucket)
+            if store is None:
+                # No request here: object_store connects on the first call.
+                store = AzureStore(
+                    bucket,
+                    config=cast("AzureConfig", self.azure_settings.config),
+                    client_options=cast("ClientConfig", self.azure_settings.client_options),
+                    retry_config=cast("RetryConfig", self.azure_settings.retry_config),
+                )
+                self._stores[bucket] = store
+        return store
+
+    def _errors(self) -> contextlib.AbstractContextManager[None]:
+        return _azure_errors()
+
+    async def delete_async(self, paths: Iterable[str]) -> None:
+        """One Blob Batch per container and 256 blobs; if a blob was missing (Azure fails its part: object_store then
+        raises for it alone), one DELETE per blob of that batch, a missing one no error."""
+        paths = list(paths)
+        for container, (store, keys) in (await self._by_bucket(paths)).items():
+            try:
+                with _mapped_errors():
+                    await obstore.delete_async(store, keys)
+            except FileNotFoundError:
+                await asyncio.gather(*(_delete_one(store, key) for key in keys))
+            except PermissionError:
+                if self.fallback is None:
+                    raise
+                await self.fallback().delete_async([f"{container}/{key}" for key in keys])
+
+
+async def _delete_one(store: Any, key: str) -> None:
+    with contextlib.suppress(FileNotFoundError), _mapped_errors():
+        await obstore.delete_async(store, key)
+
+
+@contextlib.contextmanager
+def _azure_errors() -> Iterator[None]:
+    """`_mapped_errors`, but Azure's 409 ``BlobAlreadyExists`` (a conditional create found the blob) is "exists"."""
+    with _mapped_errors():
+        try:
+            yield
+        except AlreadyExistsError as error:
+            # object_store reads any 409 as "exists"; Azure's error code says which 409 it was.
+            status, code, _ = describe_failure(error) or (None, "", None)
+            raise status_failure(status, code) from error
