@@ -119,17 +119,7 @@ def _print_tenant_summary(arguments: argparse.Namespace, summary: Any) -> int:
     marked = summary.marked
     reconciled = marked.reconciled.strftime("%Y-%m-%d %H:%M:%S UTC") if marked.reconciled else "never"
     if arguments.json:
-        print_json(
-            {
-                "tenant": summary.tenant,
-                "source": "usage_mark",
-                "sessions": summary.sessions,
-                "results": marked.results,
-                "total_bytes": marked.size,
-                "mark": marked.mark,
-                "reconciled": marked.reconciled.isoformat() if marked.reconciled else None,
-            }
-        )
+        print_json({**_marked_json(summary.tenant, marked), "sessions": summary.sessions})
         return 0
     print(
         f"{_scoped_url(arguments.url, arguments.tenant, None)}  {len(summary.sessions)} session(s), "
@@ -175,14 +165,18 @@ def _tenant_summary_json(summary: Any, name: str) -> dict[str, Any]:
     mark = summary.marked.get(name)
     if mark is None:
         return {"source": "listing", **summary.walked[name].to_dict()}
-    reconciled = mark.reconciled.isoformat() if mark.reconciled else None
+    return _marked_json(name, mark)
+
+
+def _marked_json(tenant: str, marked: Any) -> dict[str, Any]:
+    """A tenant's figures as its usage mark gives them, as ``du --json`` and ``ls --json`` print them."""
     return {
-        "tenant": name,
+        "tenant": tenant,
         "source": "usage_mark",
-        "results": mark.results,
-        "total_bytes": mark.size,
-        "mark": mark.mark,
-        "reconciled": reconciled,
+        "results": marked.results,
+        "total_bytes": marked.size,
+        "mark": marked.mark,
+        "reconciled": marked.reconciled.isoformat() if marked.reconciled else None,
     }
 
 
@@ -241,16 +235,7 @@ def _print_marked_usage(arguments: argparse.Namespace, marked: Any) -> int:
     """A tenant's usage from its newest usage mark: two requests at any size, instead of a walk of every object."""
     reconciled = marked.reconciled.strftime("%Y-%m-%d %H:%M:%S UTC") if marked.reconciled else None
     if arguments.json:
-        print_json(
-            {
-                "tenant": arguments.tenant,
-                "source": "usage_mark",
-                "results": marked.results,
-                "total_bytes": marked.size,
-                "mark": marked.mark,
-                "reconciled": marked.reconciled.isoformat() if marked.reconciled else None,
-            }
-        )
+        print_json(_marked_json(arguments.tenant, marked))
         return 0
     print_table(
         [[arguments.tenant, str(marked.results), f"{marked.size:,}", size_text(marked.size)]],
