@@ -170,6 +170,12 @@ def test_bad_engines_and_resume_leases_are_refused(values: dict[str, object], me
         ServerSettings(tokens={TOKEN: "acme"}, **values)
 
 
+@pytest.mark.parametrize("store", ["az://results/prod", "abfs://results/prod", "s3://bucket/prod"])
+def test_the_obstore_engine_is_a_setting_for_azure_as_for_s3(store: str) -> None:
+    # obstore serves Azure Blob Storage too: the settings no longer refuse it there.
+    assert ServerSettings(tokens={TOKEN: "acme"}, engine="obstore", store=store).engine == "obstore"
+
+
 def test_the_app_passes_the_engine_and_the_resume_lease_on(tmp_path: Path) -> None:
     settings = ServerSettings(store=str(tmp_path / "results"), tokens={TOKEN: "acme"}, resume_lease=7.0)
     app = create_app(settings)

@@ -41,6 +41,8 @@ from offload_haystack_app.server.startup import require_exclusive_creates
 DEFAULT_SERVER_STORE = "./offload-server-results"
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 MIN_TOKEN_LENGTH = 16
+# What engine="obstore" serves (the store refuses the rest too, but only once the app is built).
+_OBSTORE_PROTOCOLS = frozenset({"s3", "s3a", "az", "abfs", "abfss"})
 _MASTER_KEY_VARIABLE = "OFFLOAD_SERVER_S3_SSE_C_MASTER_KEY"
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant with tools. Large tool results are stored outside the conversation and replaced by "
@@ -82,7 +84,7 @@ class ServerSettings(BaseSettings):
     store: str = Field(default=DEFAULT_SERVER_STORE, description="Root URL of the results store (directory or s3://).")
     engine: Literal["auto", "fsspec", "obstore"] = Field(
         default="auto",
-        description="The store's engine: auto (obstore for s3:// where it serves the options), fsspec, or obstore.",
+        description="The store's engine: auto (obstore for s3:// and az:// where it can), fsspec, or obstore.",
     )
     storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options for the store, as JSON.")
     s3_endpoint_url: str | None = Field(default=None, description="S3 endpoint (MinIO, moto, a VPC endpoint).")
@@ -208,8 +210,10 @@ class ServerSettings(BaseSettings):
     @model_validator(mode="after")
     def _engine_serves_the_store(self) -> "ServerSettings":
         # The store would refuse it too, but only when the app is built: say it at start-up, naming the setting.
-        if self.engine == "obstore" and split_protocol(self.store)[0] not in {"s3", "s3a"}:
-            raise ValueError(f"engine 'obstore' serves s3:// stores only, and {self.store!r} is not one")
+        if self.engine == "obstore" and split_protocol(self.store)[0] not in _OBSTORE_PROTOCOLS:
+            raise ValueError(
+                f"engine 'obstore' serves s3:// stores only (and Azure's az://, abfs://), and {self.store!r} is not one"
+            )
         return self
 
     @field_validator("tokens")

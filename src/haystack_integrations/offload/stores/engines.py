@@ -86,7 +86,11 @@ def choose_engine(
     try:
         unsupported = _unsupported_options(protocol, storage_options or {})
     except ImportError:
-        extra = "pip install obstore" if protocol in AZURE_PROTOCOLS else 'pip install "offload-haystack[s3]"'
+        extra = (
+            'pip install "offload-haystack[azure]"'
+            if protocol in AZURE_PROTOCOLS
+            else 'pip install "offload-haystack[s3]"'
+        )
         problem = f"obstore is not installed ({extra})"
     else:
         if not unsupported:
