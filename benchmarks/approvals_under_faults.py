@@ -66,6 +66,7 @@ from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from haystack.components.agents import Agent
 from haystack.components.agents.state.state import State
@@ -83,6 +84,8 @@ from haystack_integrations.offload.approvals.resume import current_idempotency_k
 from haystack_integrations.offload.sessions.service import ChatService
 
 BUCKET = "offload-approvals-faults"
+EMULATORS = ("azurite", "fake-gcs")
+"""Servers other than S3: the same flow on ``az://`` (Azurite) and ``gs://`` (fake-gcs-server), the proxy in front."""
 TENANTS = 4
 MAY_HAVE_RUN = "may-have-run"
 FAULT_KINDS = ["reset-after", "503", "timeout"]
@@ -238,8 +241,11 @@ def session_plans(count: int, run: str) -> list[SessionPlan]:
 
 
 def _s3_process(connection: Connection, server_kind: str, isolation: bool) -> None:
-    # The Ceph launcher is a test rig of ours (tests/support/), not part of the library.
+    # The Ceph, Azurite and fake-gcs-server launchers are test rigs of ours (tests/support/), not part of the library.
     sys.path.insert(0, str(_TESTS))
+    if server_kind in EMULATORS:
+        _emulator_process(connection, server_kind)
+        return
     from haystack_integrations.offload.testing.local_s3 import LocalS3Server
     from support.ceph_rgw import CephRGWServer
 
@@ -247,10 +253,62 @@ def _s3_process(connection: Connection, server_kind: str, isolation: bool) -> No
     with server:
         # With isolation, the role every tenant's STS credentials come from (as the RGW lane's `real_s3_tenant_role`).
         role_arn = server.create_tenant_role() if isolation else None
-        connection.send({"options": server.storage_options(), "role_arn": role_arn})
+        options = server.storage_options()
+        connection.send(
+            {"options": options, "role_arn": role_arn, "root": f"s3://{BUCKET}", "upstream": options["endpoint_url"]}
+        )
         while connection.recv() != "stop":
             pass
         connection.send(None)
+
+
+def _emulator_process(connection: Connection, server_kind: str) -> None:
+    """Azurite (``az://``, adlfs or obstore) or fake-gcs-server (``gs://``, gcsfs), with a container/bucket made."""
+    server: Any
+    if server_kind == "azurite":
+        from support.azurite import AzuriteServer
+
+        server = AzuriteServer()
+        upstream = f"http://127.0.0.1:{server.port}"  # the account is the path's first segment, kept by the proxy
+    else:
+        from support.fake_gcs import FakeGCS
+
+        server = FakeGCS()
+        upstream = server.endpoint
+    with server:
+        root = server.bucket_url
+        connection.send({"options": server.storage_options(), "role_arn": None, "root": root, "upstream": upstream})
+        while connection.recv() != "stop":
+            pass
+        connection.send(None)
+
+
+def proxied_options(server_kind: str, engine: str, options: dict[str, Any], proxy_url: str) -> dict[str, Any]:
+    """
+    The storage options that send every request of `server_kind`'s client through the fault proxy at `proxy_url`.
+
+    :param server_kind: ``moto``/``rgw`` (S3), ``azurite`` or ``fake-gcs``.
+    :param engine: The store's engine (obstore on Azure refuses a read timeout: its attempt timeout bounds a request).
+    :param options: The server's own storage options.
+    :param proxy_url: The proxy's endpoint.
+    :returns: The options, with the proxy as the endpoint and client timeouts as short as the S3 runs' where the
+        client takes them.
+    """
+    if server_kind == "azurite":
+        # adlfs and obstore read the endpoint from the connection string's BlobEndpoint: the proxy, then the account.
+        endpoint = options["connection_string"].split("BlobEndpoint=", 1)[1].split(";", 1)[0]
+        account = urlsplit(endpoint).path
+        through: dict[str, Any] = {
+            "connection_string": options["connection_string"].replace(endpoint, f"{proxy_url}{account}")
+        }
+        through["connection_timeout"] = 1
+        if engine == "fsspec":
+            through["read_timeout"] = 1  # adlfs's (azure-core's) per-read timeout, as botocore's in the S3 runs
+        return through
+    if server_kind == "fake-gcs":
+        # gcsfs has no read timeout apart from a whole-request one; the store's attempt timeout bounds each request.
+        return {**options, "endpoint_url": proxy_url}
+    return {**options, "endpoint_url": proxy_url, "config_kwargs": S3_TIMEOUTS}
 
 
 def _proxy_process(connection: Connection, upstream: str) -> None:
@@ -991,11 +1049,12 @@ async def run_scenario(
     seed: int,
     baseline_wall: float | None,
     isolation: Isolation | None = None,
+    root: str = f"s3://{BUCKET}",
 ) -> RunResult:
     run = f"run{seed}-{uuid.uuid4().hex[:6]}"
-    url = f"s3://{BUCKET}/{run}"
+    url = f"{root}/{run}"
     ledger = Path(tempfile.gettempdir()) / f"approvals-under-faults-{run}.ledger"
-    proxied = {**s3_options, "endpoint_url": proxy.hello, "config_kwargs": S3_TIMEOUTS}
+    proxied = proxied_options(args.server, args.engine, s3_options, proxy.hello)
     rng = random.Random(seed)  # noqa: S311 - the benchmark's own random choices, seeded to be replayable
     kills_left = [args.kills if scenario.kills else 0]
 
@@ -1088,11 +1147,17 @@ def tables(setup: dict[str, Any], results: list[RunResult]) -> str:
     base = results[0]
     base_requests = base.s3_requests / max(base.sessions, 1)
     isolated = ", STS credentials and an SSE-C key per tenant" if setup.get("isolation") else ""
+    storage = {"azurite": "Azurite (az://)", "fake-gcs": "fake-gcs-server (gs://)"}.get(setup["server"])
+    s3_timeout = f"S3 read timeout {S3_TIMEOUTS['read_timeout']:.0f} s"
+    timeout = {"azurite": "Azure read timeout 1 s", "fake-gcs": "no gcsfs read timeout"}.get(
+        setup["server"], s3_timeout
+    )
     lines = [
         f"{setup['sessions']} sessions per run, {setup['workers']} worker processes, {setup['concurrency']} flows at "
-        f"a time; {setup['server']} S3 ({setup['engine']} engine{isolated}) and the fault proxy in processes of "
-        f"their own (faults per request); leases {LEASE:.0f} s; S3 read timeout "
-        f"{S3_TIMEOUTS['read_timeout']:.0f} s; {setup['cpus']} CPUs; seed {setup['seed']}. Faults drawn among "
+        f"a time; {storage or setup['server'] + ' S3'} ({setup['engine']} engine{isolated}) and the fault proxy in "
+        f"processes of their own (faults per request); leases {LEASE:.0f} s; "
+        f"{timeout}; store attempt timeout "
+        f"{RETRY.attempt_timeout:.0f} s; {setup['cpus']} CPUs; seed {setup['seed']}. Faults drawn among "
         "reset-after, 503 SlowDown and timeout.",
         "",
         "| run | approved calls run once | same key, retried | never | twice or more | unapproved/guarded run "
@@ -1114,7 +1179,8 @@ def tables(setup: dict[str, Any], results: list[RunResult]) -> str:
     for r in results:
         per_session = r.s3_requests / max(r.sessions, 1)
         faults = sum(r.faults.values())
-        injected = f"{faults} of {r.s3_requests}" if faults else "0"
+        kinds = ", ".join(f"{count} {kind}" for kind, count in sorted(r.faults.items()))
+        injected = f"{faults} of {r.s3_requests} ({kinds})" if faults else "0"
         ratio = r.round_trip_p50_ms / base.round_trip_p50_ms if base.round_trip_p50_ms else 0.0
         lines.append(
             f"| {r.scenario} | {per_session:.1f} | {per_session / base_requests:.2f}x | {injected} "
@@ -1151,12 +1217,14 @@ async def main_async(args: argparse.Namespace) -> list[RunResult]:
     s3 = ServerProcess(_s3_process, args.server, args.isolation)
     options = s3.hello["options"]
     isolation = Isolation(s3.hello["role_arn"], options["endpoint_url"]) if args.isolation else None
-    proxy = ServerProcess(_proxy_process, options["endpoint_url"])
+    proxy = ServerProcess(_proxy_process, s3.hello["upstream"])
     results: list[RunResult] = []
     try:
         for number, scenario in enumerate(scenarios):
             baseline_wall = results[0].wall_s if results else None
-            result = await run_scenario(scenario, args, options, proxy, args.seed + number, baseline_wall, isolation)
+            result = await run_scenario(
+                scenario, args, options, proxy, args.seed + number, baseline_wall, isolation, s3.hello["root"]
+            )
             summary = {k: v for k, v in asdict(result).items() if k not in {"notes", "unexpected"}}
             print(f"# {json.dumps(summary)}", file=sys.stderr, flush=True)
             for note in result.notes[:20]:
@@ -1191,8 +1259,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--flow-timeout", type=float, default=90.0, help="a client gives up a flow after this")
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--server", choices=["moto", "rgw"], default="moto", help="the S3 server (rgw: a Ceph RGW)")
-    parser.add_argument("--engine", choices=["fsspec", "obstore"], default="fsspec", help="the store's S3 engine")
+    parser.add_argument(
+        "--server",
+        choices=["moto", "rgw", *EMULATORS],
+        default="moto",
+        help="the storage server: moto's S3, a Ceph RGW, Azurite (az://) or fake-gcs-server (gs://)",
+    )
+    parser.add_argument("--engine", choices=["fsspec", "obstore"], default="fsspec", help="the store's engine")
     parser.add_argument(
         "--isolation",
         action=argparse.BooleanOptionalAction,
@@ -1207,6 +1280,16 @@ def main(argv: list[str] | None = None) -> int:
         args.isolation = args.server == "rgw"
     if args.isolation and args.server != "rgw":
         parser.error("--isolation needs --server rgw (STS roles are made on the RGW this benchmark starts)")
+    if args.server == "fake-gcs" and args.engine == "obstore":
+        parser.error("--engine obstore serves s3:// and az:// only; fake-gcs-server runs with --engine fsspec (gcsfs)")
+    if args.server == "fake-gcs":
+        # Before any worker imports gcsfs (they inherit the environment): else gcsfs waits 60 s per client on a gRPC
+        # probe of the bucket's type that cannot succeed off Google's endpoint (tests/support/fake_gcs.py).
+        os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    if args.server in EMULATORS:
+        # Every fault kind here is plain HTTP (a reset, a 503, a withheld answer): adlfs and gcsfs retry a 503 by its
+        # status, whatever its body (S3's SlowDown XML), so none is left out.
+        print(f"# {args.server}: fault kinds {', '.join(FAULT_KINDS)} (none S3-only)", file=sys.stderr, flush=True)
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # aiohttp's "Unclosed client session" at teardown
     if args.quick:
         args.sessions, args.rates, args.kills, args.kills_with_faults = 10, [0.10], 1, 0.0
