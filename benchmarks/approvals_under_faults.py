@@ -40,6 +40,9 @@ Run from the repository root (about four and a half minutes on two cores; ``--qu
     PYTHONPATH=src python benchmarks/approvals_under_faults.py
     PYTHONPATH=src python benchmarks/approvals_under_faults.py --quick
 
+``--server azurite`` (``az://``, adlfs or ``--engine obstore``) and ``--server fake-gcs`` (``gs://``, gcsfs) run the
+same flow on those emulators (tests/support/), the proxy in front of them; every fault kind is plain HTTP, so all apply.
+
 Prints Markdown tables (the ones in benchmarks/README.md) and, with ``--json PATH``, writes the raw numbers.
 """
 
@@ -1149,9 +1152,8 @@ def tables(setup: dict[str, Any], results: list[RunResult]) -> str:
     isolated = ", STS credentials and an SSE-C key per tenant" if setup.get("isolation") else ""
     storage = {"azurite": "Azurite (az://)", "fake-gcs": "fake-gcs-server (gs://)"}.get(setup["server"])
     s3_timeout = f"S3 read timeout {S3_TIMEOUTS['read_timeout']:.0f} s"
-    timeout = {"azurite": "Azure read timeout 1 s", "fake-gcs": "no gcsfs read timeout"}.get(
-        setup["server"], s3_timeout
-    )
+    azure = "Azure read timeout 1 s" if setup["engine"] == "fsspec" else "no Azure read timeout (obstore)"
+    timeout = {"azurite": azure, "fake-gcs": "no gcsfs read timeout"}.get(setup["server"], s3_timeout)
     lines = [
         f"{setup['sessions']} sessions per run, {setup['workers']} worker processes, {setup['concurrency']} flows at "
         f"a time; {storage or setup['server'] + ' S3'} ({setup['engine']} engine{isolated}) and the fault proxy in "
