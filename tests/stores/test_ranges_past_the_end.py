@@ -1,7 +1,8 @@
 """
 A range that starts at or past the end of a result (or any range of an empty one) reads nothing, and
 `read_range_and_size` still gives the size, on every backend and engine, as memory, local disk and obstore on S3 do.
-The emulators' lane found where they do not: known gaps, xfailed (strict) per backend with what each answers.
+The emulators' lane found where they did not (the fsspec engines raised S3's, Azure's and GCS's 416; obstore's Azure
+store its own "StartTooLarge"): each now reads an empty range.
 """
 
 import pytest
@@ -11,27 +12,9 @@ from haystack_integrations.offload import FsspecToolResultStore, StorageError
 # Also on the obstore engine, the real S3 server's lane and the emulators' lane (tests/conftest.py).
 pytestmark = [pytest.mark.real_s3, pytest.mark.engines]
 
-_FSSPEC_416 = "the fsspec engine's ranged GET is refused with 416 past the end and raised as a StorageError"
-# test -> backend id -> why it fails today (src/haystack_integrations/offload/stores/ to fix).
-KNOWN_GAPS = {
-    "test_read_range_at_or_past_the_end_is_empty": {
-        "s3": f"s3fs: {_FSSPEC_416}",
-        "rgw": f"s3fs: {_FSSPEC_416}",
-        "azurite": f"adlfs: {_FSSPEC_416} (at the end itself adlfs gives b'')",
-        "fake-gcs": f"gcsfs: {_FSSPEC_416}",
-        "azurite-obstore": "obstore's AzureStore raises GenericError (InvalidRangeRequest StartTooLarge) at the end",
-    },
-    "test_read_range_of_an_empty_result_is_empty": {
-        "s3": f"s3fs: {_FSSPEC_416}",
-        "rgw": f"s3fs: {_FSSPEC_416}",
-        "azurite": f"adlfs: {_FSSPEC_416}",
-        "fake-gcs": f"gcsfs: {_FSSPEC_416}",
-    },
-    "test_read_range_and_size_from_the_end_is_empty_with_the_size": {
-        "azurite-obstore": "obstore's AzureStore raises GenericError (InvalidRangeRequest StartTooLarge), which is not "
-        "S3's 416 the engine swallows: a reader paging to the exact end gets a StorageError",
-    },
-}
+# test -> backend id -> why it fails today. None left: the fsspec engines' 416 (s3fs, adlfs, gcsfs) and obstore's
+# Azure "StartTooLarge" read as an empty range since the emulators' lane found them.
+KNOWN_GAPS: dict[str, dict[str, str]] = {}
 
 
 @pytest.fixture(autouse=True)

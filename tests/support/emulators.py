@@ -57,12 +57,6 @@ GAPS: dict[str, dict[str, tuple[str, str]]] = {
     "stores/test_mixed_engines.py::test_results_written_on_one_engine_are_read_listed_and_deleted_on_the_other": {
         "*": ("skip", f"{_S3_ONLY}: checks a multipart upload by its ETag through boto3")
     },
-    "stores/test_mixed_engines.py::test_a_worker_that_listed_describes_what_the_other_engine_wrote_and_deleted_since": {
-        "azurite-obstore-observes-s3fs": (
-            "xfail",
-            "a range from the end on obstore's AzureStore is a StorageError (test_ranges_past_the_end.py): src/ to fix",
-        )
-    },
     "operations/test_session_marks.py::test_a_mark_whose_answer_was_lost_is_known_as_its_own_not_counted_twice": {
         "*": ("skip", f"{_S3_ONLY}: seeds 1,100 objects with boto3 and loses an answer through S3's endpoint_url")
     },

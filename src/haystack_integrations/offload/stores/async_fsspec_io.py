@@ -292,8 +292,13 @@ class AsyncFilesystemIO(Engine):
         return await self._run_async(self._get, path)
 
     async def get_range_async(self, path: str, start: int, end: int) -> bytes:
-        """Async `get_range`."""
-        return await self._run_async(self._get_range, path, start, end)
+        """Async `get_range`: empty at or past the end, which S3, Azure and GCS refuse with 416."""
+        try:
+            return await self._run_async(self._get_range, path, start, end)
+        except StorageRequestError as error:
+            if error.status == 416:
+                return b""
+            raise
 
     async def get_range_and_size_async(self, path: str, start: int, end: int) -> tuple[bytes, int]:
         """Async `get_range_and_size`."""

@@ -353,13 +353,18 @@ def _mapped_errors() -> Iterator[None]:
 
 
 class _PastTheEnd:
-    """Swallows S3's 416 (a range starting at or past the end, or any range of an empty object); see `ObstoreIO`."""
+    """
+    Swallows a range starting at or past the end (or any range of an empty object): S3's 416, and on Azure
+    object_store's own ``StartTooLarge``, raised when the answer is shorter than the range's start; see `ObstoreIO`.
+    """
 
     def __enter__(self) -> None:
         return None
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: object) -> bool:
-        return isinstance(error, GenericError) and (describe_failure(error) or (None,))[0] == 416
+        if not isinstance(error, GenericError):
+            return False
+        return (describe_failure(error) or (None,))[0] == 416 or "StartTooLarge" in str(error)
 
 
 class ObstoreIO(Engine):
