@@ -103,6 +103,7 @@ class FilesystemHandle:
         self._filesystem = filesystem
         self._io: Engine | None = None
         self._resolved_root: str | None = None
+        self._location: str | None = None
         self._lock = threading.Lock()
         self._retry = retry
         # A tenant's handle counts retries, quotas and writes in flight with its root's.
@@ -377,7 +378,8 @@ class FilesystemHandle:
             tenant = tenant_of_path(self._root_path, path)
             if tenant is not None:
                 return await self._tenant_handle(tenant, signs_as_tenant=False).request(operation, path, call)
-        await self._close_retired_async()
+        if self._to_close:
+            await self._close_retired_async()
         try:
             io = await self._lease_async()
             try:
@@ -412,6 +414,12 @@ class FilesystemHandle:
         The store as an operator names it: the bucket and endpoint on S3 (``s3://bucket at http://host:9000``, or
         ``at AWS``), else the root; never credentials.
         """
+        # Worked out once: every request hands it to the retry loop, and nothing it depends on changes.
+        if self._location is None:
+            self._location = self._worked_out_location()
+        return self._location
+
+    def _worked_out_location(self) -> str:
         if self._protocol in {"s3", "s3a"}:
             endpoint = self.backend_key()[2]
             where = f"s3://{self._root_path.split('/', 1)[0]} at {redacted_url(endpoint) if endpoint else 'AWS'}"

@@ -10,8 +10,10 @@ A local write's temporary file (``.tmp-<time>-<hex>``) carries its writer's time
 import hashlib
 import re
 import secrets
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Literal
 
 ContentKind = Literal["text", "bytes"]
@@ -103,6 +105,7 @@ def new_object_name(*, key: str, kind: ContentKind, tool_name: str | None, now: 
     return f"{stamp}-{secrets.token_hex(4)}.{_KIND_CODES[kind]}.{safe_tool_name(tool_name)}.{safe_key(key)}"
 
 
+@lru_cache(maxsize=4096)  # a read parses its reference's name twice: validating it, then for its kind and age
 def parse_object_name(name: str) -> ParsedName | None:
     """
     Read the metadata out of an object name.
@@ -194,9 +197,11 @@ def _stamp(now: datetime | None) -> str:
 def _countdown(now: datetime | None) -> str:
     # The mark and 17 digits: 10**17 - 1 minus microseconds since the epoch, so later names sort first. Names written
     # before start with a digit above the mark (their year), so they sort after every one of these.
-    created = (now or datetime.now(UTC)).astimezone(UTC)
-    elapsed = created - _EPOCH
-    micros = (elapsed.days * 86_400 + elapsed.seconds) * 1_000_000 + elapsed.microseconds
+    if now is None:
+        micros = time.time_ns() // 1000  # every write names one object: no datetime to build and take apart
+    else:
+        elapsed = now.astimezone(UTC) - _EPOCH
+        micros = (elapsed.days * 86_400 + elapsed.seconds) * 1_000_000 + elapsed.microseconds
     # Clamped: a clock before 1970 (or past the year 5138) still makes a well-formed name.
     return f"{NEWEST_FIRST_MARK}{_COUNTDOWN_TOP - min(max(micros, 0), _COUNTDOWN_TOP):0{_COUNTDOWN_DIGITS}d}"
 

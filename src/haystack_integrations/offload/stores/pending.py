@@ -126,7 +126,10 @@ class InFlightWrites:
 
     def _matching(self, path: str, *, under: bool) -> list["_Write"]:
         with self._lock:
-            writes = [write for key, write in self._writes.items() if (key.startswith(path) if under else key == path)]
+            if under:
+                writes = [write for key, write in self._writes.items() if key.startswith(path)]
+            else:
+                writes = [self._writes[path]] if path in self._writes else []
         # A finished task's done callback may not have run yet (it needs its loop), and a loop closed with the upload
         # pending will never finish it: waiting on either could hang for good.
         return [write for write in writes if not write.task.done() and not write.task.get_loop().is_closed()]
@@ -138,7 +141,8 @@ class InFlightWrites:
         :param path: The object's full path.
         :raises RuntimeError: If a sync caller blocks the thread whose event loop runs the write (see `wait_under`).
         """
-        await _wait_async(self._matching(path, under=False))
+        if self._writes:  # most stores never write behind: no lock, no scan
+            await _wait_async(self._matching(path, under=False))
 
     async def wait_under(self, prefix: str) -> None:
         """

@@ -134,6 +134,7 @@ class _Attempts:
         path: str,
         record: metrics.RequestRecord,
         location: str,
+        started: float,
     ) -> None:
         self.policy = policy
         self.location = location
@@ -141,7 +142,7 @@ class _Attempts:
         self.operation = operation
         self.path = path
         self.record = record
-        self.started = time.monotonic()
+        self.started = started
         self.causes: list[str] = []
 
     def failed(self, error: Exception) -> float:
@@ -233,17 +234,22 @@ async def retried(
         raised it.
     """
     limit = policy.attempt_timeout if io.needs_attempt_limit else None
-    await io.ready_async()  # a first call from a new loop makes its client here, outside the time limit
+    if limit is not None:
+        await io.ready_async()  # a first call from a new loop makes its client here, outside the time limit
     with metrics.storage_request(operation) as record:
-        attempts = _Attempts(policy, stats, operation, path, record, location)
+        started = time.monotonic()
+        attempts: _Attempts | None = None  # bookkeeping made at the first failure: most calls never fail
         while True:
             try:
                 # Cancelling the wait cancels the request on the filesystem's loop too (asyncio.wrap_future).
-                result = await asyncio.wait_for(call(io), limit)
+                result = await (call(io) if limit is None else asyncio.wait_for(call(io), limit))
             except Exception as error:
+                if attempts is None:
+                    attempts = _Attempts(policy, stats, operation, path, record, location, started)
                 await asyncio.sleep(attempts.failed(error))
             else:
-                attempts.succeeded()
+                if attempts is not None:
+                    attempts.succeeded()
                 return result
 
 

@@ -1,8 +1,5 @@
 """Translation of backend exceptions into this library's errors, in one place for every store operation."""
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 from haystack_integrations.offload.errors import (
     DocumentExistsError,
     InvalidReferenceError,
@@ -36,8 +33,7 @@ NO_CREDENTIALS = (
 )
 
 
-@contextmanager
-def storage_errors(action: str, *, reference: str | None) -> Iterator[None]:
+class storage_errors:
     """
     Translate backend exceptions raised inside the block into this library's built-in-derived errors.
 
@@ -47,13 +43,22 @@ def storage_errors(action: str, *, reference: str | None) -> Iterator[None]:
     :param action: What was being done, for the message ("read the result").
     :param reference: The reference involved, if any: a missing object then means "no such result".
     """
-    try:
-        yield
-    except (*_OURS, TypeError):
+
+    # A class, not a generator: it wraps every store call, and a generator's context manager costs microseconds more.
+    __slots__ = ("action", "reference")
+
+    def __init__(self, action: str, *, reference: str | None) -> None:
+        self.action = action
+        self.reference = reference
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: object) -> bool:
         # TypeError is a caller's mistake (e.g. a sync call on an asynchronous=True filesystem), not a storage fault.
-        raise
-    except Exception as error:
-        translated = _translated(error, action, reference)
+        if not isinstance(error, Exception) or isinstance(error, (*_OURS, TypeError)):
+            return False
+        translated = _translated(error, self.action, self.reference)
         if isinstance(translated, StorageError | StoragePermissionError):
             translated.location = location_of(error)
         raise translated from error
