@@ -1,4 +1,4 @@
-"""Encryption keys per tenant (S3 SSE-C): one 256-bit key per tenant, derived from one master secret with HKDF."""
+"""Keys per tenant (S3 SSE-C, GCS CSEK): one 256-bit key per tenant and store, derived from a master secret (HKDF)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ def hkdf_sha256(secret: bytes, *, salt: bytes, info: bytes, length: int = KEY_BY
 
 class TenantKeys:
     """
-    SSE-C keys per tenant: AES-256 keys the object store encrypts each tenant's objects with and keeps none of.
+    Keys per tenant: AES-256 keys the object store encrypts each tenant's objects with and keeps none of (S3's SSE-C;
+    on ``gs://``, GCS's customer-supplied keys, derived with a salt of their own: ``stores/gcs_keys.py``).
 
     Give it to a store (``FsspecToolResultStore(url, encryption=TenantKeys(Secret.from_env_var("MASTER_KEY")))``):
     every request in a tenant's scope (its results and documents, whichever store sends it, the root's operator
@@ -59,11 +60,13 @@ class TenantKeys:
         # botocore logs each request's headers, the tenant's key among them, at DEBUG.
         log_redaction.install()
 
-    def key_for(self, tenant: str) -> bytes:
+    def key_for(self, tenant: str, *, salt: bytes = HKDF_SALT) -> bytes:
         """
         The tenant's 32-byte key.
 
         :param tenant: The tenant id, as the store's scope names it.
+        :param salt: What the key is for: `HKDF_SALT` (S3's SSE-C), or another store's own salt (GCS's CSEK keys), so
+            the key one provider is handed opens nothing at another.
         :returns: The key.
         :raises ValueError: If the master secret is missing or shorter than 32 characters.
         """
@@ -73,7 +76,7 @@ class TenantKeys:
                 f"The SSE-C master secret must be at least {MIN_MASTER_SECRET_CHARACTERS} characters "
                 "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(48))')."
             )
-        return hkdf_sha256(master.encode(), salt=HKDF_SALT, info=tenant.encode())
+        return hkdf_sha256(master.encode(), salt=salt, info=tenant.encode())
 
     def storage_options(self, tenant: str) -> dict[str, Any]:
         """The s3fs ``s3_additional_kwargs`` that send the tenant's key (the obstore engine reads the same names)."""

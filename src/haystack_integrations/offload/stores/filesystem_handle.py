@@ -20,6 +20,7 @@ from haystack_integrations.offload import metrics
 from haystack_integrations.offload.stores.async_fsspec_io import (
     AZURE_PROTOCOLS,
     CLOUD_PROTOCOLS,
+    GCS_PROTOCOLS,
     cloud_location,
     without_client_retries,
 )
@@ -34,6 +35,7 @@ from haystack_integrations.offload.stores.failures import (
     StorageRequestError,
     mark_location,
 )
+from haystack_integrations.offload.stores.gcs_keys import tenant_csek_headers, with_customer_key
 from haystack_integrations.offload.stores.io import Engine
 from haystack_integrations.offload.stores.options import (
     redacted_url,
@@ -143,11 +145,13 @@ class FilesystemHandle:
             io: Engine | None = None
             if fs is None:
                 options = resolve_secrets(self._storage_options)
+                keys = self._isolation.keys
                 if self._tenant is not None:
                     options = tenant_options(
                         options,
                         signing=self._signing_credentials(),
-                        key=self._isolation.keys.storage_options(self._tenant) if self._isolation.keys else None,
+                        # GCS's key goes in its requests' headers (below), not in S3's options.
+                        key=keys.storage_options(self._tenant) if keys and self._protocol in {"s3", "s3a"} else None,
                     )
                 if self._protocol in {"s3", "s3a"}:
                     options = with_default_timeouts(options)
@@ -165,6 +169,11 @@ class FilesystemHandle:
                     # an instance of our own, not one fsspec's cache would hand the application's code too.
                     own = {"skip_instance_cache": True} if self._protocol in CLOUD_PROTOCOLS else {}
                     fs = without_client_retries(fsspec.filesystem(self._protocol, **options, **own))
+                    if self._protocol in GCS_PROTOCOLS:
+                        # gcsfs has no option for customer-supplied keys: a tenant's client adds its key's headers to
+                        # its objects' requests, and every client tells GCS's refusals of a key apart (gcs_keys.py).
+                        key_headers = tenant_csek_headers(keys, self._tenant) if keys and self._tenant else None
+                        fs = with_customer_key(fs, key_headers)
             self._io = io or engine_for(fs)
 
     def for_tenant(self, tenant: str) -> FilesystemHandle:
@@ -392,12 +401,14 @@ class FilesystemHandle:
                 if self._release(io):
                     await self._close_retired_async()  # this request was the last on a client let go
         except StorageRequestError as error:
-            if error.status == 400 and self._isolation.keys is not None and self._tenant is not None:
+            # GCS names a refused key in its answer (its engine raises the refusal itself, gcs_keys.py); S3 does not.
+            bare_400 = error.status == 400 and self._protocol in {"s3", "s3a"}
+            if bare_400 and self._isolation.keys is not None and self._tenant is not None:
                 # S3 answers a wrong or missing SSE-C key with a bare 400 (to a HEAD, with no body at all).
                 refused = EncryptionKeyRefusedError(errno.EACCES, f"SSE-C key refused: {error.cause}")
                 mark_location(refused, self.location())
                 raise refused from error
-            if error.status == 400 and self._isolation.keys is None and operation in _OBJECT_READS:
+            if bare_400 and self._isolation.keys is None and operation in _OBJECT_READS:
                 # The same bare 400 to a store without keys: the object was written with one (a read sends nothing
                 # else S3 could find malformed).
                 missing = EncryptionKeyMissingError(errno.EACCES, f"read without an SSE-C key: {error.cause}")

@@ -72,8 +72,8 @@ from haystack_integrations.offload.stores.scope_usage import ScopeUsage
 from haystack_integrations.offload.stores.store_serialization import store_from_dict, store_to_dict
 from haystack_integrations.offload.stores.sync_api import run_on_io_loop, run_on_own_loop, synced
 from haystack_integrations.offload.stores.tenant_access import (
-    ENCRYPTION_KWARGS,
     TenantIsolation,
+    check_isolation,
 )
 from haystack_integrations.offload.stores.translate import storage_errors
 from haystack_integrations.offload.stores.usage_marks import MarkedUsage
@@ -185,10 +185,10 @@ class FsspecToolResultStore(ToolResultStore):
             (`for_tenant`, `for_session`), its documents included, signs with credentials that reach only
             ``<root>/<tenant>/``, so the object store refuses what the scope checks would. This root store keeps
             signing with the storage options' (or the environment's) credentials, which assume the role.
-        :param encryption: On S3, an encryption key per tenant (`TenantKeys`, SSE-C): every request inside a tenant's
-            scope, from whichever store (this root's operator requests included), sends that tenant's key, and the
-            object store encrypts with it and keeps none. Start it on an empty root: objects written without a key
-            are not readable with one.
+        :param encryption: On S3 and GCS, an encryption key per tenant (`TenantKeys`: SSE-C, or GCS's customer-supplied
+            keys): every request inside a tenant's scope, from whichever store (this root's operator requests
+            included), that reads or writes an object sends that tenant's key, and the object store encrypts with it
+            and keeps none. Start it on an empty root: objects written without a key are not readable with one.
         :raises ValueError: If the URL has no path (e.g. ``s3://``), is a local path that can only be a mistyped URL
             (``s3:/bucket``, ``s3//bucket``, ``s3:bucket``: the message names the URL meant), `session` is given
             without `tenant`, or `engine` cannot serve the store (unknown; ``"obstore"`` for another protocol, a
@@ -233,11 +233,8 @@ class FsspecToolResultStore(ToolResultStore):
         self.engine_choice: EngineChoice = choice
         self._filesystem = filesystem
         isolation = TenantIsolation(credentials, encryption)
-        if isolation and (protocol not in ("s3", "s3a") or filesystem is not None):
-            raise ValueError("credentials= and encryption= apply to s3:// stores built from a URL.")
-        clashing = sorted(ENCRYPTION_KWARGS & set(self.storage_options.get("s3_additional_kwargs") or {}))
-        if encryption is not None and clashing:
-            raise ValueError(f"encryption= (SSE-C per tenant) cannot be combined with s3_additional_kwargs {clashing}.")
+        from_url = filesystem is None
+        check_isolation(protocol, isolation, from_url=from_url, options=self.storage_options, environ=os.environ)
         self.credentials = credentials
         self.encryption = encryption
         self._handle = FilesystemHandle(

@@ -1,4 +1,4 @@
-"""What a tenant's requests sign and encrypt with: its STS credentials and its SSE-C key, in its client's options."""
+"""What a tenant's requests sign and encrypt with (its STS credentials, its key), and what each store can enforce."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 
 from haystack_integrations.offload.stores.credentials import AssumeRoleCredentials, TemporaryCredentials
 from haystack_integrations.offload.stores.encryption import TenantKeys
+from haystack_integrations.offload.stores.gcs_keys import check_key_transport
 
 # What carries credentials in s3fs storage options: left out of a client signing as a tenant.
 _CREDENTIAL_OPTIONS = frozenset({"key", "secret", "token", "username", "password", "profile", "anon"})
@@ -27,6 +28,32 @@ class TenantIsolation:
 
     def __bool__(self) -> bool:
         return self.credentials is not None or self.keys is not None
+
+
+def check_isolation(
+    protocol: str, isolation: TenantIsolation, *, from_url: bool, options: Mapping[str, Any], environ: Mapping[str, str]
+) -> None:
+    """
+    Refuse tenant isolation a store cannot enforce, before it sends anything.
+
+    :param protocol: The store's protocol.
+    :param isolation: Its credentials and keys per tenant.
+    :param from_url: Whether the store builds its own clients (not a filesystem object it was given).
+    :param options: Its storage options.
+    :param environ: The environment (where gcsfs may find its endpoint).
+    :raises ValueError: For credentials per tenant off S3, keys per tenant off S3 and GCS, either on a filesystem
+        object; SSE-C with S3's other server-side encryption settings; GCS keys sent over plain HTTP to another host.
+    """
+    if not isolation:
+        return
+    s3 = protocol in ("s3", "s3a")
+    if not from_url or not (s3 or (protocol in ("gs", "gcs") and isolation.credentials is None)):
+        raise ValueError("credentials= apply to s3:// stores built from a URL, encryption= to s3:// and gs:// ones.")
+    clashing = sorted(ENCRYPTION_KWARGS & set(options.get("s3_additional_kwargs") or {}))
+    if isolation.keys is not None and s3 and clashing:
+        raise ValueError(f"encryption= (SSE-C per tenant) cannot be combined with s3_additional_kwargs {clashing}.")
+    if isolation.keys is not None and not s3:
+        check_key_transport(options, environ)
 
 
 def tenant_prefix(root_path: str, tenant: str) -> tuple[str, str]:
