@@ -280,3 +280,22 @@ def test_a_gs_store_with_keys_serializes_the_master_secret_by_name(monkeypatch: 
     again = FsspecToolResultStore.from_dict(data)
     assert isinstance(again.encryption, TenantKeys) and again.url == "gs://results/p"
     assert again.encryption.key_for("acme", salt=GCS_HKDF_SALT) == KEYS.key_for("acme", salt=GCS_HKDF_SALT)
+
+
+def test_a_resumable_upload_sends_the_key_on_its_start_and_every_chunk(fake_gcs_server: Any) -> None:
+    import gcsfs
+
+    from haystack_integrations.offload.stores.async_fsspec_io import without_client_retries
+    from haystack_integrations.offload.stores.gcs_keys import tenant_csek_headers, with_customer_key
+
+    bucket = fake_gcs_server.new_bucket()
+    with FaultProxy(fake_gcs_server.endpoint) as proxy:
+        options = {**fake_gcs_server.storage_options(), "endpoint_url": proxy.endpoint_url}
+        fs = without_client_retries(gcsfs.GCSFileSystem(skip_instance_cache=True, **options))
+        fs = with_customer_key(fs, tenant_csek_headers(KEYS, "acme"))
+        # What gcsfs sends from 50 MiB, at 600 KiB in chunks of 256 KiB: a start and 3 chunks.
+        fs.pipe_file(f"{bucket}/acme/s1/big", b"z" * (600 * 1024), chunksize=2**18)
+        assert fs.cat_file(f"{bucket}/acme/s1/big", start=0, end=2) == b"zz"
+    uploads = [r for r in proxy.requests.snapshot() if _kind(r.target) == "upload"]
+    assert len(uploads) == 4 and sum("upload_id=" in r.target for r in uploads) == 3
+    assert {r.header(KEY_SHA256) for r in uploads} == {_sha256_of("acme")}

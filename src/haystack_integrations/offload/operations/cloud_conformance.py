@@ -296,16 +296,18 @@ def not_applicable(check: str, url: str, cloud: Cloud | None) -> str:
     :param cloud: Its cloud, if Azure or GCS.
     :returns: One sentence naming the store, what it lacks and why the check cannot apply.
     """
-    if cloud is not None and check == "tenant-isolation":
-        name = _NAMES[cloud]
-        missing = (
-            "per-tenant SAS tokens and customer-provided keys"
-            if cloud == "azure"
-            else "downscoped credentials per tenant prefix and customer-supplied keys"
-        )
+    if cloud == "gcs" and check == "tenant-isolation":
         return (
-            f"{name} enforces no isolation per tenant for this library yet: {missing} are not built (credentials= "
-            "and encryption= take s3:// stores only); tenants are kept apart by prefixes and reference checks alone"
+            f"{_NAMES[cloud]}: customer-supplied keys per tenant (encryption=) are sent on each object read and write, "
+            "but this check does not test their enforcement (fake-gcs-server ignores them), and downscoped "
+            "credentials per tenant prefix are not built (credentials= takes s3:// stores only); without keys, "
+            "tenants are kept apart by prefixes and reference checks alone"
+        )
+    if cloud is not None and check == "tenant-isolation":
+        return (
+            f"{_NAMES[cloud]} enforces no isolation per tenant for this library yet: per-tenant SAS tokens and "
+            "customer-provided keys are not built (credentials= takes s3:// stores only, encryption= s3:// and gs://); "
+            "tenants are kept apart by prefixes and reference checks alone"
         )
     protocol = split_protocol(url)[0] or "file"
     store = "memory://" if protocol == "memory" else "local disk" if protocol in {"file", "local"} else f"{protocol}://"
