@@ -110,15 +110,17 @@ def test_each_tenant_its_own_key_the_roots_operator_requests_too_and_nothing_els
     owner |= {"root list": None, "plain": None}
     # Each request that reads or writes the object carries its tenant's key; deletes and listings none (GCS keeps
     # names and metadata under its own keys). The document's create probes exclusive creates first (and deletes).
-    assert {
+    # gcsfs's info lists beside its metadata GET, cancelling the listing when the GET answers: it is sent or not.
+    shape = {
         label: {
             (method, kind, key == (owner[label] if method != "DELETE" and kind != "listing" else None))
             for method, kind, key in sent.calls[label]
         }
         for label in owner
-    } == {
+    }
+    assert shape.pop("acme info") - {("GET", "listing", True)} == {("GET", "object", True)}
+    assert shape == {
         "acme write": {("POST", "upload", True)},
-        "acme info": {("GET", "object", True)},
         "acme document": {("POST", "upload", True), ("GET", "download", True), ("DELETE", "object", True)},
         "acme document read": {("GET", "download", True)},
         "globex write": {("POST", "upload", True)},
