@@ -135,7 +135,9 @@ class storage_request:
         self.started = time.perf_counter()
         return self.record
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: object) -> bool:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: object
+    ) -> Literal[False]:
         record = self.record
         if error is not None and record.outcome in ("ok", "retried"):
             record.outcome = "refused"

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 try:
     import obstore
@@ -322,7 +322,9 @@ class _mapped_errors:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: object) -> bool:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: object
+    ) -> Literal[False]:
         if error is not None:
             _raise_mapped(error)
         return False

@@ -1,5 +1,7 @@
 """Translation of backend exceptions into this library's errors, in one place for every store operation."""
 
+from typing import Literal
+
 from haystack_integrations.offload.errors import (
     DocumentExistsError,
     InvalidReferenceError,
@@ -54,7 +56,9 @@ class storage_errors:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: object) -> bool:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: object
+    ) -> Literal[False]:
         # TypeError is a caller's mistake (e.g. a sync call on an asynchronous=True filesystem), not a storage fault.
         if not isinstance(error, Exception) or isinstance(error, (*_OURS, TypeError)):
             return False
