@@ -278,16 +278,21 @@ async def resume_in_async(
         renewing(lease, renew, what=f"the claim on held step {step.sequence}"),
     ):
         resumed = _Resumed(ledger, listing, step, rulings, worker, added_from, probed=set(keys))
-        await before_tool_async(agent, state)
-        pending = resumed.pending(state)
-        if pending is not None:
-            await resumed.run_once(agent, state, pending)
-        if resumed.held is not None:
-            reply = await resumed.held_again(state)
-            await resumed.audit([*events, *resumed.events, *resumed.answered(reply[OUTCOMES_KEY])])
-            return reply
-        conversation = await after_tool_async(agent, state, [*state.data["messages"], *resumed.results])
-        await resumed.finish(conversation, held_again=None)
+        try:
+            await before_tool_async(agent, state)
+            pending = resumed.pending(state)
+            if pending is not None:
+                await resumed.run_once(agent, state, pending)
+            if resumed.held is not None:
+                reply = await resumed.held_again(state)
+                await resumed.audit([*events, *resumed.events, *resumed.answered(reply[OUTCOMES_KEY])])
+                return reply
+            conversation = await after_tool_async(agent, state, [*state.data["messages"], *resumed.results])
+            await resumed.finish(conversation, held_again=None)
+        except Exception:
+            # Still under this worker's claims: what ran keeps its result for the next attempt, which reuses it.
+            await resumed.record_unrecorded()
+            raise
     outcomes = resumed.outcomes(conversation)
     await resumed.audit([*events, *resumed.events, *resumed.answered(outcomes)])
     if state.data.get("stop_run") is not None:
@@ -326,6 +331,8 @@ class _Resumed:
     """The calls whose documents `listing` holds (the held message's); a call the hooks brought in is read when met."""
     done: StepDone | None = None
     """The step's done record, once `finish` wrote it."""
+    unrecorded: list[CallRecord] = field(default_factory=list)
+    """The results of calls that ran here whose record could not be written (the conversation carries them)."""
 
     def pending(self, state: State) -> ChatMessage | None:
         """The message whose calls the Agent would run now, as the hooks left it (None: nothing runs)."""
@@ -430,6 +437,7 @@ class _Resumed:
             await self.ledger.record_call_async(record)
         except Exception:  # the result is in the conversation this returns; a takeover would ask, never re-run
             logger.warning("Could not record the result of call %s; it stays in the conversation.", item.key)
+            self.unrecorded.append(record)
         self.ran[str(call.id)] = ("executed", item.idempotency, item.attempt)
         if self.rulings.request_of(call) is not None:  # calls that need no approval run here too: not counted
             approval("executed", tenant=self.step.tenant)
@@ -461,6 +469,24 @@ class _Resumed:
             request_id=request,
             idempotency=item.idempotency,
         )
+
+    async def record_unrecorded(self) -> None:
+        """
+        Write again the records of calls that ran here whose first write failed, before this resume gives up: its
+        conversation is lost with it, and without its record a later attempt could only ask a person whether the call
+        may have run. A write that fails again is logged; that call is then asked about.
+        """
+        if not self.unrecorded:
+            return
+        written = await asyncio.gather(
+            *(self.ledger.record_call_async(record) for record in self.unrecorded), return_exceptions=True
+        )
+        for record, outcome in zip(self.unrecorded, written, strict=True):
+            if isinstance(outcome, BaseException):
+                logger.warning("Could not record the result of call %s: %s", record.call_key, outcome)
+        self.unrecorded = [
+            r for r, outcome in zip(self.unrecorded, written, strict=True) if isinstance(outcome, BaseException)
+        ]
 
     async def _hold_may_have_run(
         self, message: ChatMessage, plan: "list[_Call]", preceding: list[dict[str, Any]]
