@@ -206,10 +206,10 @@ def test_one_request_per_write_read_and_page_at_any_size(azurite_server: Any, si
 
 def test_options_the_engine_cannot_honour_are_refused(azurite_server: Any) -> None:
     pytest.importorskip("adlfs")
-    options = {**azurite_server.storage_options(), "read_timeout": 5, "location_mode": "secondary"}
-    assert unsupported_azure_options(options) == ["read_timeout", "location_mode='secondary'"]
+    options = {**azurite_server.storage_options(), "timeout": 5, "location_mode": "secondary"}
+    assert unsupported_azure_options(options) == ["timeout", "location_mode='secondary'"]
     url = f"az://{azurite_server.new_container()}/prod"
-    with pytest.raises(ValueError, match=r"read_timeout, location_mode='secondary' not supported by the obstore"):
+    with pytest.raises(ValueError, match=r"timeout, location_mode='secondary' not supported by the obstore"):
         FsspecToolResultStore(url, storage_options=options, engine="obstore")
     # adlfs's caching options mean nothing here, and are accepted as s3fs's are.
     assert unsupported_azure_options({"blocksize": 2**20, "use_listings_cache": False, "anon": True}) == []

@@ -56,7 +56,7 @@ _CONFIG_NAMES = {
     "tenant_id": "tenant_id",
 }
 _UNDERSTOOD = frozenset(
-    {*_CONFIG_NAMES, "connection_string", "sas_token", "anon", "account_host", "connection_timeout"}
+    {*_CONFIG_NAMES, "connection_string", "sas_token", "anon", "account_host", "connection_timeout", "read_timeout"}
 )
 # Understood at one value only: the primary location (adlfs's default), the latest version of each blob.
 _ONLY_AT = {"location_mode": "primary", "version_aware": False}
@@ -86,9 +86,9 @@ def unsupported_azure_options(storage_options: Mapping[str, Any]) -> list[str]:
     """
     Name the adlfs storage options the obstore engine cannot honour (by name and plain value, secrets unresolved).
 
-    Refused: ``credential`` (an azure-identity object), ``request_session``, ``timeout`` and ``read_timeout``
-    (object_store has no per-read timeout: the store's `RetryPolicy.attempt_timeout` bounds each request),
-    ``location_mode`` other than ``"primary"``, ``version_aware=True``, and any name adlfs does not take either.
+    Refused: ``credential`` (an azure-identity object), ``request_session``, ``timeout`` (Azure's server-side
+    operation timeout), ``location_mode`` other than ``"primary"``, ``version_aware=True``, and any name adlfs does not
+    take either.
 
     :param storage_options: Options written for adlfs.
     :returns: Their names; empty when all are understood.
@@ -137,7 +137,8 @@ def azure_settings(
     Understood: ``account_name``, ``account_key``, ``sas_token``, ``connection_string`` (``AccountName``,
     ``AccountKey``, ``SharedAccessSignature``, ``BlobEndpoint``, ``EndpointSuffix``, ``UseDevelopmentStorage``),
     ``client_id``/``client_secret``/``tenant_id`` (a service principal), ``anon`` (unsigned requests),
-    ``account_host`` (the endpoint's host), ``connection_timeout``; adlfs's environment variables
+    ``account_host`` (the endpoint's host), ``connection_timeout`` and ``read_timeout`` (azure-core's, in seconds:
+    object_store's connect and per-read timeouts); adlfs's environment variables
     (``AZURE_STORAGE_CONNECTION_STRING``, ...) where an option is not given, as adlfs reads them. adlfs's caching and
     block options are accepted and have no effect. With no credentials at all, object_store asks the machine's managed
     identity (adlfs asks azure-identity's whole default chain).
@@ -176,6 +177,9 @@ def azure_settings(
         client["allow_http"] = True
     if storage_options.get("connection_timeout") is not None:
         client["connect_timeout"] = timedelta(seconds=float(storage_options["connection_timeout"]))
+    if storage_options.get("read_timeout") is not None:
+        # Per read, as azure-core's: an answer withheld fails after it, not after the whole attempt's time.
+        client["read_timeout"] = timedelta(seconds=float(storage_options["read_timeout"]))
     if retrying:
         retry: dict[str, Any] = {"max_retries": 0}  # the store retries (`retry.retried`); stacked retries multiply
     else:
