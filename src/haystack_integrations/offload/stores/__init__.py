@@ -12,6 +12,7 @@ _import_structure = {
     # What a server checks in its settings at start-up, by the store's own rules (the reference app's settings).
     "exclusive_creates": ["ExclusiveCreateCheck"],
     "filesystem_handle": ["DEFAULT_S3_MAX_POOL_CONNECTIONS"],
+    "gcs_credentials": ["DownscopedCredentials"],
     "fsspec_store": ["FsspecToolResultStore"],
     "operator_objects": ["ScopeChildren"],
     "options": ["check_region", "redacted_url", "with_s3_choices", "with_timeouts"],
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from .encryption import TenantKeys as TenantKeys
     from .exclusive_creates import ExclusiveCreateCheck as ExclusiveCreateCheck
     from .filesystem_handle import DEFAULT_S3_MAX_POOL_CONNECTIONS as DEFAULT_S3_MAX_POOL_CONNECTIONS
+    from .gcs_credentials import DownscopedCredentials as DownscopedCredentials
     from .fsspec_store import FsspecToolResultStore as FsspecToolResultStore
     from .operator_objects import ScopeChildren as ScopeChildren
     from .options import check_region as check_region

@@ -11,7 +11,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import fsspec
 from fsspec import AbstractFileSystem
@@ -54,6 +54,9 @@ from haystack_integrations.offload.stores.tenant_access import (
     tenant_of_path,
     tenant_options,
 )
+
+if TYPE_CHECKING:
+    from haystack_integrations.offload.stores.gcs_tokens import DownscopedToken
 
 # botocore's default pool of 10 connections would cap a busy server at 10 S3 requests in flight.
 DEFAULT_S3_MAX_POOL_CONNECTIONS = 128
@@ -283,7 +286,7 @@ class FilesystemHandle:
             except Exception:  # closing must never fail a request: the pool then goes with the garbage collector
                 _logger.warning("Could not close a tenant's storage client.", exc_info=True)
 
-    def _signing_credentials(self) -> TemporaryCredentials | None:
+    def _signing_credentials(self) -> TemporaryCredentials | DownscopedToken | None:
         # Called under the lock, so a sync first use waits for STS in the caller's thread.
         if self._signer is None:
             return None
@@ -437,7 +440,8 @@ class FilesystemHandle:
             # Only ever this handle's own tenant: a store signing as a tenant reaches no other.
             return f"{where}, signed as tenant {self._tenant!r}" if self._signer is not None else where
         if self._protocol in CLOUD_PROTOCOLS:
-            return cloud_location(self._protocol, self._root_path, self._storage_options)
+            where = cloud_location(self._protocol, self._root_path, self._storage_options)
+            return f"{where}, with tenant {self._tenant!r}'s downscoped token" if self._signer is not None else where
         return f"{self._protocol}://{self._root_path}"
 
     def quota_tracker(self) -> QuotaTracker:

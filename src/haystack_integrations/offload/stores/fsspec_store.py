@@ -16,7 +16,6 @@ from fsspec.core import split_protocol
 from haystack.hooks.tool_result_offloading.types import ToolResultStore
 
 from haystack_integrations.offload.stores.chunks import ContentChunks
-from haystack_integrations.offload.stores.credentials import AssumeRoleCredentials
 from haystack_integrations.offload.stores.documents import DocumentHost, SessionDocuments
 from haystack_integrations.offload.stores.encryption import TenantKeys
 from haystack_integrations.offload.stores.engines import (
@@ -72,6 +71,7 @@ from haystack_integrations.offload.stores.scope_usage import ScopeUsage
 from haystack_integrations.offload.stores.store_serialization import store_from_dict, store_to_dict
 from haystack_integrations.offload.stores.sync_api import run_on_io_loop, run_on_own_loop, synced
 from haystack_integrations.offload.stores.tenant_access import (
+    TenantCredentials,
     TenantIsolation,
     check_isolation,
 )
@@ -154,7 +154,7 @@ class FsspecToolResultStore(ToolResultStore):
         retention: Retention | None = None,
         retry: RetryPolicy | None = DEFAULT_RETRY,
         engine: str = DEFAULT_ENGINE,
-        credentials: AssumeRoleCredentials | None = None,
+        credentials: TenantCredentials | None = None,
         encryption: TenantKeys | None = None,
     ) -> None:
         """
@@ -181,10 +181,10 @@ class FsspecToolResultStore(ToolResultStore):
             ``s3://``). ``"obstore"``, for ``s3://`` only: the same requests through Rust's object_store, far less CPU
             per request; it takes the same `storage_options` (refusing those it cannot honour), profiles through
             botocore, and the environment; each attempt of the `retry` policy is bounded by its request timeout.
-        :param credentials: On S3, credentials per tenant (`AssumeRoleCredentials`): every store derived for a tenant
-            (`for_tenant`, `for_session`), its documents included, signs with credentials that reach only
-            ``<root>/<tenant>/``, so the object store refuses what the scope checks would. This root store keeps
-            signing with the storage options' (or the environment's) credentials, which assume the role.
+        :param credentials: Credentials per tenant, on S3 (`AssumeRoleCredentials`) or GCS (`DownscopedCredentials`):
+            every store derived for a tenant (`for_tenant`, `for_session`), its documents included, signs with
+            credentials that reach only ``<root>/<tenant>/``, so the object store refuses what the scope checks would.
+            This root store keeps the storage options' (or the environment's) credentials, which they derive from.
         :param encryption: On S3 and GCS, an encryption key per tenant (`TenantKeys`: SSE-C, or GCS's customer-supplied
             keys): every request inside a tenant's scope, from whichever store (this root's operator requests
             included), that reads or writes an object sends that tenant's key, and the object store encrypts with it

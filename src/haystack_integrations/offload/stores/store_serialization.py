@@ -9,6 +9,7 @@ from haystack.core.serialization import default_from_dict, default_to_dict
 
 from haystack_integrations.offload.stores.credentials import AssumeRoleCredentials
 from haystack_integrations.offload.stores.encryption import TenantKeys
+from haystack_integrations.offload.stores.gcs_credentials import DownscopedCredentials
 from haystack_integrations.offload.stores.options import deserialize_options, serialize_options
 from haystack_integrations.offload.stores.quotas import Quota
 from haystack_integrations.offload.stores.retention import Retention
@@ -34,9 +35,18 @@ def store_to_dict(store: FsspecToolResultStore) -> dict[str, Any]:
         retention=store.retention.model_dump(mode="json") if store.retention is not None else None,
         retry=store.retry.model_dump(mode="json") if store.retry is not None else None,
         engine=store.engine,
-        credentials=store.credentials.to_dict() if store.credentials is not None else None,
+        credentials=_credentials_dict(store),
         encryption=_encryption_dict(store),
     )
+
+
+def _credentials_dict(store: FsspecToolResultStore) -> dict[str, Any] | None:
+    if store.credentials is None:
+        return None
+    try:
+        return store.credentials.to_dict()
+    except ValueError as error:  # a google-auth credentials object as the source: not serializable
+        raise SerializationError(f"{error} Leave source=None and name the credentials in token=.") from error
 
 
 def _encryption_dict(store: FsspecToolResultStore) -> dict[str, Any] | None:
@@ -59,7 +69,10 @@ def store_from_dict(cls: type[FsspecToolResultStore], data: dict[str, Any]) -> F
         if isinstance(init_parameters.get(name), dict):
             init_parameters[name] = model.model_validate(init_parameters[name])
     if isinstance(init_parameters.get("credentials"), dict):
-        init_parameters["credentials"] = AssumeRoleCredentials.from_dict(init_parameters["credentials"])
+        credentials = init_parameters["credentials"]
+        downscoped = str(credentials.get("type", "")).endswith(".DownscopedCredentials")
+        kind = DownscopedCredentials if downscoped else AssumeRoleCredentials
+        init_parameters["credentials"] = kind.from_dict(credentials)
     if isinstance(init_parameters.get("encryption"), dict):
         init_parameters["encryption"] = TenantKeys.from_dict(init_parameters["encryption"])
     return default_from_dict(cls, data)

@@ -6,11 +6,18 @@ import asyncio
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from haystack_integrations.offload.stores.credentials import AssumeRoleCredentials, TemporaryCredentials
 from haystack_integrations.offload.stores.encryption import TenantKeys
+from haystack_integrations.offload.stores.gcs_credentials import DownscopedCredentials
 from haystack_integrations.offload.stores.gcs_keys import check_key_transport
+
+if TYPE_CHECKING:
+    from haystack_integrations.offload.stores.gcs_tokens import DownscopedToken
+
+# Credentials per tenant, each store's own kind: STS's on S3, downscoped tokens on GCS.
+TenantCredentials = AssumeRoleCredentials | DownscopedCredentials
 
 # What carries credentials in s3fs storage options: left out of a client signing as a tenant.
 _CREDENTIAL_OPTIONS = frozenset({"key", "secret", "token", "username", "password", "profile", "anon"})
@@ -23,7 +30,7 @@ ENCRYPTION_KWARGS = frozenset({"ServerSideEncryption", "SSEKMSKeyId", "SSECustom
 class TenantIsolation:
     """How a store keeps tenants apart in the object store itself: credentials per tenant, keys per tenant, or both."""
 
-    credentials: AssumeRoleCredentials | None = None
+    credentials: TenantCredentials | None = None
     keys: TenantKeys | None = None
 
     def __bool__(self) -> bool:
@@ -47,8 +54,15 @@ def check_isolation(
     if not isolation:
         return
     s3 = protocol in ("s3", "s3a")
-    if not from_url or not (s3 or (protocol in ("gs", "gcs") and isolation.credentials is None)):
-        raise ValueError("credentials= apply to s3:// stores built from a URL, encryption= to s3:// and gs:// ones.")
+    credentials = isolation.credentials
+    fitting = credentials is None or isinstance(credentials, AssumeRoleCredentials if s3 else DownscopedCredentials)
+    if not from_url or not (s3 or protocol in ("gs", "gcs")) or not fitting:
+        raise ValueError(
+            "credentials= apply to s3:// stores built from a URL (AssumeRoleCredentials) and gs:// ones "
+            "(DownscopedCredentials), encryption= to s3:// and gs:// ones."
+        )
+    if isinstance(credentials, DownscopedCredentials):
+        credentials.check(options)
     clashing = sorted(ENCRYPTION_KWARGS & set(options.get("s3_additional_kwargs") or {}))
     if isolation.keys is not None and s3 and clashing:
         raise ValueError(f"encryption= (SSE-C per tenant) cannot be combined with s3_additional_kwargs {clashing}.")
@@ -71,25 +85,25 @@ def tenant_of_path(root_path: str, path: str) -> str | None:
 
 
 class TenantSigner:
-    """One tenant's STS credentials for the client that signs as the tenant: asked for once, renewed before expiry."""
+    """One tenant's credentials (STS's, or its GCS token) for its client: asked for once, renewed before expiry."""
 
     def __init__(
-        self, source: AssumeRoleCredentials, tenant: str, root_path: str, base_options: Callable[[], Mapping[str, Any]]
+        self, source: TenantCredentials, tenant: str, root_path: str, base_options: Callable[[], Mapping[str, Any]]
     ) -> None:
         self._source = source
         self._tenant = tenant
         self._bucket, self._prefix = tenant_prefix(root_path, tenant)
         self._base_options = base_options
         self._lock = threading.Lock()
-        self.signing: TemporaryCredentials | None = None
+        self.signing: TemporaryCredentials | DownscopedToken | None = None
 
-    def fetch(self) -> TemporaryCredentials:
+    def fetch(self) -> TemporaryCredentials | DownscopedToken:
         """The tenant's credentials, cached or from STS (blocking: the async path calls it in a worker thread)."""
         return self._source.credentials_for(
             self._tenant, bucket=self._bucket, prefix=self._prefix, base_options=self._base_options()
         )
 
-    def signing_now(self) -> TemporaryCredentials:
+    def signing_now(self) -> TemporaryCredentials | DownscopedToken:
         """The credentials the client signs with, asked for in the caller's thread on a sync first use."""
         with self._lock:
             if self.signing is None:
@@ -113,25 +127,27 @@ class TenantSigner:
 
 
 def tenant_options(
-    options: Mapping[str, Any], *, signing: TemporaryCredentials | None, key: Mapping[str, Any] | None
+    options: Mapping[str, Any], *, signing: TemporaryCredentials | DownscopedToken | None, key: Mapping[str, Any] | None
 ) -> dict[str, Any]:
     """
     A tenant client's storage options: the worker's credentials replaced by the tenant's, its SSE-C key added.
 
     :param options: The store's storage options, secrets resolved.
-    :param signing: The tenant's credentials; None keeps the worker's (the root's operator requests).
+    :param signing: The tenant's credentials (S3's, or its GCS token); None keeps the worker's (the root's operator
+        requests).
     :param key: The tenant's ``s3_additional_kwargs`` for SSE-C (`TenantKeys.storage_options`), if any.
     :returns: The options.
     """
     result = dict(options)
     if signing is not None:
         result = {name: value for name, value in result.items() if name not in _CREDENTIAL_OPTIONS}
-        result["client_kwargs"] = {
-            name: value
-            for name, value in (options.get("client_kwargs") or {}).items()
-            if name not in _CREDENTIAL_CLIENT_KWARGS
-        }
-        result.update(signing.storage_options())
+        if "client_kwargs" in options:  # s3fs's (gcsfs has none)
+            result["client_kwargs"] = {
+                name: value
+                for name, value in (options["client_kwargs"] or {}).items()
+                if name not in _CREDENTIAL_CLIENT_KWARGS
+            }
+        result.update(signing.storage_options())  # s3fs's key, secret and token; gcsfs's token
     if key is not None:
         result["s3_additional_kwargs"] = {**(options.get("s3_additional_kwargs") or {}), **key}
     return result
