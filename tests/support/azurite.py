@@ -48,7 +48,12 @@ def _free_port() -> int:
 class AzuriteServer:
     """One Azurite blob server on loopback; a context manager that starts it and stops it."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, loose: bool = False) -> None:
+        """
+        :param loose: Start it with ``--loose``: headers it does not implement (customer-provided keys among them) are
+            ignored; in its default strict mode it answers them with 500 ``FeatureNotSupported``.
+        """
+        self.loose = loose
         self.port = _free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}/{ACCOUNT}"
         self._process: subprocess.Popen[bytes] | None = None
@@ -96,6 +101,7 @@ class AzuriteServer:
                 "--silent",
                 "--skipApiVersionCheck",
                 "--disableTelemetry",
+                *(["--loose"] if self.loose else []),
             ],
             # Its debug and extent files, if any, land here rather than in the tests' working directory.
             cwd=self._folder,

@@ -305,9 +305,10 @@ def not_applicable(check: str, url: str, cloud: Cloud | None) -> str:
         )
     if cloud is not None and check == "tenant-isolation":
         return (
-            f"{_NAMES[cloud]} enforces no isolation per tenant for this library yet: per-tenant SAS tokens and "
-            "customer-provided keys are not built (credentials= takes s3:// stores only, encryption= s3:// and gs://); "
-            "tenants are kept apart by prefixes and reference checks alone"
+            f"{_NAMES[cloud]}: customer-provided keys per tenant (encryption=) are sent on each blob read and write, "
+            "but this check does not test their enforcement (Azurite ignores them), and per-tenant SAS tokens are not "
+            "built (they need a container per tenant or a hierarchical namespace); without keys, tenants are kept "
+            "apart by prefixes and reference checks alone"
         )
     protocol = split_protocol(url)[0] or "file"
     store = "memory://" if protocol == "memory" else "local disk" if protocol in {"file", "local"} else f"{protocol}://"

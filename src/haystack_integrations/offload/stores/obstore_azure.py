@@ -8,12 +8,15 @@ The obstore engine on Azure Blob Storage (``az://``, ``abfs://``): adlfs's stora
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import dataclasses
 import os
+import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 import obstore
@@ -21,15 +24,23 @@ from obstore.exceptions import AlreadyExistsError
 from obstore.fsspec import FsspecStore
 from obstore.store import AzureStore
 
+from haystack_integrations.offload.stores.azure_keys import check_key_transport, key_refusal
 from haystack_integrations.offload.stores.exit_wait import wait_at_exit
-from haystack_integrations.offload.stores.failures import status_failure
+from haystack_integrations.offload.stores.failures import StorageRequestError, status_failure
 from haystack_integrations.offload.stores.io import Engine
 from haystack_integrations.offload.stores.obstore_io import _NOT_CACHED, ObstoreIO, _mapped_errors, describe_failure
 
 if TYPE_CHECKING:
     from obstore.store import AzureConfig, ClientConfig, RetryConfig
 
-__all__ = ["AzureObstoreIO", "AzureSettings", "azure_settings", "strip_azure_url", "unsupported_azure_options"]
+__all__ = [
+    "AzureObstoreIO",
+    "AzureSettings",
+    "azure_settings",
+    "strip_azure_url",
+    "unsupported_azure_options",
+    "with_cpk_key",
+]
 
 # adlfs options that tune adlfs's own caching, file objects and upload concurrency: nothing here goes through them, so
 # they are accepted (the same storage_options serve both engines) and have no effect.
@@ -189,6 +200,22 @@ def azure_settings(
     return AzureSettings(config, client, retry)
 
 
+def with_cpk_key(settings: AzureSettings, key: bytes) -> AzureSettings:
+    """
+    The settings of a tenant's `AzureStore`: object_store sends its ``encryption_key`` (Azure's customer-provided key)
+    on each Put Blob, Put Block, Put Block List, Get Blob and Get Blob Properties, and on no listing or delete.
+
+    :param settings: The store's settings (`azure_settings`).
+    :param key: The tenant's 32-byte key (`azure_keys.tenant_cpk_key`).
+    :returns: The settings with the key.
+    :raises ValueError: If the key would go over plain HTTP to another machine (object_store does not refuse it).
+    """
+    config = settings.config
+    emulator = os.environ.get("AZURITE_BLOB_STORAGE_URL") or "http://127.0.0.1:10000"
+    check_key_transport(emulator if config.get("use_emulator") else config.get("endpoint") or "https://azure")
+    return dataclasses.replace(settings, config={**config, "encryption_key": base64.b64encode(key).decode()})
+
+
 def strip_azure_url(url: str) -> str:
     """
     The ``container/prefix`` of an ``az://``, ``abfs://`` or ``abfss://`` URL, as adlfs's ``_strip_protocol`` gives it
@@ -249,7 +276,28 @@ class AzureObstoreIO(ObstoreIO):
         return store
 
     def _errors(self) -> contextlib.AbstractContextManager[None]:
-        return _azure_errors()
+        return _azure_errors(keyed="encryption_key" in self.azure_settings.config)
+
+    # Reads classify their failures as `ObstoreIO`'s do, and Azure's refusals of a key besides.
+    async def get_async(self, path: str) -> bytes:
+        """One GET."""
+        with _key_refusals(keyed="encryption_key" in self.azure_settings.config):
+            return await super().get_async(path)
+
+    async def get_range_and_size_async(self, path: str, start: int, end: int) -> tuple[bytes, int]:
+        """One ranged GET (a HEAD if the range is empty)."""
+        with _key_refusals(keyed="encryption_key" in self.azure_settings.config):
+            return await super().get_range_and_size_async(path, start, end)
+
+    async def size_async(self, path: str) -> int:
+        """One HEAD."""
+        with _key_refusals(keyed="encryption_key" in self.azure_settings.config):
+            return await super().size_async(path)
+
+    async def modified_async(self, path: str) -> datetime:
+        """One HEAD."""
+        with _key_refusals(keyed="encryption_key" in self.azure_settings.config):
+            return await super().modified_async(path)
 
     async def delete_async(self, paths: Iterable[str]) -> None:
         """One Blob Batch per container and 256 blobs; if a blob was missing (Azure fails its part: object_store then
@@ -272,10 +320,29 @@ async def _delete_one(store: Any, key: str) -> None:
         await obstore.delete_async(store, key)
 
 
+_METHOD = re.compile(r"Error performing (\w+)")
+
+
 @contextlib.contextmanager
-def _azure_errors() -> Iterator[None]:
-    """`_mapped_errors`, but Azure's 409 ``BlobAlreadyExists`` (a conditional create found the blob) is "exists"."""
-    with _mapped_errors():
+def _key_refusals(*, keyed: bool) -> Iterator[None]:
+    """Raise Azure's refusal of a customer-provided key (a 409, `azure_keys.key_refusal`) as one, never retried."""
+    try:
+        yield
+    except StorageRequestError as error:
+        cause = error.__cause__
+        status, code, _ = (describe_failure(cause) if cause is not None else None) or (None, "", None)
+        method = _METHOD.search(str(cause))
+        refusal = key_refusal(status, code, method=method.group(1) if method else "", sent_key=keyed)
+        if refusal is None:
+            raise
+        raise refusal from cause
+
+
+@contextlib.contextmanager
+def _azure_errors(*, keyed: bool = False) -> Iterator[None]:
+    """`_mapped_errors`, but Azure's 409 ``BlobAlreadyExists`` (a conditional create found the blob) is "exists", and
+    its refusal of a customer-provided key a refusal."""
+    with _key_refusals(keyed=keyed), _mapped_errors():
         try:
             yield
         except AlreadyExistsError as error:
