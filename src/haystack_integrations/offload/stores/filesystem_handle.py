@@ -24,6 +24,8 @@ from haystack_integrations.offload.stores.async_fsspec_io import (
     cloud_location,
     without_client_retries,
 )
+from haystack_integrations.offload.stores.azure_keys import tenant_cpk_key
+from haystack_integrations.offload.stores.azure_keys import with_customer_key as with_azure_key
 from haystack_integrations.offload.stores.credentials import TemporaryCredentials
 from haystack_integrations.offload.stores.engines import (
     close_engine_async,
@@ -158,8 +160,11 @@ class FilesystemHandle:
                     )
                 if self._protocol in {"s3", "s3a"}:
                     options = with_default_timeouts(options)
+                # Azure's key goes in its requests' headers too: each of its engines adds them (azure_keys.py).
+                azure_key = tenant_cpk_key(keys, self._tenant) if keys and self._tenant else None
                 if self._engine == "obstore" and self._protocol in AZURE_PROTOCOLS:
-                    io = _obstore_azure_io(options, self._retry, fallback=self._adlfs_fallback(options))
+                    fallback = self._adlfs_fallback(options)
+                    io = _obstore_azure_io(options, self._retry, fallback=fallback, key=azure_key)
                     fs = io.fs
                 elif self._engine == "obstore":
                     io = _obstore_io(options, self._retry, fallback=self._s3fs_fallback(options))
@@ -177,6 +182,9 @@ class FilesystemHandle:
                         # its objects' requests, and every client tells GCS's refusals of a key apart (gcs_keys.py).
                         key_headers = tenant_csek_headers(keys, self._tenant) if keys and self._tenant else None
                         fs = with_customer_key(fs, key_headers)
+                    elif self._protocol in AZURE_PROTOCOLS:
+                        # adlfs passes no customer-provided key to the Azure SDK: a policy on the client adds it.
+                        fs = with_azure_key(fs, azure_key)
             self._io = io or engine_for(fs)
 
     def for_tenant(self, tenant: str) -> FilesystemHandle:
@@ -521,11 +529,11 @@ def _obstore_io(options: dict[str, Any], retry: RetryPolicy | None, *, fallback:
 
 
 def _obstore_azure_io(
-    options: dict[str, Any], retry: RetryPolicy | None, *, fallback: Callable[[], Engine] | None
+    options: dict[str, Any], retry: RetryPolicy | None, *, fallback: Callable[[], Engine] | None, key: bytes | None
 ) -> Engine:
-    from haystack_integrations.offload.stores.obstore_azure import AzureObstoreIO, azure_settings
+    from haystack_integrations.offload.stores.obstore_azure import AzureObstoreIO, azure_settings, with_cpk_key
 
     settings = azure_settings(
         options, retrying=retry is not None, attempt_timeout=retry.attempt_timeout if retry is not None else None
     )
-    return AzureObstoreIO(settings, fallback=fallback)
+    return AzureObstoreIO(with_cpk_key(settings, key) if key is not None else settings, fallback=fallback)

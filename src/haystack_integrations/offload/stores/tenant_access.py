@@ -8,6 +8,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from haystack_integrations.offload.stores.azure_keys import azure_endpoint
+from haystack_integrations.offload.stores.azure_keys import check_key_transport as check_azure_key_transport
 from haystack_integrations.offload.stores.credentials import AssumeRoleCredentials, TemporaryCredentials
 from haystack_integrations.offload.stores.encryption import TenantKeys
 from haystack_integrations.offload.stores.gcs_credentials import DownscopedCredentials
@@ -48,25 +50,29 @@ def check_isolation(
     :param from_url: Whether the store builds its own clients (not a filesystem object it was given).
     :param options: Its storage options.
     :param environ: The environment (where gcsfs may find its endpoint).
-    :raises ValueError: For credentials per tenant off S3, keys per tenant off S3 and GCS, either on a filesystem
-        object; SSE-C with S3's other server-side encryption settings; GCS keys sent over plain HTTP to another host.
+    :raises ValueError: For credentials per tenant off S3, keys per tenant off S3, GCS and Azure, either on a
+        filesystem object; SSE-C with S3's other server-side encryption settings; GCS or Azure keys sent over plain
+        HTTP to another host.
     """
     if not isolation:
         return
     s3 = protocol in ("s3", "s3a")
     credentials = isolation.credentials
     fitting = credentials is None or isinstance(credentials, AssumeRoleCredentials if s3 else DownscopedCredentials)
-    if not from_url or not (s3 or protocol in ("gs", "gcs")) or not fitting:
+    azure = protocol in ("az", "abfs", "abfss") and credentials is None  # keys (CPK); per-tenant SAS is not built
+    if not from_url or not (s3 or protocol in ("gs", "gcs") or azure) or not fitting:
         raise ValueError(
             "credentials= apply to s3:// stores built from a URL (AssumeRoleCredentials) and gs:// ones "
-            "(DownscopedCredentials), encryption= to s3:// and gs:// ones."
+            "(DownscopedCredentials), encryption= to s3://, gs:// and az:// (abfs://) ones."
         )
     if isinstance(credentials, DownscopedCredentials):
         credentials.check(options)
     clashing = sorted(ENCRYPTION_KWARGS & set(options.get("s3_additional_kwargs") or {}))
     if isolation.keys is not None and s3 and clashing:
         raise ValueError(f"encryption= (SSE-C per tenant) cannot be combined with s3_additional_kwargs {clashing}.")
-    if isolation.keys is not None and not s3:
+    if isolation.keys is not None and azure:
+        check_azure_key_transport(azure_endpoint(options, environ))
+    elif isolation.keys is not None and not s3:
         check_key_transport(options, environ)
 
 
