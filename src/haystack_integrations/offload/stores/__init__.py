@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from .encryption import TenantKeys as TenantKeys
     from .exclusive_creates import ExclusiveCreateCheck as ExclusiveCreateCheck
     from .filesystem_handle import DEFAULT_S3_MAX_POOL_CONNECTIONS as DEFAULT_S3_MAX_POOL_CONNECTIONS
-    from .gcs_credentials import DownscopedCredentials as DownscopedCredentials
     from .fsspec_store import FsspecToolResultStore as FsspecToolResultStore
+    from .gcs_credentials import DownscopedCredentials as DownscopedCredentials
     from .operator_objects import ScopeChildren as ScopeChildren
     from .options import check_region as check_region
     from .options import redacted_url as redacted_url
