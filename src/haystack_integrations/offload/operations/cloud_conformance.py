@@ -298,10 +298,10 @@ def not_applicable(check: str, url: str, cloud: Cloud | None) -> str:
     """
     if cloud == "gcs" and check == "tenant-isolation":
         return (
-            f"{_NAMES[cloud]}: customer-supplied keys per tenant (encryption=) are sent on each object read and write, "
-            "but this check does not test their enforcement (fake-gcs-server ignores them), and downscoped "
-            "credentials per tenant prefix are not built (credentials= takes s3:// stores only); without keys, "
-            "tenants are kept apart by prefixes and reference checks alone"
+            f"{_NAMES[cloud]}: customer-supplied keys per tenant (encryption=, on each object read and write) and "
+            "downscoped credentials per tenant prefix (credentials=DownscopedCredentials, a token on every request of "
+            "a tenant's store) are sent, but this check does not test their enforcement (fake-gcs-server checks "
+            "neither); without them, tenants are kept apart by prefixes and reference checks alone"
         )
     if cloud is not None and check == "tenant-isolation":
         return (
