@@ -428,3 +428,14 @@ def test_obstores_block_upload_sends_the_key_on_every_block_and_the_block_list(l
     puts = [r for r in proxy.requests.snapshot() if r.method == "PUT"]
     assert sorted("comp=blocklist" in r.target for r in puts) == [False, False, True]
     assert {r.header(KEY_SHA256) for r in puts} == {_sha256_of("acme")}
+
+
+def test_an_az_store_with_keys_serializes_the_master_secret_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OFFLOAD_TEST_AZURE_MASTER_KEY", MASTER)
+    keys = TenantKeys(Secret.from_env_var("OFFLOAD_TEST_AZURE_MASTER_KEY"))
+    options = {"account_name": "acct"}
+    data = FsspecToolResultStore("az://results/p", storage_options=options, encryption=keys).to_dict()
+    assert MASTER not in repr(data)
+    again = FsspecToolResultStore.from_dict(data)
+    assert isinstance(again.encryption, TenantKeys) and again.url == "az://results/p"
+    assert again.encryption.key_for("acme", salt=AZURE_HKDF_SALT) == KEYS.key_for("acme", salt=AZURE_HKDF_SALT)

@@ -1,4 +1,4 @@
-"""Keys per tenant (S3 SSE-C, GCS CSEK): one 256-bit key per tenant and store, derived from a master secret (HKDF)."""
+"""Keys per tenant (S3 SSE-C, GCS CSEK, Azure CPK): one 256-bit key per tenant and store, from a master secret."""
 
 from __future__ import annotations
 
@@ -40,7 +40,8 @@ def hkdf_sha256(secret: bytes, *, salt: bytes, info: bytes, length: int = KEY_BY
 class TenantKeys:
     """
     Keys per tenant: AES-256 keys the object store encrypts each tenant's objects with and keeps none of (S3's SSE-C;
-    on ``gs://``, GCS's customer-supplied keys, derived with a salt of their own: ``stores/gcs_keys.py``).
+    on ``gs://``, GCS's customer-supplied keys, and on ``az://``, Azure's customer-provided keys, each derived with a
+    salt of its own: ``stores/gcs_keys.py``, ``stores/azure_keys.py``).
 
     Give it to a store (``FsspecToolResultStore(url, encryption=TenantKeys(Secret.from_env_var("MASTER_KEY")))``):
     every request in a tenant's scope (its results and documents, whichever store sends it, the root's operator
@@ -65,7 +66,7 @@ class TenantKeys:
         The tenant's 32-byte key.
 
         :param tenant: The tenant id, as the store's scope names it.
-        :param salt: What the key is for: `HKDF_SALT` (S3's SSE-C), or another store's own salt (GCS's CSEK keys), so
+        :param salt: What the key is for: `HKDF_SALT` (S3's SSE-C), or another store's own salt (GCS's, Azure's), so
             the key one provider is handed opens nothing at another.
         :returns: The key.
         :raises ValueError: If the master secret is missing or shorter than 32 characters.

@@ -185,8 +185,8 @@ class FsspecToolResultStore(ToolResultStore):
             every store derived for a tenant (`for_tenant`, `for_session`), its documents included, signs with
             credentials that reach only ``<root>/<tenant>/``, so the object store refuses what the scope checks would.
             This root store keeps the storage options' (or the environment's) credentials, which they derive from.
-        :param encryption: On S3 and GCS, an encryption key per tenant (`TenantKeys`: SSE-C, or GCS's customer-supplied
-            keys): every request inside a tenant's scope, from whichever store (this root's operator requests
+        :param encryption: On S3, GCS and Azure, an encryption key per tenant (`TenantKeys`: SSE-C, or GCS's and Azure's
+            customer keys): every request inside a tenant's scope, from whichever store (this root's operator requests
             included), that reads or writes an object sends that tenant's key, and the object store encrypts with it
             and keeps none. Start it on an empty root: objects written without a key are not readable with one.
         :raises ValueError: If the URL has no path (e.g. ``s3://``), is a local path that can only be a mistyped URL
