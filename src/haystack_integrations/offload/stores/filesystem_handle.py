@@ -161,7 +161,9 @@ class FilesystemHandle:
                 if self._protocol in {"s3", "s3a"}:
                     options = with_default_timeouts(options)
                 # Azure's key goes in its requests' headers too: each of its engines adds them (azure_keys.py).
-                azure_key = tenant_cpk_key(keys, self._tenant) if keys and self._tenant else None
+                azure_key: bytes | None = None
+                if keys and self._tenant and self._protocol in AZURE_PROTOCOLS:
+                    azure_key = tenant_cpk_key(keys, self._tenant)
                 if self._engine == "obstore" and self._protocol in AZURE_PROTOCOLS:
                     fallback = self._adlfs_fallback(options)
                     io = _obstore_azure_io(options, self._retry, fallback=fallback, key=azure_key)
