@@ -84,7 +84,7 @@ class ServerSettings(BaseSettings):
     store: str = Field(default=DEFAULT_SERVER_STORE, description="Root URL of the results store (directory or s3://).")
     engine: Literal["auto", "fsspec", "obstore"] = Field(
         default="auto",
-        description="The store's engine: auto (obstore for s3:// where it serves the options), fsspec, or obstore.",
+        description="The store's engine: auto (obstore for s3:// and az:// where it can), fsspec, or obstore.",
     )
     storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options for the store, as JSON.")
     s3_endpoint_url: str | None = Field(default=None, description="S3 endpoint (MinIO, moto, a VPC endpoint).")

@@ -50,10 +50,9 @@ def choose_engine(
     """
     Resolve the engine a store asked for (no I/O).
 
-    ``"auto"`` (the default) picks obstore for an ``s3://`` URL when obstore is installed and understands every
-    storage option, and otherwise s3fs, logging why once per URL; Azure (``az://``, ``abfs://``, ``abfss://``) goes
-    through adlfs unless ``"obstore"`` is asked for (its Azure store has not yet held the approvals' 30% fault run:
-    benchmarks/README.md). A named engine is taken as asked, or refused if it cannot serve the store.
+    ``"auto"`` (the default) picks obstore for an ``s3://`` or Azure (``az://``, ``abfs://``, ``abfss://``) URL when
+    obstore is installed and understands every storage option, and otherwise fsspec's backend (s3fs, adlfs), logging
+    why once per URL. A named engine is taken as asked, or refused if it cannot serve the store.
 
     :param engine: ``"auto"``, ``"fsspec"`` or ``"obstore"``.
     :param url: The store's root URL.
@@ -84,8 +83,6 @@ def choose_engine(
                 'use engine="fsspec" (or "auto", which falls back to it).'
             )
         return EngineChoice("obstore", 'engine="obstore" was asked for')
-    if protocol in AZURE_PROTOCOLS:
-        return EngineChoice("fsspec", 'Azure is served by adlfs unless engine="obstore" is asked for')
     try:
         unsupported = _unsupported_options(protocol, storage_options or {})
     except ImportError:
