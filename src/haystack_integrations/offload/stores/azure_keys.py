@@ -10,13 +10,13 @@ from __future__ import annotations
 import base64
 import errno
 import hashlib
-import ipaddress
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from haystack_integrations.offload.stores.encryption import TenantKeys
+from haystack_integrations.offload.stores.encryption import KEY_SENT, TenantKeys
 from haystack_integrations.offload.stores.failures import EncryptionKeyMissingError, EncryptionKeyRefusedError
+from haystack_integrations.offload.stores.options import require_tls
 
 # Not S3's nor GCS's salt: a tenant's key is handed to the provider with every request, so a key Microsoft sees must
 # open nothing at AWS or Google (or in the same master secret's buckets there), and the other way round.
@@ -102,22 +102,7 @@ def check_key_transport(endpoint: str | None) -> None:
     """
     if endpoint is None:
         return
-    parts = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
-    if parts.scheme == "https" or _on_this_machine(parts.hostname or ""):
-        return
-    raise ValueError(
-        f"encryption= sends each tenant's key in its requests: the endpoint {parts.scheme}://{parts.hostname} "
-        "must be https:// (plain http:// only on this machine, for an emulator)."
-    )
-
-
-def _on_this_machine(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    require_tls(endpoint if "://" in endpoint else f"https://{endpoint}", sends=KEY_SENT)
 
 
 def carries_blob_data(method: str, url: str) -> bool:

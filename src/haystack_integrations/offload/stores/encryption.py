@@ -14,6 +14,8 @@ from haystack_integrations.offload.stores import log_redaction
 # Domain separation: the same master secret used elsewhere derives unrelated keys.
 HKDF_SALT = b"offload-haystack/sse-c/v1"
 KEY_BYTES = 32
+# Where a store hands the key to the provider in a header (GCS, Azure), the endpoint must take it over TLS.
+KEY_SENT = "encryption= sends each tenant's key in its requests"
 MIN_MASTER_SECRET_CHARACTERS = 32
 """The shortest master secret `TenantKeys` accepts, for a server to check its setting at start-up."""
 

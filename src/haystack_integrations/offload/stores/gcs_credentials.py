@@ -9,11 +9,11 @@ import threading
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from haystack.core.serialization import default_from_dict, default_to_dict
 
 from haystack_integrations.offload.errors import StoragePermissionError
+from haystack_integrations.offload.stores.options import require_tls
 
 if TYPE_CHECKING:
     from google.auth.credentials import Credentials as GoogleCredentials
@@ -127,9 +127,9 @@ class DownscopedCredentials:
                 f"credentials=DownscopedCredentials() downscopes the store's own credentials, and token={token!r} "
                 "names none: give source= or a token gcsfs can refresh (a key file, 'google_default', 'cloud')."
             )
-        parts = urlsplit(self.token_url)
-        if parts.scheme != "https" and parts.hostname not in {"localhost", "127.0.0.1", "::1"}:
-            raise ValueError(f"The STS endpoint {parts.scheme}://{parts.hostname} must be https:// off this machine.")
+        require_tls(
+            self.token_url, sends="credentials=DownscopedCredentials() sends the store's token to its STS endpoint"
+        )
 
     def current(self, bucket: str, prefix: str) -> DownscopedToken | None:
         """The token for ``<bucket>/<prefix>``, while it is not due for renewal."""

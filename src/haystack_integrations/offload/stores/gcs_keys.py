@@ -9,15 +9,14 @@ from __future__ import annotations
 import base64
 import errno
 import hashlib
-import ipaddress
 import sys
 import types
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
-from haystack_integrations.offload.stores.encryption import TenantKeys
+from haystack_integrations.offload.stores.encryption import KEY_SENT, TenantKeys
 from haystack_integrations.offload.stores.failures import EncryptionKeyMissingError, EncryptionKeyRefusedError
+from haystack_integrations.offload.stores.options import require_tls
 
 # Not S3's salt: a tenant's key is handed to the provider with every request, so a key Google sees must open nothing
 # at AWS (or in the same master secret's S3 buckets anywhere), and the other way round.
@@ -79,22 +78,7 @@ def check_key_transport(options: Mapping[str, Any], environ: Mapping[str, str]) 
     endpoint = given if isinstance(given, str) and given else environ.get("STORAGE_EMULATOR_HOST") or _GOOGLE
     if "://" not in endpoint:
         endpoint = f"http://{endpoint}"  # as gcsfs reads a bare STORAGE_EMULATOR_HOST
-    parts = urlsplit(endpoint)
-    if parts.scheme == "https" or _on_this_machine(parts.hostname or ""):
-        return
-    raise ValueError(
-        f"encryption= sends each tenant's key in its requests: the endpoint {parts.scheme}://{parts.hostname} "
-        "must be https:// (plain http:// only on this machine, for an emulator)."
-    )
-
-
-def _on_this_machine(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    require_tls(endpoint, sends=KEY_SENT)
 
 
 def carries_object_data(method: str, path: str, args: tuple[Any, ...], params: Mapping[str, Any]) -> bool:

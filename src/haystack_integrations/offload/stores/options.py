@@ -7,6 +7,7 @@ string under a credential-like name refuses to serialize, with an error that say
 credentials out entirely (environment, instance profile, ``AWS_PROFILE``) is the recommended setup.
 """
 
+import ipaddress
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -88,6 +89,34 @@ def check_endpoint_url(value: object, source: str) -> None:
     parts = urlsplit(value) if isinstance(value, str) else None
     if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValueError(f"{source} must be an http:// or https:// URL, got {value!r}.")
+
+
+def require_tls(url: str, *, sends: str) -> None:
+    """
+    Refuse an endpoint that would carry secrets in the clear to another machine: not https://, and not ``localhost``
+    or a loopback address (an emulator, a proxy on this machine).
+
+    :param url: The endpoint (a scheme is required).
+    :param sends: What it would carry, opening the message ("encryption= sends each tenant's key in its requests").
+    :raises ValueError: If the endpoint is plain http:// (or another scheme) on another host.
+    """
+    parts = urlsplit(url)
+    if parts.scheme == "https" or on_this_machine(parts.hostname or ""):
+        return
+    raise ValueError(
+        f"{sends}: the endpoint {parts.scheme}://{parts.hostname} must be https:// (plain http:// only on this "
+        "machine, for an emulator)."
+    )
+
+
+def on_this_machine(host: str) -> bool:
+    """Whether `host` is ``localhost`` or a loopback address."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def check_region(value: object, source: str) -> None:
