@@ -7,14 +7,12 @@ Azure's refusals of a key (409 with a CPK error code) are told apart from other 
 
 from __future__ import annotations
 
-import base64
 import errno
-import hashlib
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from haystack_integrations.offload.stores.encryption import KEY_SENT, TenantKeys
+from haystack_integrations.offload.stores.encryption import KEY_SENT, TenantKeys, aes256_key_headers
 from haystack_integrations.offload.stores.failures import EncryptionKeyMissingError, EncryptionKeyRefusedError
 from haystack_integrations.offload.stores.options import require_tls
 
@@ -40,12 +38,7 @@ def cpk_headers(key: bytes) -> dict[str, str]:
     :param key: The 32-byte key.
     :returns: The algorithm, the key and its SHA-256, both in standard base64.
     """
-    algorithm, encoded, digest = KEY_HEADERS
-    return {
-        algorithm: "AES256",
-        encoded: base64.b64encode(key).decode(),
-        digest: base64.b64encode(hashlib.sha256(key).digest()).decode(),
-    }
+    return aes256_key_headers(key, KEY_HEADERS)
 
 
 def tenant_cpk_key(keys: TenantKeys, tenant: str) -> bytes:

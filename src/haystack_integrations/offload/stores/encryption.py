@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 from typing import Any
@@ -37,6 +38,23 @@ def hkdf_sha256(secret: bytes, *, salt: bytes, info: bytes, length: int = KEY_BY
         derived += block
         counter += 1
     return derived[:length]
+
+
+def aes256_key_headers(key: bytes, names: tuple[str, str, str]) -> dict[str, str]:
+    """
+    The headers that hand a provider an AES-256 key of the customer's (GCS's ``x-goog-encryption-*``, Azure's
+    ``x-ms-encryption-*``).
+
+    :param key: The 32-byte key.
+    :param names: The provider's algorithm, key and key-SHA-256 header names.
+    :returns: The algorithm, the key and its SHA-256, both in standard base64.
+    """
+    algorithm, encoded, digest = names
+    return {
+        algorithm: "AES256",
+        encoded: base64.b64encode(key).decode(),
+        digest: base64.b64encode(hashlib.sha256(key).digest()).decode(),
+    }
 
 
 class TenantKeys:

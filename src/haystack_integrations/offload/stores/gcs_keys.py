@@ -6,15 +6,13 @@ refusals of a key (400 with a CSEK reason) are told apart from other failures.
 
 from __future__ import annotations
 
-import base64
 import errno
-import hashlib
 import sys
 import types
 from collections.abc import Mapping
 from typing import Any
 
-from haystack_integrations.offload.stores.encryption import KEY_SENT, TenantKeys
+from haystack_integrations.offload.stores.encryption import KEY_SENT, TenantKeys, aes256_key_headers
 from haystack_integrations.offload.stores.failures import EncryptionKeyMissingError, EncryptionKeyRefusedError
 from haystack_integrations.offload.stores.options import require_tls
 
@@ -44,12 +42,7 @@ def csek_headers(key: bytes) -> dict[str, str]:
     :param key: The 32-byte key.
     :returns: The algorithm, the key and its SHA-256, both in standard base64.
     """
-    algorithm, encoded, digest = KEY_HEADERS
-    return {
-        algorithm: "AES256",
-        encoded: base64.b64encode(key).decode(),
-        digest: base64.b64encode(hashlib.sha256(key).digest()).decode(),
-    }
+    return aes256_key_headers(key, KEY_HEADERS)
 
 
 def tenant_csek_headers(keys: TenantKeys, tenant: str) -> dict[str, str]:
