@@ -31,6 +31,12 @@ from fsspec.implementations.memory import MemoryFileSystem
 from support import emulators
 from support.isolation import RGW_LANE
 
+# gcsfs reads this once, when it is imported: every gs:// test talks to an endpoint that is not Google's
+# (fake-gcs-server or a local fake), where gcsfs would otherwise wait 60 s per client for a gRPC probe. Set here, for
+# the whole session, not by the fake-gcs fixture's module: a worker whose first gs:// test used none imported gcsfs
+# without it.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
 if TYPE_CHECKING:
     from haystack_integrations.offload import FsspecToolResultStore
     from haystack_integrations.offload.testing.local_s3 import LocalS3Server, RequestLog
