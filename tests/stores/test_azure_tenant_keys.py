@@ -6,13 +6,12 @@ raised as permission errors and never retried. Azurite ignores the keys (its gap
 """
 
 import base64
+import contextlib
 import hashlib
 import logging
 import os
-import threading
 import uuid
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -30,6 +29,7 @@ from haystack_integrations.offload.stores.azure_keys import (
 from haystack_integrations.offload.stores.encryption import HKDF_SALT, hkdf_sha256
 from haystack_integrations.offload.stores.gcs_keys import GCS_HKDF_SALT
 from haystack_integrations.offload.testing.faults import FaultProxy
+from support.local_http import QuietHandler, serving
 
 pytest.importorskip("adlfs")
 pytest.importorskip("obstore")
@@ -224,7 +224,7 @@ def test_the_emulator_refuses_another_tenants_key(loose_azurite: Any, engine: st
         other.for_session("acme", "s1").read(reference)
 
 
-class _KeyRefusing(BaseHTTPRequestHandler):
+class _KeyRefusing(QuietHandler):
     """Azure Blob Storage taking writes and refusing reads with a 409 of the server's error `code`."""
 
     protocol_version = "HTTP/1.1"
@@ -255,28 +255,18 @@ class _KeyRefusing(BaseHTTPRequestHandler):
         if body:  # a HEAD's answer has none: the code is in its x-ms-error-code header only
             self.wfile.write(data.encode())
 
-    def log_message(self, format: str, *args: Any) -> None:
-        return
-
 
 @pytest.fixture
 def refusing_azure() -> Iterator[Callable[[str], tuple[str, list[str | None]]]]:
-    servers: list[ThreadingHTTPServer] = []
+    from support.azurite import ACCOUNT
 
-    def start(code: str) -> tuple[str, list[str | None]]:
-        from support.azurite import ACCOUNT
+    with contextlib.ExitStack() as servers:
 
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _KeyRefusing)
-        server.code = code  # type: ignore[attr-defined]
-        server.keys_seen = []  # type: ignore[attr-defined]
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}/{ACCOUNT}", server.keys_seen  # type: ignore[attr-defined]
+        def start(code: str) -> tuple[str, list[str | None]]:
+            server = servers.enter_context(serving(_KeyRefusing, code=code, keys_seen=[]))
+            return f"http://127.0.0.1:{server.server_address[1]}/{ACCOUNT}", server.keys_seen
 
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+        yield start
 
 
 @pytest.mark.parametrize("engine", ENGINES)

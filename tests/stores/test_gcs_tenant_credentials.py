@@ -13,7 +13,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
@@ -28,11 +27,12 @@ from haystack_integrations.offload.stores import AssumeRoleCredentials, Downscop
 from haystack_integrations.offload.stores.gcs_credentials import tenant_access_boundary
 from haystack_integrations.offload.stores.gcs_tokens import ACCESS_TOKEN, STS_ATTEMPTS, TOKEN_EXCHANGE
 from haystack_integrations.offload.testing.faults import FaultProxy
+from support.local_http import QuietHandler, serving
 
 SOURCE_TOKEN = "source-token-" + uuid.uuid4().hex
 
 
-class _FakeSTS(BaseHTTPRequestHandler):
+class _FakeSTS(QuietHandler):
     """Google's STS token endpoint: records each exchange's form, answers with the server's next status."""
 
     def do_POST(self) -> None:
@@ -52,19 +52,11 @@ class _FakeSTS(BaseHTTPRequestHandler):
                 "token_type": "Bearer",
                 "expires_in": server.expires_in,
             }
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        return
+        self.answer_json(status, body)
 
 
 class FakeSTS:
-    def __init__(self, server: ThreadingHTTPServer) -> None:
+    def __init__(self, server: Any) -> None:
         self._server: Any = server
         self.url = f"http://127.0.0.1:{server.server_address[1]}/v1/token"
 
@@ -84,12 +76,8 @@ class FakeSTS:
 
 @pytest.fixture
 def fake_sts() -> Iterator[FakeSTS]:
-    server: Any = ThreadingHTTPServer(("127.0.0.1", 0), _FakeSTS)
-    server.lock, server.exchanges, server.statuses, server.expires_in = threading.Lock(), [], [], 3600
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield FakeSTS(server)
-    server.shutdown()
-    server.server_close()
+    with serving(_FakeSTS, lock=threading.Lock(), exchanges=[], statuses=[], expires_in=3600) as server:
+        yield FakeSTS(server)
 
 
 def _root(gcs: Any, endpoint: str, bucket: str, credentials: DownscopedCredentials, **options: Any) -> Any:

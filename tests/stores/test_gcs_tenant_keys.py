@@ -5,13 +5,11 @@ key, answered by a local fake, raised as permission errors. fake-gcs-server igno
 """
 
 import base64
+import contextlib
 import hashlib
-import json
 import logging
-import threading
 import uuid
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -22,6 +20,7 @@ from haystack_integrations.offload.stores import AssumeRoleCredentials, TenantKe
 from haystack_integrations.offload.stores.encryption import HKDF_SALT, hkdf_sha256
 from haystack_integrations.offload.stores.gcs_keys import GCS_HKDF_SALT, KEY_HEADERS, check_key_transport
 from haystack_integrations.offload.testing.faults import FaultProxy
+from support.local_http import QuietHandler, serving
 
 MASTER = "g" * 24 + uuid.uuid4().hex  # 56 characters
 KEYS = TenantKeys(Secret.from_token(MASTER))
@@ -169,46 +168,30 @@ def test_the_emulator_refuses_another_tenants_key(fake_gcs_server: Any) -> None:
         other.for_session("acme", "s1").read(reference)
 
 
-class _KeyRefusing(BaseHTTPRequestHandler):
+class _KeyRefusing(QuietHandler):
     """GCS's JSON API taking uploads and refusing reads with a 400 of the server's `reason`."""
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self._answer(200, {"kind": "storage#object", "name": "k", "bucket": "results", "size": "1", "generation": "1"})
+        self.answer_json(
+            200, {"kind": "storage#object", "name": "k", "bucket": "results", "size": "1", "generation": "1"}
+        )
 
     def do_GET(self) -> None:
         self.server.keys_seen.append(self.headers.get(KEY_SHA256))  # type: ignore[attr-defined]
         reason = self.server.reason  # type: ignore[attr-defined]
-        self._answer(400, {"error": {"code": 400, "message": "Refused.", "errors": [{"reason": reason}]}})
-
-    def _answer(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        return
+        self.answer_json(400, {"error": {"code": 400, "message": "Refused.", "errors": [{"reason": reason}]}})
 
 
 @pytest.fixture
 def refusing_gcs() -> Iterator[Callable[[str], tuple[str, list[str | None]]]]:
-    servers: list[ThreadingHTTPServer] = []
+    with contextlib.ExitStack() as servers:
 
-    def start(reason: str) -> tuple[str, list[str | None]]:
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _KeyRefusing)
-        server.reason = reason  # type: ignore[attr-defined]
-        server.keys_seen = []  # type: ignore[attr-defined]
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}", server.keys_seen  # type: ignore[attr-defined]
+        def start(reason: str) -> tuple[str, list[str | None]]:
+            server = servers.enter_context(serving(_KeyRefusing, reason=reason, keys_seen=[]))
+            return f"http://127.0.0.1:{server.server_address[1]}", server.keys_seen
 
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+        yield start
 
 
 @pytest.mark.parametrize(
