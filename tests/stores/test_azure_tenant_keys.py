@@ -29,6 +29,8 @@ from haystack_integrations.offload.stores.azure_keys import (
 from haystack_integrations.offload.stores.encryption import HKDF_SALT, hkdf_sha256
 from haystack_integrations.offload.stores.gcs_keys import GCS_HKDF_SALT
 from haystack_integrations.offload.testing.faults import FaultProxy
+from haystack_integrations.offload.testing.relay import ProxiedRequest
+from support.labelled_requests import LabelledRequests
 from support.local_http import QuietHandler, serving
 
 pytest.importorskip("adlfs")
@@ -71,21 +73,9 @@ def _root(
     )
 
 
-class _Sent:
-    """The requests each labelled call sent through the proxy: (method, kind, key's SHA-256 header or None)."""
-
-    def __init__(self, proxy: FaultProxy) -> None:
-        self._proxy = proxy
-        self.calls: dict[str, list[tuple[str, str, str | None]]] = {}
-
-    def __call__(self, label: str, call: Callable[[], Any]) -> Any:
-        before = len(self._proxy.requests.snapshot())
-        answer = call()
-        self.calls[label] = [
-            (request.method, _kind(request.target), request.header(KEY_SHA256))
-            for request in self._proxy.requests.snapshot()[before:]
-        ]
-        return answer
+def _described(request: ProxiedRequest) -> tuple[str, str, str | None]:
+    """(method, kind, the key's SHA-256 header or None)."""
+    return request.method, _kind(request.target), request.header(KEY_SHA256)
 
 
 def _kind(target: str) -> str:
@@ -125,7 +115,7 @@ def test_a_tenants_reads_and_writes_carry_its_key_and_cost_no_request_more(
         root = _root(loose_azurite, _through(proxy), loose_azurite.new_container(), engine)
         session = root.for_session("acme", "s1")
         session.warm_up()
-        sent = _Sent(proxy)
+        sent = LabelledRequests(proxy, _described)
         reference = sent("write", lambda: session.write(key="k.txt", content="x" * size))
         for n in range(results - 1):
             session.write(key=f"{n}.txt", content="y")
@@ -156,7 +146,7 @@ def test_each_tenant_its_own_key_the_roots_operator_requests_too_and_nothing_els
         root = _root(loose_azurite, _through(proxy), container, engine)
         acme, globex = root.for_session("acme", "s1"), root.for_session("globex", "s1")
         plain = _root(loose_azurite, _through(proxy), container, engine, keys=None).for_session("acme", "s1")
-        sent = _Sent(proxy)
+        sent = LabelledRequests(proxy, _described)
         reference = sent("acme write", lambda: acme.write(key="call-1", content="acme's result"))
         sent("acme info", lambda: acme.info(reference))
         sent("acme document", lambda: acme.documents("approvals").create("request.json", b"{}"))

@@ -20,6 +20,8 @@ from haystack_integrations.offload.stores import AssumeRoleCredentials, TenantKe
 from haystack_integrations.offload.stores.encryption import HKDF_SALT, hkdf_sha256
 from haystack_integrations.offload.stores.gcs_keys import GCS_HKDF_SALT, KEY_HEADERS, check_key_transport
 from haystack_integrations.offload.testing.faults import FaultProxy
+from haystack_integrations.offload.testing.relay import ProxiedRequest
+from support.labelled_requests import LabelledRequests
 from support.local_http import QuietHandler, serving
 
 MASTER = "g" * 24 + uuid.uuid4().hex  # 56 characters
@@ -37,21 +39,9 @@ def _root(server: Any, endpoint: str, bucket: str, keys: TenantKeys | None = KEY
     return FsspecToolResultStore(f"gs://{bucket}/{uuid.uuid4().hex[:8]}", storage_options=options, encryption=keys)
 
 
-class _Sent:
-    """The requests each labelled call sent through the proxy: (method, kind, key's SHA-256 header or None)."""
-
-    def __init__(self, proxy: FaultProxy) -> None:
-        self._proxy = proxy
-        self.calls: dict[str, list[tuple[str, str, str | None]]] = {}
-
-    def __call__(self, label: str, call: Callable[[], Any]) -> Any:
-        before = len(self._proxy.requests.snapshot())
-        answer = call()
-        self.calls[label] = [
-            (request.method, _kind(request.target), request.header(KEY_SHA256))
-            for request in self._proxy.requests.snapshot()[before:]
-        ]
-        return answer
+def _described(request: ProxiedRequest) -> tuple[str, str, str | None]:
+    """(method, kind, the key's SHA-256 header or None)."""
+    return request.method, _kind(request.target), request.header(KEY_SHA256)
 
 
 def _kind(target: str) -> str:
@@ -70,7 +60,7 @@ def test_a_tenants_reads_and_writes_carry_its_key_and_cost_no_request_more(
     with FaultProxy(fake_gcs_server.endpoint) as proxy:  # no faults: it records
         session = _root(fake_gcs_server, proxy.endpoint_url, fake_gcs_server.new_bucket()).for_session("acme", "s1")
         session.warm_up()
-        sent = _Sent(proxy)
+        sent = LabelledRequests(proxy, _described)
         reference = sent("write", lambda: session.write(key="k.txt", content="x" * size))
         for n in range(results - 1):
             session.write(key=f"{n}.txt", content="y")
@@ -93,7 +83,7 @@ def test_each_tenant_its_own_key_the_roots_operator_requests_too_and_nothing_els
         root = _root(fake_gcs_server, proxy.endpoint_url, bucket)
         acme, globex = root.for_session("acme", "s1"), root.for_session("globex", "s1")
         plain = _root(fake_gcs_server, proxy.endpoint_url, bucket, keys=None).for_session("acme", "s1")
-        sent = _Sent(proxy)
+        sent = LabelledRequests(proxy, _described)
         reference = sent("acme write", lambda: acme.write(key="call-1", content="acme's result"))
         sent("acme info", lambda: acme.info(reference))
         sent("acme document", lambda: acme.documents("approvals").create("request.json", b"{}"))
@@ -109,15 +99,19 @@ def test_each_tenant_its_own_key_the_roots_operator_requests_too_and_nothing_els
     owner |= {"root list": None, "plain": None}
     # Each request that reads or writes the object carries its tenant's key; deletes and listings none (GCS keeps
     # names and metadata under its own keys). The document's create probes exclusive creates first (and deletes).
-    # gcsfs's info lists beside its metadata GET, cancelling the listing when the GET answers: it is sent or not.
+    # gcsfs's info lists beside its metadata GET, cancelling the listing when the GET answers: it is sent or not, and
+    # may reach the proxy after the info returned, among the next call's requests: only the root's list is asked for
+    # a listing, so a keyless one elsewhere is that one (a keyed one would still show, and fail).
+    stray = ("GET", "listing", True)
     shape = {
         label: {
             (method, kind, key == (owner[label] if method != "DELETE" and kind != "listing" else None))
             for method, kind, key in sent.calls[label]
         }
+        - ({stray} if label != "root list" else set())
         for label in owner
     }
-    assert shape.pop("acme info") - {("GET", "listing", True)} == {("GET", "object", True)}
+    assert shape.pop("acme info") == {("GET", "object", True)}
     assert shape == {
         "acme write": {("POST", "upload", True)},
         "acme document": {("POST", "upload", True), ("GET", "download", True), ("DELETE", "object", True)},

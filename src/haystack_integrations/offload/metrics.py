@@ -48,7 +48,10 @@ class _Tally:
         _meter.create_observable_counter(name, callbacks=[self._observe], unit=unit, description=description)
 
     def add(self, amount: float, attributes: dict[str, str]) -> None:
-        key = tuple(attributes.items())  # each caller builds its attributes in one order
+        self.add_keyed(amount, tuple(attributes.items()))  # each caller builds its attributes in one order
+
+    def add_keyed(self, amount: float, key: tuple[tuple[str, str], ...]) -> None:
+        """`add`, given its attributes as the key `add` makes of them (a caller that keeps it saves a tuple)."""
         with self._lock:
             self._counts[key] = self._counts.get(key, 0) + amount
 
@@ -141,11 +144,23 @@ class storage_request:
         record = self.record
         if error is not None and record.outcome in ("ok", "retried"):
             record.outcome = "refused"
-        attributes = {"offload.operation": self.operation, "offload.outcome": record.outcome}
-        _requests.add(1, attributes)
+        attributes, key = _request_attributes(self.operation, record.outcome)
+        _requests.add_keyed(1, key)
         if self.timed:
             _request_duration.record(time.perf_counter() - self.started, attributes)
         return False
+
+
+# Every request counts under one of a few (operation, outcome) pairs: their attributes are built once each.
+_REQUEST_ATTRIBUTES: dict[tuple[str, str], tuple[dict[str, str], tuple[tuple[str, str], ...]]] = {}
+
+
+def _request_attributes(operation: str, outcome: str) -> tuple[dict[str, str], tuple[tuple[str, str], ...]]:
+    made = _REQUEST_ATTRIBUTES.get((operation, outcome))
+    if made is None:
+        attributes = {"offload.operation": operation, "offload.outcome": outcome}
+        made = _REQUEST_ATTRIBUTES[operation, outcome] = (attributes, tuple(attributes.items()))
+    return made
 
 
 class RequestRecord:

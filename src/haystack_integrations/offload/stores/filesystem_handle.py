@@ -403,7 +403,12 @@ class FilesystemHandle:
         if self._to_close:
             await self._close_retired_async()
         try:
-            io = await self._lease_async()
+            io = self._io
+            # Only a tenant's client is ever let go (evicted, or replaced by renewed credentials): a request on the
+            # root's client, once made, has no use to count.
+            leased = io is None or self._root is not None
+            if io is None or leased:
+                io = await self._lease_async()
             try:
                 if self._retry is None or not io.remote:
                     # Memory and local disk do not fail transiently: a retry would only repeat a real failure, later.
@@ -411,7 +416,7 @@ class FilesystemHandle:
                         return await call(io)
                 return await retried(io, self._retry, self.retry_stats, operation, path, call, location=self.location())
             finally:
-                if self._release(io):
+                if leased and self._release(io):
                     await self._close_retired_async()  # this request was the last on a client let go
         except StorageRequestError as error:
             # GCS names a refused key in its answer (its engine raises the refusal itself, gcs_keys.py); S3 does not.

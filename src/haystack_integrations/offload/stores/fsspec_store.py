@@ -414,7 +414,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises QuotaExceededError: If the write would pass the store's quota; nothing was sent.
         """
         path, reference, data = prepare_write(self, key, content, tool_name)
-        reservation = await ScopeUsage(self).admit_async(size_of(data))
+        reservation = await ScopeUsage(self).admit_async(size_of(data)) if self.quota is not None else None
         await self._put_async(path, data, reservation)
         return reference
 
@@ -444,7 +444,7 @@ class FsspecToolResultStore(ToolResultStore):
         :raises RuntimeError: If called outside a running event loop.
         """
         path, reference, data = prepare_write(self, key, content, tool_name)
-        reservation = await ScopeUsage(self).admit_async(size_of(data))
+        reservation = await ScopeUsage(self).admit_async(size_of(data)) if self.quota is not None else None
         task = asyncio.get_running_loop().create_task(self._put_async(path, data, reservation))
         self._handle.in_flight.track(path, task)
         return PendingWrite(reference, task)

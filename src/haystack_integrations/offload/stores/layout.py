@@ -12,7 +12,7 @@ dot-directory) is not the library's: listings skip it and operators' commands ke
 from typing import NamedTuple
 
 from haystack_integrations.offload.errors import InvalidReferenceError, InvalidScopeIdError
-from haystack_integrations.offload.stores.names import parse_object_name
+from haystack_integrations.offload.stores.names import is_object_name
 from haystack_integrations.offload.stores.scope import validate_scope_id
 
 # The fields of a scope, outermost first: a root store's scope is (), a tenant's (tenant,), a session's both.
@@ -128,7 +128,7 @@ def parse_reference(reference: object, *, scope_depth: int) -> tuple[str, ...]:
             raise InvalidReferenceError(
                 f"The reference {_shown(reference)} is outside this store's scope: {error}"
             ) from error
-    if parse_object_name(name) is None:
+    if not is_object_name(name):
         raise InvalidReferenceError(
             f"The reference {_shown(reference)} does not name a stored result (expected a name such as "
             "'20261129T213400123456Z-5f3a9c1e.t.tool.key.txt', exactly as returned when the result was stored)."

@@ -8,6 +8,7 @@ A local write's temporary file (``.tmp-<time>-<hex>``) carries its writer's time
 """
 
 import hashlib
+import os
 import re
 import secrets
 import time
@@ -102,10 +103,25 @@ def new_object_name(*, key: str, kind: ContentKind, tool_name: str | None, now: 
     :returns: The object name, also the reference returned to the caller.
     """
     stamp = _countdown(now)
-    return f"{stamp}-{secrets.token_hex(4)}.{_KIND_CODES[kind]}.{safe_tool_name(tool_name)}.{safe_key(key)}"
+    return f"{stamp}-{os.urandom(4).hex()}.{_KIND_CODES[kind]}.{safe_tool_name(tool_name)}.{safe_key(key)}"
 
 
-@lru_cache(maxsize=4096)  # a read parses its reference's name twice: validating it, then for its kind and age
+def is_object_name(name: str) -> bool:
+    """
+    Whether `name` is a result written by this library: `parse_object_name` would not return None, found without
+    building its metadata (every read checks its reference's name; most need nothing more).
+
+    :param name: A single path segment.
+    :returns: True if it parses.
+    """
+    match = _NAME.fullmatch(name)
+    if match is None:
+        return False
+    # Any 17 digits count down to a time between 1970 and 5138: only an old-style stamp can name no date.
+    return match.group("countdown") is not None or _parse_stamp(match.group("stamp")) is not None
+
+
+@lru_cache(maxsize=4096)  # a page's reference is often paged again: its kind and age are parsed once
 def parse_object_name(name: str) -> ParsedName | None:
     """
     Read the metadata out of an object name.

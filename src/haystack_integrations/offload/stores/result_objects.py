@@ -73,8 +73,10 @@ async def readable_path_async(store: FsspecToolResultStore, reference: object) -
     storage's clock (one HEAD) one whose name says expired, whose writer's clock may be wrong.
     """
     path, segments = store._path_of(reference)
+    if store.retention is None:
+        return path, segments
     parsed = parse_object_name(segments[-1])
-    if store.retention is None or parsed is None:
+    if parsed is None:
         return path, segments
     tenant = store._tenant_of(segments)
     now = datetime.now(UTC)
