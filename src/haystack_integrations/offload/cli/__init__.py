@@ -169,9 +169,11 @@ def _add_operator_commands(commands: Any) -> None:
         description="Check, below one fresh prefix of the store (removed after), that a second exclusive create is "
         "refused, ranged reads carry the size, delimited listings page completely, batch deletes take missing keys, a "
         "large write reads back as the store's client sends it (S3 multipart, Azure staged blocks, GCS resumable "
-        "upload) and its conditional form is refused, and, given credentials or keys per tenant (S3), that the store "
-        "refuses one tenant's objects to another's credentials and an SSE-C object to a read without its key. A check "
-        "that has no meaning on a store is skipped with what the store lacks. Exit status: 0 every check "
+        "upload) and its conditional form is refused, and, given credentials or keys per tenant, that the store "
+        "refuses one tenant's objects to another's credentials (S3: --tenant-role-arn; GCS: --downscoped-credentials) "
+        "and an object written with a tenant's key to a read without it or with another tenant's (S3's SSE-C, GCS's "
+        "and Azure's customer keys: --sse-c-master-key-env). A check that has no meaning on a store, or per-tenant "
+        "isolation not configured, is skipped with what the store lacks. Exit status: 0 every check "
         "passed, warned or was skipped; 1 a check failed (a store that does not refuse a second exclusive create, "
         "which approvals and serve refuse, a missing bucket or refused credentials: each check names why); 2 the "
         "doctor could not run (a bad argument, no store URL, a local directory that does not exist); 3 no check "
@@ -181,8 +183,17 @@ def _add_operator_commands(commands: Any) -> None:
     isolation = doctor.add_argument_group(
         "tenant isolation", "the tenant-isolation check's credentials per tenant (keys: --sse-c-master-key-env)"
     )
-    isolation.add_argument("--tenant-role-arn", help="the role assumed per tenant (AssumeRoleCredentials)")
-    isolation.add_argument("--sts-endpoint-url", help="its STS endpoint (default: the S3 endpoint, else AWS's)")
+    isolation.add_argument("--tenant-role-arn", help="s3://: the role assumed per tenant (AssumeRoleCredentials)")
+    isolation.add_argument(
+        "--downscoped-credentials",
+        action="store_true",
+        help="gs://: a token per tenant, the store's credentials downscoped to the tenant's prefix at Google's STS "
+        "(DownscopedCredentials)",
+    )
+    isolation.add_argument(
+        "--sts-endpoint-url",
+        help="the STS endpoint of either (default: the S3 endpoint, else AWS's; for gs://, Google's)",
+    )
     doctor.set_defaults(handler=doctor_command)
 
 

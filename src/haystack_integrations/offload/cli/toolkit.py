@@ -210,6 +210,12 @@ def _tenant_isolation(arguments: argparse.Namespace) -> dict[str, Any]:
         isolation["credentials"] = AssumeRoleCredentials(
             arguments.tenant_role_arn, sts_endpoint_url=arguments.sts_endpoint_url
         )
+    if getattr(arguments, "downscoped_credentials", False):
+        if "credentials" in isolation:
+            raise CommandError("Give --tenant-role-arn (s3://) or --downscoped-credentials (gs://), not both.")
+        from haystack_integrations.offload.stores import DownscopedCredentials
+
+        isolation["credentials"] = DownscopedCredentials(sts_endpoint_url=arguments.sts_endpoint_url)
     variable = getattr(arguments, "sse_c_master_key_env", None)
     if variable:
         from haystack.utils import Secret
@@ -407,8 +413,9 @@ def add_store_arguments(parser: argparse.ArgumentParser, *, url_flag: bool = Fal
     parser.add_argument(
         "--sse-c-master-key-env",
         metavar="VARIABLE",
-        help="the environment variable holding the SSE-C master secret of a store with keys per tenant (the server's "
-        "OFFLOAD_SERVER_S3_SSE_C_MASTER_KEY): each tenant's objects are read with its key",
+        help="the environment variable holding the master secret of a store with keys per tenant (the server's "
+        "OFFLOAD_SERVER_S3_SSE_C_MASTER_KEY): each tenant's objects are read with its key (S3's SSE-C; on gs:// and "
+        "az://, the customer-supplied or customer-provided key derived from the same secret)",
     )
 
 

@@ -1,7 +1,8 @@
 """
 The doctor's checks as Azure Blob Storage (adlfs) and Google Cloud Storage (gcsfs) answer them: delimited and paged
 listings, the large write each client makes (Azure's staged blocks, GCS's resumable upload) and its conditional form,
-and, for every store, why a check that has no meaning there was not run.
+the tenant-isolation check's verdicts in each cloud's words, and, for every store, why a check that has no meaning
+there was not run.
 
 Each check speaks the store's own protocol through the client the store's engine holds, as the S3 checks in
 `conformance` do, so what it finds is the store's answer and not a client's emulation of it.
@@ -28,8 +29,11 @@ __all__ = [
     "azure_committed_blocks",
     "azure_conditional_commit",
     "cloud_of",
+    "cloud_of_url",
     "cloud_pages",
+    "credentials_ignored",
     "gcs_conditional_resumable",
+    "keys_ignored",
     "large_write_threshold",
     "not_applicable",
     "pages_verdict",
@@ -287,9 +291,71 @@ async def _conditional_resumable(fs: Any, bucket: str, key: str) -> tuple[Verdic
     )
 
 
+def cloud_of_url(url: str) -> Cloud | None:
+    """
+    Which cloud store a URL names, whichever engine serves it.
+
+    :param url: The store's URL.
+    :returns: ``"azure"`` (``az://``, ``abfs://``, ``abfss://``), ``"gcs"`` (``gs://``, ``gcs://``), or None.
+    """
+    protocol = (split_protocol(url)[0] or "").lower()
+    if protocol in AZURE_PROTOCOLS:
+        return "azure"
+    return "gcs" if protocol in GCS_PROTOCOLS else None
+
+
+_KEY_NAMES = {"azure": "customer-provided key", "gcs": "customer-supplied key"}
+_AZURITE_ACCOUNT = "devstoreaccount1"
+"""The development account Azurite (and the Azure Storage Emulator before it) serves, named in its endpoint."""
+
+
+def keys_ignored(cloud: Cloud, location: str, returned: list[str]) -> str:
+    """
+    The sentence for a store that returned a blob or object written with a tenant's key to a read without that key.
+
+    :param cloud: The store's cloud.
+    :param location: The store as `stores.async_fsspec_io.cloud_location` names it (container or bucket and endpoint).
+    :param returned: How it was read and still returned (``"without a key"``, ``"with another tenant's key"``).
+    :returns: One sentence naming who ignores the keys: Azurite when its development account is the endpoint's, else
+        the account or endpoint.
+    """
+    what = "a blob" if cloud == "azure" else "an object"
+    who = "this endpoint"
+    if cloud == "azure":
+        who = "Azurite" if _AZURITE_ACCOUNT in location else "this account"
+    key = _KEY_NAMES[cloud]
+    return (
+        f"{what} written with a tenant's {key} was returned {' and '.join(returned)} ({location}): {who} ignores {key}s"
+    )
+
+
+def credentials_ignored(cloud: Cloud | None, location: str, allowed: list[str]) -> str:
+    """
+    The sentence for a store that let one tenant's credentials reach another tenant's objects.
+
+    :param cloud: The store's cloud, or None for S3.
+    :param location: Where the store is (a cloud store's `cloud_location`; the store URL on S3).
+    :param allowed: The attempts the store allowed (``read``, ``overwrite``, ``list``, ``delete``).
+    :returns: One sentence.
+    """
+    reached = ", ".join(allowed)
+    if cloud == "gcs":
+        return (
+            f"a tenant's downscoped token reached another tenant's objects ({reached}) at {location}: this endpoint "
+            "does not enforce Credential Access Boundaries"
+        )
+    if cloud == "azure":
+        return f"a tenant's credentials reached another tenant's blobs ({reached}) at {location}"
+    return (
+        f"a tenant's credentials reached another tenant's objects ({reached}): the role's session policy is not "
+        "enforced"
+    )
+
+
 def not_applicable(check: str, url: str, cloud: Cloud | None) -> str:
     """
-    Why a check has no meaning on a store that is not on S3, worded for the store.
+    Why a check has no meaning on a store, or (``tenant-isolation`` on Azure and GCS) was not configured, worded for
+    the store.
 
     :param check: ``list-delimiter``, ``multipart-write``, ``conditional-multipart`` or ``tenant-isolation``.
     :param url: The store's URL.
@@ -298,17 +364,17 @@ def not_applicable(check: str, url: str, cloud: Cloud | None) -> str:
     """
     if cloud == "gcs" and check == "tenant-isolation":
         return (
-            f"{_NAMES[cloud]}: customer-supplied keys per tenant (encryption=, on each object read and write) and "
-            "downscoped credentials per tenant prefix (credentials=DownscopedCredentials, a token on every request of "
-            "a tenant's store) are sent, but this check does not test their enforcement (fake-gcs-server checks "
-            "neither); without them, tenants are kept apart by prefixes and reference checks alone"
+            f"{_NAMES[cloud]}: no keys or credentials per tenant configured (customer-supplied keys: encryption="
+            "TenantKeys, doctor's --sse-c-master-key-env; downscoped credentials per tenant prefix: credentials="
+            "DownscopedCredentials, doctor's --downscoped-credentials): this run cannot tell whether the store itself "
+            "keeps tenants apart; without them, tenants are kept apart by prefixes and reference checks alone"
         )
     if cloud is not None and check == "tenant-isolation":
         return (
-            f"{_NAMES[cloud]}: customer-provided keys per tenant (encryption=) are sent on each blob read and write, "
-            "but this check does not test their enforcement (Azurite ignores them), and per-tenant SAS tokens are not "
-            "built (they need a container per tenant or a hierarchical namespace); without keys, tenants are kept "
-            "apart by prefixes and reference checks alone"
+            f"{_NAMES[cloud]}: no keys per tenant configured (customer-provided keys: encryption=TenantKeys, doctor's "
+            "--sse-c-master-key-env): this run cannot tell whether the store itself keeps tenants apart; "
+            "per-tenant SAS tokens are not built (they need a container per tenant or a hierarchical namespace); "
+            "without keys, tenants are kept apart by prefixes and reference checks alone"
         )
     protocol = split_protocol(url)[0] or "file"
     store = "memory://" if protocol == "memory" else "local disk" if protocol in {"file", "local"} else f"{protocol}://"

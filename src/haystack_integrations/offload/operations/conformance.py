@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+from fsspec.core import split_protocol
+
 from haystack_integrations.offload.errors import StorageUnavailableError
 from haystack_integrations.offload.operations.cloud_conformance import (
     Cloud,
@@ -22,13 +24,17 @@ from haystack_integrations.offload.operations.cloud_conformance import (
     azure_committed_blocks,
     azure_conditional_commit,
     cloud_of,
+    cloud_of_url,
     cloud_pages,
+    credentials_ignored,
     gcs_conditional_resumable,
+    keys_ignored,
     large_write_threshold,
     not_applicable,
     pages_verdict,
 )
 from haystack_integrations.offload.stores import FsspecToolResultStore
+from haystack_integrations.offload.stores.async_fsspec_io import cloud_location
 from haystack_integrations.offload.stores.chunks import ContentChunks
 from haystack_integrations.offload.stores.failures import StorageRequestError, no_answer_cause, transient_cause
 from haystack_integrations.offload.stores.io import MULTIPART_PART_BYTES, MULTIPART_THRESHOLD, Engine, Requests
@@ -553,19 +559,27 @@ ISOLATION_TENANTS = ("doctor-tenant-a", "doctor-tenant-b")
 async def _tenant_isolation(
     root: FsspecToolResultStore, probe: FsspecToolResultStore, client: _StoreClient
 ) -> tuple[Verdict, str]:
-    if client.kind is None:  # credentials= and encryption= are refused off S3: say what this store lacks
+    if client.kind is None and cloud_of_url(root.url) is None:  # local disk, memory: no keys or credentials to give
         return "skipped", client.not_applicable("tenant-isolation")
     return await tenant_isolation(root, probe)
 
 
 async def tenant_isolation(root: FsspecToolResultStore, probe: FsspecToolResultStore) -> tuple[Verdict, str]:
     """
-    With credentials per tenant: one tenant's client is refused another tenant's objects (read, overwrite, list,
-    delete) by the store itself, the scope check bypassed. With keys per tenant: an object written with a tenant's
-    key is refused to a read without it. Each is checked on its own, so one cannot pass for the other. Skipped
-    without either.
+    With credentials per tenant (S3's `AssumeRoleCredentials`, GCS's `DownscopedCredentials`): one tenant's client is
+    refused another tenant's objects (read, overwrite, list, delete) by the store itself, the scope check bypassed.
+    With keys per tenant (`TenantKeys`: S3's SSE-C, GCS's customer-supplied, Azure's customer-provided keys): an object
+    written with a tenant's key is refused to a read without a key and to one with another tenant's key. Each is
+    checked on its own, so one cannot pass for the other. Skipped without either, saying how to configure them.
+
+    :param root: The root store, with its `credentials` and `encryption`.
+    :param probe: The doctor's store below the run's prefix, where the check writes.
+    :returns: The verdict and one sentence.
     """
+    cloud = cloud_of_url(root.url)
     if root.credentials is None and root.encryption is None:
+        if cloud is not None:
+            return "skipped", not_applicable("tenant-isolation", root.url, cloud)
         return "skipped", (
             "no credentials or keys per tenant configured (credentials=, encryption=; doctor's --tenant-role-arn, "
             "--sse-c-master-key-env): this run cannot tell whether the store itself keeps tenants apart"
@@ -581,14 +595,23 @@ async def tenant_isolation(root: FsspecToolResultStore, probe: FsspecToolResultS
             retry=None,  # a refusal is the answer looked for: nothing to retry
             **isolation,
         )
-        verdict, detail = await (_credentials_isolate(store) if "credentials" in isolation else _keys_isolate(store))
+        check = _credentials_isolate if "credentials" in isolation else _keys_isolate
+        verdict, detail = await check(store, cloud)
         if verdict != "pass":
             return verdict, detail
         found.append(detail)
     return "pass", "; ".join(found)
 
 
-async def _credentials_isolate(store: FsspecToolResultStore) -> tuple[Verdict, str]:
+def _location(store: FsspecToolResultStore, cloud: Cloud | None) -> str:
+    """Where a cloud store is, as an operator names it (container or bucket, and endpoint); the URL elsewhere."""
+    if cloud is None:
+        return redacted_url(store.url)
+    protocol = split_protocol(store.url)[0] or ""
+    return cloud_location(protocol, store._handle.root_path(), store.storage_options)
+
+
+async def _credentials_isolate(store: FsspecToolResultStore, cloud: Cloud | None) -> tuple[Verdict, str]:
     base = store._handle.root_path()
     mine, theirs = (store._handle.for_tenant(tenant) for tenant in ISOLATION_TENANTS)
     other = f"{base}/{ISOLATION_TENANTS[1]}/session/object"
@@ -604,26 +627,37 @@ async def _credentials_isolate(store: FsspecToolResultStore) -> tuple[Verdict, s
     finally:
         await _remove(store, [other])
     if allowed:
-        return "fail", (
-            f"a tenant's credentials reached another tenant's objects ({', '.join(allowed)}): the role's session "
-            "policy is not enforced"
-        )
-    return "pass", "a tenant's credentials are refused another tenant's objects (read, overwrite, list, delete)"
+        return "fail", credentials_ignored(cloud, _location(store, cloud), allowed)
+    whose = "downscoped token is" if cloud == "gcs" else "credentials are"
+    return "pass", f"a tenant's {whose} refused another tenant's objects (read, overwrite, list, delete)"
 
 
-async def _keys_isolate(store: FsspecToolResultStore) -> tuple[Verdict, str]:
+async def _keys_isolate(store: FsspecToolResultStore, cloud: Cloud | None) -> tuple[Verdict, str]:
     base = store._handle.root_path()
     own = f"{base}/{ISOLATION_TENANTS[0]}/session/object"
     plain = FsspecToolResultStore(store.url, storage_options=store.storage_options, engine=store.engine, retry=None)
+    other_key = store._handle.for_tenant(ISOLATION_TENANTS[1])
+    # S3 and Ceph RGW answer a read without an SSE-C object's key, or with another, a bare 400; GCS and Azure name the
+    # refusal (400 with a CSEK reason, 409 with a CPK error code), which their engines raise as permission errors, so
+    # another 400 there is not counted as one.
+    bare_400 = cloud is None
     try:
         await store._handle.for_tenant(ISOLATION_TENANTS[0]).request("put", own, lambda io: io.put_async(own, b"m"))
-        read = plain._handle.request("get", own, lambda io: io.get_async(own))
-        refused = await _refused(read, without_key=True)
+        reads = {"without a key": plain._handle.request, "with another tenant's key": other_key.request}
+        returned = [
+            how
+            for how, request in reads.items()
+            if not await _refused(request("get", own, lambda io: io.get_async(own)), bare_400=bare_400)
+        ]
     finally:
         await _remove(store, [own])
-    if not refused:
-        return "fail", "an object written with a tenant's SSE-C key was returned without it: SSE-C is ignored"
-    return "pass", "an object written with a tenant's key is refused without it"
+    if returned and cloud is not None:
+        return "fail", keys_ignored(cloud, _location(store, cloud), returned)
+    if returned:
+        return "fail", (
+            f"an object written with a tenant's SSE-C key was returned {' and '.join(returned)}: SSE-C is ignored"
+        )
+    return "pass", "an object written with a tenant's key is refused without it, and with another tenant's key"
 
 
 async def _remove(store: FsspecToolResultStore, paths: list[str]) -> None:
@@ -631,14 +665,18 @@ async def _remove(store: FsspecToolResultStore, paths: list[str]) -> None:
         await store._handle.request("delete", store._handle.root_path(), lambda io: io.delete_async(paths))
 
 
-async def _refused(attempt: Awaitable[object], *, without_key: bool = False) -> bool:
-    """Whether the store refused: 403 (or, to a request without an SSE-C object's key, S3's 400); else it raises."""
+async def _refused(attempt: Awaitable[object], *, bare_400: bool = False) -> bool:
+    """
+    Whether the store refused: a permission error (403; a key refused, which the engines raise for GCS's 400 with a
+    CSEK reason and Azure's 409 with a CPK error code), or a bare 400 where `bare_400` (S3's answer to a read of an
+    SSE-C object without its key). Any other failure is raised; False if the store answered.
+    """
     try:
         await attempt
     except PermissionError:
         return True
     except StorageRequestError as error:
-        if without_key and error.status == 400:
+        if bare_400 and error.status == 400:
             return True
         raise
     return False
