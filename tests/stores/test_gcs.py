@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import aiohttp
 import pytest
 
 from haystack_integrations.offload import (
@@ -20,8 +21,10 @@ from haystack_integrations.offload import (
     RetryPolicy,
     StorageError,
     StoragePermissionError,
+    StorageUnavailableError,
 )
 from haystack_integrations.offload.testing.faults import FaultProxy
+from support.silent_endpoint import SilentEndpoint
 from support.stopped_server import write_after_the_server_stopped
 
 
@@ -152,3 +155,16 @@ def test_a_stopped_endpoint_fails_after_our_attempts_alone(attempts: int) -> Non
     assert (stats["retries"], stats["gave_up"]) == (attempts - 1, 1)
     assert stats["causes"] == {"connection failed": attempts}
     assert error.location.startswith("gs://") and endpoint in error.location
+
+
+def test_a_read_timeout_is_counted_as_a_timeout_not_a_failed_connection() -> None:
+    # gcsfs's per-read timeout is aiohttp's (`requests_timeout`), whose error is a connection error too.
+    timeouts = aiohttp.ClientTimeout(sock_connect=5, sock_read=0.2)
+    policy = RetryPolicy(attempts=2, base_delay=0, max_delay=0, deadline=None, attempt_timeout=10)
+    with SilentEndpoint() as silent:
+        options = {"endpoint_url": silent.url, "token": "anon", "project": "test", "requests_timeout": timeouts}
+        root = FsspecToolResultStore("gs://results/prod", storage_options=options, retry=policy)
+        with pytest.raises(StorageUnavailableError, match="last failure: timeout"):
+            root.for_session("acme", "chat-1").write(key="k.txt", content="x")
+        assert silent.wait_for_connections(2) >= 2, "each attempt connected, and got no answer"
+    assert root.retry_stats.as_dict()["causes"] == {"timeout": 2}

@@ -190,6 +190,8 @@ class AsyncFilesystemIO(Engine):
         if aiohttp is not None:
             if isinstance(link, aiohttp.ClientPayloadError):
                 return StorageRequestError("answer cut short", transient=True)
+            if isinstance(link, aiohttp.ServerTimeoutError):  # a connection error too: say which (gcsfs's timeouts)
+                return StorageRequestError("timeout", transient=True)
             if isinstance(link, aiohttp.ClientConnectionError):
                 return StorageRequestError("connection failed", transient=True)
         return network_failure(link)
