@@ -182,6 +182,7 @@ SUBPACKAGE_NAMES = {
     "stores": [
         "AssumeRoleCredentials",
         "DEFAULT_S3_MAX_POOL_CONNECTIONS",
+        "DirectorySasCredentials",
         "DownscopedCredentials",
         "ExclusiveCreateCheck",
         "FsspecToolResultStore",

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 from lazy_imports import LazyImporter
 
 _import_structure = {
+    "azure_sas": ["DirectorySasCredentials"],
     "credentials": ["AssumeRoleCredentials"],
     "documents": ["SessionDocuments"],
     "encryption": ["MIN_MASTER_SECRET_CHARACTERS", "TenantKeys"],
@@ -27,6 +28,7 @@ _import_structure = {
 }
 
 if TYPE_CHECKING:
+    from .azure_sas import DirectorySasCredentials as DirectorySasCredentials
     from .credentials import AssumeRoleCredentials as AssumeRoleCredentials
     from .documents import SessionDocuments as SessionDocuments
     from .encryption import MIN_MASTER_SECRET_CHARACTERS as MIN_MASTER_SECRET_CHARACTERS

@@ -26,7 +26,6 @@ from haystack_integrations.offload.stores.async_fsspec_io import (
 )
 from haystack_integrations.offload.stores.azure_keys import tenant_cpk_key
 from haystack_integrations.offload.stores.azure_keys import with_customer_key as with_azure_key
-from haystack_integrations.offload.stores.credentials import TemporaryCredentials
 from haystack_integrations.offload.stores.engines import (
     close_engine_async,
     engine_for,
@@ -58,7 +57,7 @@ from haystack_integrations.offload.stores.tenant_access import (
 )
 
 if TYPE_CHECKING:
-    from haystack_integrations.offload.stores.gcs_tokens import DownscopedToken
+    from haystack_integrations.offload.stores.tenant_access import TenantSigning
 
 # botocore's default pool of 10 connections would cap a busy server at 10 S3 requests in flight.
 DEFAULT_S3_MAX_POOL_CONNECTIONS = 128
@@ -166,7 +165,9 @@ class FilesystemHandle:
                     azure_key = tenant_cpk_key(keys, self._tenant)
                 if self._engine == "obstore" and self._protocol in AZURE_PROTOCOLS:
                     fallback = self._adlfs_fallback(options)
-                    io = _obstore_azure_io(options, self._retry, fallback=fallback, key=azure_key)
+                    io = _obstore_azure_io(
+                        options, self._retry, fallback=fallback, key=azure_key, sas_only=self._signer is not None
+                    )
                     fs = io.fs
                 elif self._engine == "obstore":
                     io = _obstore_io(options, self._retry, fallback=self._s3fs_fallback(options))
@@ -296,7 +297,7 @@ class FilesystemHandle:
             except Exception:  # closing must never fail a request: the pool then goes with the garbage collector
                 _logger.warning("Could not close a tenant's storage client.", exc_info=True)
 
-    def _signing_credentials(self) -> TemporaryCredentials | DownscopedToken | None:
+    def _signing_credentials(self) -> TenantSigning | None:
         # Called under the lock, so a sync first use waits for STS in the caller's thread.
         if self._signer is None:
             return None
@@ -456,7 +457,8 @@ class FilesystemHandle:
             return f"{where}, signed as tenant {self._tenant!r}" if self._signer is not None else where
         if self._protocol in CLOUD_PROTOCOLS:
             where = cloud_location(self._protocol, self._root_path, self._storage_options)
-            return f"{where}, with tenant {self._tenant!r}'s downscoped token" if self._signer is not None else where
+            token = "SAS" if self._protocol in AZURE_PROTOCOLS else "downscoped token"
+            return f"{where}, with tenant {self._tenant!r}'s {token}" if self._signer is not None else where
         return f"{self._protocol}://{self._root_path}"
 
     def quota_tracker(self) -> QuotaTracker:
@@ -536,11 +538,23 @@ def _obstore_io(options: dict[str, Any], retry: RetryPolicy | None, *, fallback:
 
 
 def _obstore_azure_io(
-    options: dict[str, Any], retry: RetryPolicy | None, *, fallback: Callable[[], Engine] | None, key: bytes | None
+    options: dict[str, Any],
+    retry: RetryPolicy | None,
+    *,
+    fallback: Callable[[], Engine] | None,
+    key: bytes | None,
+    sas_only: bool = False,
 ) -> Engine:
-    from haystack_integrations.offload.stores.obstore_azure import AzureObstoreIO, azure_settings, with_cpk_key
+    from haystack_integrations.offload.stores.obstore_azure import (
+        AzureObstoreIO,
+        azure_settings,
+        with_cpk_key,
+        with_sas_only,
+    )
 
     settings = azure_settings(
         options, retrying=retry is not None, attempt_timeout=retry.attempt_timeout if retry is not None else None
     )
+    if sas_only:  # a tenant's SAS: no account key or service principal from the environment beside it
+        settings = with_sas_only(settings)
     return AzureObstoreIO(with_cpk_key(settings, key) if key is not None else settings, fallback=fallback)

@@ -181,7 +181,8 @@ class FsspecToolResultStore(ToolResultStore):
             ``s3://``). ``"obstore"``, for ``s3://`` only: the same requests through Rust's object_store, far less CPU
             per request; it takes the same `storage_options` (refusing those it cannot honour), profiles through
             botocore, and the environment; each attempt of the `retry` policy is bounded by its request timeout.
-        :param credentials: Credentials per tenant, on S3 (`AssumeRoleCredentials`) or GCS (`DownscopedCredentials`):
+        :param credentials: Credentials per tenant: S3's `AssumeRoleCredentials`, GCS's `DownscopedCredentials`, Azure's
+            `DirectorySasCredentials`:
             every store derived for a tenant (`for_tenant`, `for_session`), its documents included, signs with
             credentials that reach only ``<root>/<tenant>/``, so the object store refuses what the scope checks would.
             This root store keeps the storage options' (or the environment's) credentials, which they derive from.

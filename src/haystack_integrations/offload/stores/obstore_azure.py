@@ -40,6 +40,7 @@ __all__ = [
     "strip_azure_url",
     "unsupported_azure_options",
     "with_cpk_key",
+    "with_sas_only",
 ]
 
 # adlfs options that tune adlfs's own caching, file objects and upload concurrency: nothing here goes through them, so
@@ -91,6 +92,12 @@ class AzureSettings:
     config: dict[str, Any] = field(default_factory=dict, repr=False)  # keys and SAS tokens: never in a repr
     client_options: dict[str, Any] = field(default_factory=dict)
     retry_config: dict[str, Any] = field(default_factory=dict)
+    # What signs instead of the config's credentials: a tenant's SAS (`with_sas_only`).
+    credential_provider: Callable[[], dict[str, Any]] | None = field(default=None, repr=False)
+
+    def provider(self) -> dict[str, Any]:
+        """`AzureStore`'s ``credential_provider`` argument, if any."""
+        return {"credential_provider": self.credential_provider} if self.credential_provider is not None else {}
 
 
 def unsupported_azure_options(storage_options: Mapping[str, Any]) -> list[str]:
@@ -216,6 +223,33 @@ def with_cpk_key(settings: AzureSettings, key: bytes) -> AzureSettings:
     return dataclasses.replace(settings, config={**config, "encryption_key": base64.b64encode(key).decode()})
 
 
+# AzureConfig keys that sign with something other than a SAS (object_store prefers an account key to a SAS).
+_NOT_SAS = frozenset(
+    {"account_key", "client_id", "client_secret", "tenant_id", "bearer_token", "skip_signature", "use_emulator"}
+)
+
+
+def with_sas_only(settings: AzureSettings) -> AzureSettings:
+    """
+    The settings of a tenant's `AzureStore` signing with its SAS (`azure_sas.tenant_sas_options`) and nothing else.
+
+    The SAS goes as a credential provider: object_store reads the environment itself (``AZURE_STORAGE_ACCOUNT_KEY``,
+    a service principal's variables) and prefers any of those to a configured SAS, never to a provider. The client is
+    made again when the SAS is renewed, so the provider's answer does not expire.
+
+    :param settings: The tenant's settings, with its SAS (``sas_key``) and the account's endpoint.
+    :returns: The settings with the SAS as their only credential.
+    :raises ValueError: If they carry no SAS.
+    """
+    config = settings.config
+    sas = config.get("sas_key")
+    if not sas:
+        raise ValueError("A tenant's Azure client signs with its SAS, and these settings have none.")
+    kept = {name: value for name, value in config.items() if name not in _NOT_SAS and name != "sas_key"}
+    answer = {"sas_token": str(sas), "expires_at": None}
+    return dataclasses.replace(settings, config=kept, credential_provider=lambda: answer)
+
+
 def strip_azure_url(url: str) -> str:
     """
     The ``container/prefix`` of an ``az://``, ``abfs://`` or ``abfss://`` URL, as adlfs's ``_strip_protocol`` gives it
@@ -248,6 +282,7 @@ class AzureObstoreIO(ObstoreIO):
                 config=cast("AzureConfig", settings.config),
                 client_options=cast("ClientConfig", settings.client_options),
                 retry_config=cast("RetryConfig", settings.retry_config),
+                **settings.provider(),
                 **_NOT_CACHED,
             ),
         )
@@ -271,6 +306,7 @@ class AzureObstoreIO(ObstoreIO):
                     config=cast("AzureConfig", self.azure_settings.config),
                     client_options=cast("ClientConfig", self.azure_settings.client_options),
                     retry_config=cast("RetryConfig", self.azure_settings.retry_config),
+                    **self.azure_settings.provider(),
                 )
                 self._stores[bucket] = store
         return store

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from haystack.core.errors import SerializationError
 from haystack.core.serialization import default_from_dict, default_to_dict
 
+from haystack_integrations.offload.stores.azure_sas import DirectorySasCredentials
 from haystack_integrations.offload.stores.credentials import AssumeRoleCredentials
 from haystack_integrations.offload.stores.encryption import TenantKeys
 from haystack_integrations.offload.stores.gcs_credentials import DownscopedCredentials
@@ -45,8 +46,10 @@ def _credentials_dict(store: FsspecToolResultStore) -> dict[str, Any] | None:
         return None
     try:
         return store.credentials.to_dict()
-    except ValueError as error:  # a google-auth credentials object as the source: not serializable
-        raise SerializationError(f"{error} Leave source=None and name the credentials in token=.") from error
+    except ValueError as error:  # a google-auth credentials object as the source, a token Secret: not serializable
+        token = "secret" in str(error).lower()
+        hint = "Use Secret.from_env_var." if token else "Leave source=None and name them in token=."
+        raise SerializationError(f"{error} {hint}") from error
 
 
 def _encryption_dict(store: FsspecToolResultStore) -> dict[str, Any] | None:
@@ -70,9 +73,9 @@ def store_from_dict(cls: type[FsspecToolResultStore], data: dict[str, Any]) -> F
             init_parameters[name] = model.model_validate(init_parameters[name])
     if isinstance(init_parameters.get("credentials"), dict):
         credentials = init_parameters["credentials"]
-        downscoped = str(credentials.get("type", "")).endswith(".DownscopedCredentials")
-        kind = DownscopedCredentials if downscoped else AssumeRoleCredentials
-        init_parameters["credentials"] = kind.from_dict(credentials)
+        kinds = (DownscopedCredentials, DirectorySasCredentials)
+        kind = next((k for k in kinds if str(credentials.get("type", "")).endswith(f".{k.__name__}")), None)
+        init_parameters["credentials"] = (kind or AssumeRoleCredentials).from_dict(credentials)
     if isinstance(init_parameters.get("encryption"), dict):
         init_parameters["encryption"] = TenantKeys.from_dict(init_parameters["encryption"])
     return default_from_dict(cls, data)
