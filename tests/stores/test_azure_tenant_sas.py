@@ -8,6 +8,8 @@ Azure itself enforces the scope is not proven here (xfailed on Azurite).
 """
 
 import datetime
+import os
+import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -325,3 +327,44 @@ def test_a_secret_connection_string_to_a_plain_http_endpoint_elsewhere_gets_no_s
     with pytest.raises(ValueError, match="must be https://"):
         store.for_session("acme", "s1").write(key="k", content="never sent")
     assert credentials.calls == 0
+
+
+@pytest.mark.slow
+def test_without_an_account_key_one_user_delegation_key_signs_every_tenants_sas(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from support.azurite import ACCOUNT, azurite_available
+    from support.azurite_oauth import OBJECT_ID, TENANT_ID, FakeIdentity, azurite_with_oauth
+
+    missing = azurite_available() or (None if shutil.which("openssl") else "openssl is not installed")
+    if missing is not None:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(missing)
+    for name in ("AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_CONNECTION_STRING"):
+        monkeypatch.delenv(name, raising=False)
+    with azurite_with_oauth() as (endpoint, certificate):
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", certificate)
+        identity = FakeIdentity()
+        options = {"account_name": ACCOUNT, "account_host": endpoint.removeprefix("https://"), "credential": identity}
+        credentials = DirectorySasCredentials(require_namespace=False)
+        acme = credentials.credentials_for("acme", bucket="results", prefix="prod/acme", base_options=options)
+        globex = credentials.credentials_for("globex", bucket="results", prefix="prod/globex", base_options=options)
+        assert credentials.credentials_for("acme", bucket="results", prefix="prod/acme", base_options=options) is acme
+        # Azure AD's identity asked Azurite for one user delegation key; it signed both tenants' SAS.
+        assert credentials.delegation_keys == 1 and credentials.calls == 2 and identity.tokens == 1
+        for sas, directory in ((acme, "prod/acme"), (globex, "prod/globex")):
+            query = dict(parse_qsl(sas.sas))
+            assert (query["sr"], query["sdd"], query["skoid"], query["sktid"], query["sks"]) == (
+                "d",
+                "2",
+                OBJECT_ID,
+                TENANT_ID,
+                "b",
+            )
+            key_expiry = datetime.datetime.strptime(query["ske"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+            assert sas.expiry <= key_expiry and sas.scope == f"results/{directory}"
+        # An identity Azure refuses (a token for another audience): a permission error, no SAS made.
+        refused = DirectorySasCredentials(require_namespace=False)
+        other = {**options, "credential": FakeIdentity(audience="https://management.azure.com")}
+        with pytest.raises(StoragePermissionError, match="user delegation key"):
+            refused.credentials_for("acme", bucket="results", prefix="prod/acme", base_options=other)
+        assert refused.calls == 0 and refused.delegation_keys == 1

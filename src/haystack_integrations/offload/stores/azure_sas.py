@@ -385,18 +385,21 @@ def _azure_failures(doing: str) -> Iterator[None]:
 
 
 def _worker_client(options: Mapping[str, Any], account: _Account) -> Any:
-    """A blob service client with the worker's own credentials, as adlfs would use them (bounded retries)."""
+    """
+    A blob service client at the account's endpoint with the worker's own credentials, in adlfs's order: the store's
+    ``credential``, the account key, the connection string's SAS, a service principal, else azure-identity's default
+    chain. Its retries are bounded.
+    """
     import os
 
     from azure.storage.blob import BlobServiceClient
 
-    bounded: dict[str, Any] = {"retry_total": 2, "connection_timeout": 10, "read_timeout": 30}
-    connection = options.get("connection_string") or os.environ.get(_ENVIRONMENT["connection_string"])
-    if connection:
-        return BlobServiceClient.from_connection_string(str(connection), **bounded)
     credential: Any = options.get("credential")
     if credential is None and account.key:
         credential = {"account_name": account.name, "account_key": account.key}
+    sas = _connection_fields(options, os.environ).get("SharedAccessSignature") or options.get("sas_token")
+    if credential is None and sas:
+        credential = str(sas).lstrip("?")
     if credential is None and options.get("client_id") and options.get("client_secret") and options.get("tenant_id"):
         from azure.identity import ClientSecretCredential
 
@@ -407,4 +410,6 @@ def _worker_client(options: Mapping[str, Any], account: _Account) -> Any:
         from azure.identity import DefaultAzureCredential
 
         credential = DefaultAzureCredential()
-    return BlobServiceClient(account.endpoint, credential=credential, **bounded)
+    return BlobServiceClient(
+        account.endpoint, credential=credential, retry_total=2, connection_timeout=10, read_timeout=30
+    )
