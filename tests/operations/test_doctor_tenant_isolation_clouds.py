@@ -34,6 +34,7 @@ from haystack_integrations.offload.stores.gcs_keys import GCS_HKDF_SALT
 from haystack_integrations.offload.stores.sync_api import run_on_io_loop
 from haystack_integrations.offload.testing.faults import FaultProxy
 from haystack_integrations.offload.testing.relay import ProxiedRequest
+from support.gcp_keys import service_account_key
 from support.local_http import QuietHandler, serving
 
 MASTER_VARIABLE = "DOCTOR_TENANT_MASTER_KEY"
@@ -187,24 +188,8 @@ def token_service() -> Iterator[Any]:
 
 
 def _service_account_file(directory: Path, token_uri: str) -> str:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    ).decode()
-    account = {
-        "type": "service_account",
-        "project_id": "offload-tests",
-        "private_key_id": "doctor",
-        "private_key": pem,
-        "client_email": "doctor@offload-tests.iam.gserviceaccount.com",
-        "client_id": "1",
-        "token_uri": token_uri,
-    }
     path = directory / "worker-key.json"
-    path.write_text(json.dumps(account))
+    path.write_text(json.dumps(service_account_key(token_uri)))
     return str(path)
 
 
@@ -212,9 +197,6 @@ def _bearer(request: ProxiedRequest) -> str | None:
     return (request.header("Authorization") or "").removeprefix("Bearer ") or None
 
 
-# stores/gcs_credentials.py's worker_credentials reads a key file with google-auth's load_credentials_from_file, which
-# warns that it is deprecated: a gap of the store (not of the doctor), left to its owner.
-@pytest.mark.filterwarnings("ignore:The load_credentials_from_file method is deprecated:DeprecationWarning")
 def test_doctor_runs_the_credentials_check_on_fake_gcs_and_fails_it_as_the_endpoint_checks_no_token(
     fake_gcs_server: Any,
     token_service: Any,

@@ -24,9 +24,14 @@ from haystack.core.errors import SerializationError
 
 from haystack_integrations.offload import FsspecToolResultStore, StorageError, StoragePermissionError
 from haystack_integrations.offload.stores import AssumeRoleCredentials, DownscopedCredentials
-from haystack_integrations.offload.stores.gcs_credentials import tenant_access_boundary
+from haystack_integrations.offload.stores.gcs_credentials import (
+    CLOUD_PLATFORM,
+    tenant_access_boundary,
+    worker_credentials,
+)
 from haystack_integrations.offload.stores.gcs_tokens import ACCESS_TOKEN, STS_ATTEMPTS, TOKEN_EXCHANGE
 from haystack_integrations.offload.testing.faults import FaultProxy
+from support.gcp_keys import service_account_key
 from support.local_http import QuietHandler, serving
 
 SOURCE_TOKEN = "source-token-" + uuid.uuid4().hex
@@ -343,3 +348,19 @@ def test_the_emulator_refuses_another_tenants_token(fake_gcs_server: Any, fake_s
     misbuilt._scope = ("globex", "s1")
     with pytest.raises(StoragePermissionError):
         misbuilt.read(their_result)
+
+
+def test_a_key_file_or_dict_named_by_token_loads_by_its_type_without_google_auths_deprecated_loaders(
+    tmp_path: Any,
+) -> None:
+    # Warnings are errors here: google-auth's load_credentials_from_file/_dict warn that they are deprecated.
+    key = service_account_key()
+    path = tmp_path / "worker-key.json"
+    path.write_text(json.dumps(key))
+    user = {"type": "authorized_user", "client_id": "c", "client_secret": "s", "refresh_token": "r"}
+    from_file, from_dict = worker_credentials({"token": str(path)}), worker_credentials({"token": key})
+    assert [type(found).__name__ for found in (from_file, from_dict)] == ["Credentials", "Credentials"]
+    assert from_file.service_account_email == from_dict.service_account_email == key["client_email"]  # type: ignore[attr-defined]
+    assert CLOUD_PLATFORM in worker_credentials({"token": user}).scopes  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="type 'external_account'"):
+        worker_credentials({"token": {"type": "external_account", "audience": "a"}})

@@ -5,6 +5,7 @@ Credential Access Boundary to the tenant's prefix, cached per tenant and renewed
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Mapping
 from datetime import timedelta
@@ -239,10 +240,31 @@ def worker_credentials(options: Mapping[str, Any]) -> GoogleCredentials:
     elif token == "cloud":  # noqa: S105 - likewise
         found = google.auth.compute_engine.Credentials()  # type: ignore[no-untyped-call]
     elif isinstance(token, dict):
-        found, _ = google.auth.load_credentials_from_dict(token, scopes=scopes)  # type: ignore[no-untyped-call]
+        found = _key_credentials(token, scopes)
     elif isinstance(token, str) and token not in _NOT_A_SOURCE:
-        found, _ = google.auth.load_credentials_from_file(token, scopes=scopes)  # type: ignore[no-untyped-call]
+        with open(token, encoding="utf-8") as file:
+            found = _key_credentials(json.load(file), scopes)
     else:
         raise ValueError(f"gcsfs's token={token!r} names no credentials to downscope: give source=.")
     scoped: Credentials = with_scopes_if_required(found, scopes)  # type: ignore[no-untyped-call]
     return scoped
+
+
+def _key_credentials(info: Mapping[str, Any], scopes: list[str]) -> GoogleCredentials:
+    """
+    A service account's key or an authorized user's credentials, each by its own loader: google-auth deprecates the
+    generic ones (any type of configuration, unvalidated); gcsfs's ``token`` names one of these two.
+    """
+    kind = info.get("type")
+    if kind == "service_account":
+        from google.oauth2 import service_account
+
+        return service_account.Credentials.from_service_account_info(info, scopes=scopes)  # type: ignore[no-any-return,no-untyped-call]
+    if kind == "authorized_user":
+        from google.oauth2 import credentials
+
+        return credentials.Credentials.from_authorized_user_info(info, scopes=scopes)  # type: ignore[no-any-return,no-untyped-call]
+    raise ValueError(
+        f"gcsfs's token names credentials of type {kind!r}: a service account's key or an authorized user's "
+        "credentials are downscoped from a token; give others (external accounts, impersonation) as source=."
+    )
