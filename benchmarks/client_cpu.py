@@ -30,6 +30,8 @@ Run from the repository root (about half a minute on moto)::
     PYTHONPATH=src python benchmarks/client_cpu.py
     PYTHONPATH=src python benchmarks/client_cpu.py --server rgw
     PYTHONPATH=src python benchmarks/client_cpu.py --rounds 20 --concurrency 64
+    PYTHONPATH=src python benchmarks/client_cpu.py --server rgw --layers   # + the store's engine alone
+    PYTHONPATH=src python benchmarks/client_cpu.py --previous /tmp/old/src  # + an older tree's store, same run
 
 Prints a Markdown table (the one for benchmarks/README.md) and whether the target is met.
 """
@@ -37,10 +39,13 @@ Prints a Markdown table (the one for benchmarks/README.md) and whether the targe
 import argparse
 import asyncio
 import contextlib
+import importlib
 import os
 import random
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -145,14 +150,19 @@ class RawObstore(Contender):
 class Store(Contender):
     """The store; `engine` None constructs it without an engine argument (its default)."""
 
-    def __init__(self, url: str, options: dict[str, Any], engine: str | None, slots: int) -> None:
-        if engine is None:
+    def __init__(
+        self, url: str, options: dict[str, Any], engine: str | None, slots: int, *, previous: Any = None
+    ) -> None:
+        if previous is not None:  # the store class of another checkout (`previous_store`), on its default engine
+            self.root = previous(url, storage_options=options)
+            self.name = f"previous store, default engine ({self.root.resolved_engine}; --previous)"
+        elif engine is None:
             self.root = FsspecToolResultStore(url, storage_options=options)
             self.name = f"store, default engine ({self.root.resolved_engine})"
         else:
             self.root = FsspecToolResultStore(url, storage_options=options, engine=engine)
             self.name = f"store, engine={engine!r}"
-        self.default = engine is None
+        self.default = engine is None and previous is None
         self.sessions = [self.root.for_session("bench", f"session-{slot}") for slot in range(slots)]
 
     async def open(self) -> None:
@@ -169,6 +179,45 @@ class Store(Contender):
 
     async def create(self, slot: int, name: str, data: bytes) -> None:
         await self.sessions[slot].documents("claims").create_async(name, data)
+
+
+def previous_store(source: Path, into: Path) -> Any:
+    """
+    `FsspecToolResultStore` of another checkout's ``src`` (say, the commit before a change), importable beside this
+    one's: its package copied under `into` as ``offload_previous``, its imports renamed to match.
+    """
+    package = into / "offload_previous"
+    shutil.copytree(source / "haystack_integrations" / "offload", package, ignore=shutil.ignore_patterns("__pycache__"))
+    for module in package.rglob("*.py"):
+        text = module.read_text(encoding="utf-8")
+        module.write_text(text.replace("haystack_integrations.offload", "offload_previous"), encoding="utf-8")
+    sys.path.insert(0, str(into))
+    return importlib.import_module("offload_previous").FsspecToolResultStore
+
+
+class StoresEngine(Contender):
+    """The engine the default store resolved to, called directly: where the store's share of the gap begins."""
+
+    name = "the default store's engine alone (--layers)"
+
+    def __init__(self, url: str, options: dict[str, Any], bucket: str, prefix: str) -> None:
+        self.root = FsspecToolResultStore(url, storage_options=options)
+        self.prefix = f"{bucket}/{prefix}"
+
+    async def open(self) -> None:
+        await self.root.warm_up_async()
+        self.io = self.root._handle.io()  # the client the store's own requests use, with its settings
+
+    async def write(self, slot: int, data: bytes) -> Any:
+        path = f"{self.prefix}/{slot}/{uuid.uuid4().hex}"
+        await self.io.put_async(path, data)
+        return path
+
+    async def page(self, slot: int, written: Any) -> bytes:
+        return (await self.io.get_range_and_size_async(written, *PAGE))[0]
+
+    async def create(self, slot: int, name: str, data: bytes) -> None:
+        await self.io.put_exclusive_async(f"{self.prefix}/{slot}/.claims/{name}", data)
 
 
 async def measure(call: Callable[[int], Awaitable[Any]], concurrency: int) -> tuple[float, list[Any]]:
@@ -224,6 +273,12 @@ async def benchmark(args: argparse.Namespace) -> tuple[list[Contender], dict[str
             Store(f"s3://{bucket}/store-s3fs-{run}", options, "fsspec", args.concurrency),
             RawS3fs(options, f"{bucket}/raw-s3fs-{run}"),
         ]
+        if args.previous is not None:
+            previous = previous_store(args.previous, Path(tempfile.mkdtemp(prefix="client-cpu-")))
+            at = f"s3://{bucket}/previous-{run}"
+            contenders.insert(2, Store(at, options, None, args.concurrency, previous=previous))
+        if args.layers:
+            contenders.insert(1, StoresEngine(f"s3://{bucket}/engine-{run}", options, bucket, f"engine-{run}"))
         samples: dict[str, dict[str, list[float]]] = {c.name: {col: [] for col in COLUMNS} for c in contenders}
         for contender in contenders:
             await contender.open()
@@ -274,6 +329,17 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32, help="operations in flight (default: %(default)s)")
     parser.add_argument(
         "--server", choices=["moto", "rgw"], default="moto", help="the S3 server (rgw: a Ceph RGW; default: moto)"
+    )
+    parser.add_argument(
+        "--layers",
+        action="store_true",
+        help="add the default store's engine called directly, without the store above it",
+    )
+    parser.add_argument(
+        "--previous",
+        type=Path,
+        metavar="SRC",
+        help="add the store of another checkout's src directory (e.g. the commit before a change), in the same run",
     )
     args = parser.parse_args()
     contenders, samples = asyncio.run(benchmark(args))

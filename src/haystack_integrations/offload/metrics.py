@@ -119,57 +119,51 @@ def result_offloaded(outcome: OffloadOutcome, size: int, *, tenant: str | None =
 
 class storage_request:
     """
-    Count one storage call once, with the outcome the block leaves in the yielded record, and time it if `timed`.
+    Count one storage call once, with the outcome the block leaves on the yielded record (``outcome``), and time it if
+    `timed`.
 
     The outcome is ``ok`` unless the block says otherwise or raises: an exception left unmarked counts as ``refused``
     (the store answered no, or the failure was not transient).
     """
 
-    # A class, not a generator: it wraps every request, and a generator's context manager costs microseconds more.
-    __slots__ = ("operation", "record", "started", "timed")
+    # A class, not a generator, and its own record: it wraps every request, and each object or call costs.
+    __slots__ = ("operation", "outcome", "started", "timed")
 
     def __init__(self, operation: str, *, timed: bool = True) -> None:
         self.operation = operation
         self.timed = timed
-        self.record = RequestRecord()
+        self.outcome: RequestOutcome = "ok"
         self.started = 0.0
 
     def __enter__(self) -> RequestRecord:
         self.started = time.perf_counter()
-        return self.record
+        return self
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: object
     ) -> Literal[False]:
-        record = self.record
-        if error is not None and record.outcome in ("ok", "retried"):
-            record.outcome = "refused"
-        attributes, key = _request_attributes(self.operation, record.outcome)
-        _requests.add_keyed(1, key)
+        if error is not None and self.outcome in ("ok", "retried"):
+            self.outcome = "refused"
+        # Every request counts under one of a few (operation, outcome) pairs: their attributes are built once each.
+        made = _REQUEST_ATTRIBUTES.get((self.operation, self.outcome)) or _request_attributes(
+            self.operation, self.outcome
+        )
+        _requests.add_keyed(1, made[1])
         if self.timed:
-            _request_duration.record(time.perf_counter() - self.started, attributes)
+            _request_duration.record(time.perf_counter() - self.started, made[0])
         return False
 
 
-# Every request counts under one of a few (operation, outcome) pairs: their attributes are built once each.
+# What a storage call came to (``outcome``): set by the retry loop as attempts fail.
+RequestRecord = storage_request
+
 _REQUEST_ATTRIBUTES: dict[tuple[str, str], tuple[dict[str, str], tuple[tuple[str, str], ...]]] = {}
 
 
 def _request_attributes(operation: str, outcome: str) -> tuple[dict[str, str], tuple[tuple[str, str], ...]]:
-    made = _REQUEST_ATTRIBUTES.get((operation, outcome))
-    if made is None:
-        attributes = {"offload.operation": operation, "offload.outcome": outcome}
-        made = _REQUEST_ATTRIBUTES[operation, outcome] = (attributes, tuple(attributes.items()))
+    attributes = {"offload.operation": operation, "offload.outcome": outcome}
+    made = _REQUEST_ATTRIBUTES[operation, outcome] = (attributes, tuple(attributes.items()))
     return made
-
-
-class RequestRecord:
-    """What one storage call came to: set by the retry loop as attempts fail."""
-
-    __slots__ = ("outcome",)
-
-    def __init__(self) -> None:
-        self.outcome: RequestOutcome = "ok"
 
 
 def storage_retry(operation: str, cause: str) -> None:

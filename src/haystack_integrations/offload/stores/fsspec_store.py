@@ -242,6 +242,7 @@ class FsspecToolResultStore(ToolResultStore):
             protocol, root_path, self.storage_options, filesystem, retry, choice.engine, isolation=isolation
         )
         self._scope: tuple[str, ...] = ()
+        self._scope_directory: str | None = None
         if session is not None and tenant is None:
             raise ValueError("A session scope needs a tenant: pass tenant= as well.")
         if tenant is not None:
@@ -310,7 +311,7 @@ class FsspecToolResultStore(ToolResultStore):
                 f"This store is already scoped to {'/'.join(self._scope)!r}; derive scoped stores from the root store."
             )
         child = copy.copy(self)
-        child._scope = ids
+        child._scope, child._scope_directory = ids, None
         if self.credentials is not None or self.encryption is not None:
             child._handle = self._handle.for_tenant(ids[0])  # the tenant's own client: its credentials, its key
         return child
@@ -356,7 +357,9 @@ class FsspecToolResultStore(ToolResultStore):
     # Paths
 
     def _scope_path(self) -> str:
-        return scope_path(self._handle.root_path(), self._scope)
+        if self._scope_directory is None:  # asked by every write and read: made once per store (see `_scoped`)
+            self._scope_directory = scope_path(self._handle.root_path(), self._scope)
+        return self._scope_directory
 
     def _path_of(self, reference: object) -> tuple[str, tuple[str, ...]]:
         segments = parse_reference(reference, scope_depth=len(self._scope))
@@ -478,7 +481,6 @@ class FsspecToolResultStore(ToolResultStore):
             for every sync method.
         """
         path, segments = await readable_path_async(self, reference)
-        await self._handle.in_flight.wait_for(path)
         with storage_errors("read the result", reference=reference):
             data = await self._handle.request("get", path, lambda io: io.get_async(path))
         return decoded(segments, data)
@@ -501,7 +503,6 @@ class FsspecToolResultStore(ToolResultStore):
         """
         check_range(start, end)
         path, _ = await readable_path_async(self, reference)
-        await self._handle.in_flight.wait_for(path)
         with storage_errors("read the result", reference=reference):
             return await self._handle.request("get_range", path, lambda io: io.get_range_async(path, start, end))
 
@@ -525,7 +526,6 @@ class FsspecToolResultStore(ToolResultStore):
         """
         check_range(start, end)
         path, _ = await readable_path_async(self, reference)
-        await self._handle.in_flight.wait_for(path)
         with storage_errors("read the result", reference=reference):
             return await self._handle.request(
                 "get_range_and_size", path, lambda io: io.get_range_and_size_async(path, start, end)
@@ -545,7 +545,6 @@ class FsspecToolResultStore(ToolResultStore):
         :raises ResultNotFoundError: If no result exists under the reference.
         """
         path, segments = await readable_path_async(self, reference)
-        await self._handle.in_flight.wait_for(path)
         with storage_errors("describe the result", reference=reference):
             size = await self._handle.request("size", path, lambda io: io.size_async(path))
         return record_of(reference, segments, size)

@@ -69,10 +69,12 @@ def decoded(segments: tuple[str, ...], data: bytes) -> str | bytes:
 
 async def readable_path_async(store: FsspecToolResultStore, reference: object) -> tuple[str, tuple[str, ...]]:
     """
-    Resolve a reference for reading, refusing an expired result: its name settles a live one at no cost, and the
-    storage's clock (one HEAD) one whose name says expired, whose writer's clock may be wrong.
+    Resolve a reference for reading, once a write of it in flight has landed, refusing an expired result: its name
+    settles a live one at no cost, and the storage's clock (one HEAD) one whose name says expired, whose writer's clock
+    may be wrong.
     """
     path, segments = store._path_of(reference)
+    await store._handle.in_flight.wait_for(path)
     if store.retention is None:
         return path, segments
     parsed = parse_object_name(segments[-1])
@@ -82,7 +84,6 @@ async def readable_path_async(store: FsspecToolResultStore, reference: object) -
     now = datetime.now(UTC)
     if store.retention.live_by_name(parsed.created, tenant, now=now):
         return path, segments
-    await store._handle.in_flight.wait_for(path)
     with storage_errors("read the result", reference=str(reference)):
         stored = await store._handle.request("modified", path, lambda io: io.modified_async(path))
     created = parsed.created if stored is None else stored

@@ -160,7 +160,7 @@ class _Attempts:
         self.causes.append(cause)
         attempt = len(self.causes)
         delay = policy.backoff(attempt)
-        elapsed = time.monotonic() - self.started
+        elapsed = time.perf_counter() - self.started  # the request's own clock (`metrics.storage_request`)
         out_of_time = policy.deadline is not None and elapsed + delay >= policy.deadline
         verb = _VERBS.get(self.operation, self.operation)
         if attempt >= policy.attempts or out_of_time:
@@ -237,7 +237,6 @@ async def retried(
     if limit is not None:
         await io.ready_async()  # a first call from a new loop makes its client here, outside the time limit
     with metrics.storage_request(operation) as record:
-        started = time.monotonic()
         attempts: _Attempts | None = None  # bookkeeping made at the first failure: most calls never fail
         while True:
             try:
@@ -245,7 +244,7 @@ async def retried(
                 result = await (call(io) if limit is None else asyncio.wait_for(call(io), limit))
             except Exception as error:
                 if attempts is None:
-                    attempts = _Attempts(policy, stats, operation, path, record, location, started)
+                    attempts = _Attempts(policy, stats, operation, path, record, location, record.started)
                 await asyncio.sleep(attempts.failed(error))
             else:
                 if attempts is not None:
