@@ -80,7 +80,8 @@ def test_doctor_on_azurite_runs_every_check_in_azures_protocol(
     }
     isolation = checks["tenant-isolation"]["detail"]
     assert "Azure Blob Storage" in isolation and "customer-provided keys" in isolation
-    assert "no keys per tenant configured" in isolation and "--sse-c-master-key-env" in isolation
+    assert "no keys or credentials per tenant configured" in isolation and "--sse-c-master-key-env" in isolation
+    assert "--directory-sas" in isolation and "hierarchical namespace" in isolation
 
     # Listing: 3 common prefixes and 2 blobs in pages of 2, delimited and not: 3 List Blobs pages each.
     listings = [r for r in _below(sent, "/listing/") if r.method == "GET" and "comp=list" in r.target]

@@ -6,7 +6,8 @@ Each request signed with a directory SAS is checked as Azure documents it: the s
 service SAS string-to-sign (version 2020-12-06 and later, written out below, not the SDK's), for the directory named by
 the first ``sdd`` segments of the blob's path (or of a listing's prefix; of each blob of a Blob Batch); the expiry; the
 permission the operation needs. A request that passes goes on to Azurite with the SAS replaced by a container SAS of the
-proxy's own; one that fails is answered 403 ``AuthorizationFailure`` and never reaches Azurite. Requests signed
+proxy's own; one that fails is answered 403 ``AuthorizationFailure`` and never reaches Azurite (``lenient=True``: it
+goes on too, recorded as refused, as on an account that does not confine a SAS to its directory). Requests signed
 otherwise (Shared Key) pass unchanged. Get Account Information answers ``x-ms-is-hns-enabled: true``. Every request is
 recorded: method, path, query, whether it carried an ``Authorization`` header, and the verdict.
 """
@@ -33,8 +34,8 @@ SAS_PARAMETERS = frozenset(
      "ske", "sks", "skv", "saoid", "suoid", "scid", "sduoid", "skdutid", "rscc", "rscd", "rsce", "rscl", "rsct"}
 )  # fmt: skip
 _FORBIDDEN = (
-    b'<?xml version="1.0" encoding="utf-8"?><Error><Code>AuthorizationFailure</Code>'
-    b"<Message>This request is not authorized to perform this operation.</Message></Error>"
+    '<?xml version="1.0" encoding="utf-8"?><Error><Code>{code}</Code>'
+    "<Message>This request is not authorized to perform this operation.</Message></Error>"
 )
 _SUBREQUEST = re.compile(rb"^(DELETE) (\S+) HTTP/1\.1", re.MULTILINE)
 
@@ -84,12 +85,29 @@ def _needs(method: str, query: dict[str, str]) -> str:
 
 
 class DirectorySasProxy:
-    """The proxy (a context manager): ``endpoint`` is the account's blob endpoint through it."""
+    """
+    The proxy (a context manager): ``endpoint`` is the account's blob endpoint through it.
 
-    def __init__(self, upstream_port: int, account: str, key: str) -> None:
+    :param lenient: Forward a SAS request it would refuse (still recorded with ``allowed=False``): an account that
+        does not keep a directory SAS to its directory.
+    :param refusal: The error code of its 403s: ``AuthorizationFailure``, or ``AuthorizationPermissionMismatch``
+        (what Azure answers a SAS whose permissions do not cover the operation).
+    """
+
+    def __init__(
+        self,
+        upstream_port: int,
+        account: str,
+        key: str,
+        *,
+        lenient: bool = False,
+        refusal: str = "AuthorizationFailure",
+    ) -> None:
         self.upstream_port = upstream_port
         self.account = account
         self.key = key
+        self.lenient = lenient
+        self.refusal = refusal
         self.seen: list[Seen] = []
         self._lock = threading.Lock()
         self._server: Any = None
@@ -191,18 +209,23 @@ class _Handler(QuietHandler):
             else:
                 allowed = allowed and proxy.verdict(self.command, container, blob, query)
             target = _rewritten(self.path, sas)
+        elif query.get("comp") == "batch":  # a Shared Key batch: its blobs recorded, passed on unchanged
+            subrequests = [
+                "/".join(_split(match.group(2).decode(), proxy.account)[:2]) for match in _SUBREQUEST.finditer(body)
+            ]
         proxy.record(
             Seen(
                 self.command, f"{container}/{blob}", query, "Authorization" in self.headers, allowed, tuple(subrequests)
             )
         )
-        if not allowed:
+        if not allowed and not proxy.lenient:
+            refusal = _FORBIDDEN.format(code=proxy.refusal).encode()
             self.send_response(403)
-            self.send_header("x-ms-error-code", "AuthorizationFailure")
+            self.send_header("x-ms-error-code", proxy.refusal)
             self.send_header("Content-Type", "application/xml")
-            self.send_header("Content-Length", str(len(_FORBIDDEN)))
+            self.send_header("Content-Length", str(len(refusal)))
             self.end_headers()
-            self.wfile.write(b"" if self.command == "HEAD" else _FORBIDDEN)
+            self.wfile.write(b"" if self.command == "HEAD" else refusal)
             return
         self._forward(target, body, account_information=query.get("restype") == "account")
 

@@ -170,7 +170,8 @@ def _add_operator_commands(commands: Any) -> None:
         "refused, ranged reads carry the size, delimited listings page completely, batch deletes take missing keys, a "
         "large write reads back as the store's client sends it (S3 multipart, Azure staged blocks, GCS resumable "
         "upload) and its conditional form is refused, and, given credentials or keys per tenant, that the store "
-        "refuses one tenant's objects to another's credentials (S3: --tenant-role-arn; GCS: --downscoped-credentials) "
+        "refuses one tenant's objects to another's credentials (S3: --tenant-role-arn; GCS: --downscoped-credentials; "
+        "Azure: --directory-sas, on an account with a hierarchical namespace) "
         "and an object written with a tenant's key to a read without it or with another tenant's (S3's SSE-C, GCS's "
         "and Azure's customer keys: --sse-c-master-key-env). A check that has no meaning on a store, or per-tenant "
         "isolation not configured, is skipped with what the store lacks. Exit status: 0 every check "
@@ -181,7 +182,8 @@ def _add_operator_commands(commands: Any) -> None:
     )
     add_store_arguments(doctor, url_flag=True)
     isolation = doctor.add_argument_group(
-        "tenant isolation", "the tenant-isolation check's credentials per tenant (keys: --sse-c-master-key-env)"
+        "tenant isolation",
+        "the tenant-isolation check's credentials per tenant, one kind at a time (keys: --sse-c-master-key-env)",
     )
     isolation.add_argument("--tenant-role-arn", help="s3://: the role assumed per tenant (AssumeRoleCredentials)")
     isolation.add_argument(
@@ -189,6 +191,13 @@ def _add_operator_commands(commands: Any) -> None:
         action="store_true",
         help="gs://: a token per tenant, the store's credentials downscoped to the tenant's prefix at Google's STS "
         "(DownscopedCredentials)",
+    )
+    isolation.add_argument(
+        "--directory-sas",
+        action="store_true",
+        help="az://, abfs://, abfss://: a directory SAS (sr=d) per tenant on its own directory, signed with the "
+        "account key or a user delegation key (DirectorySasCredentials); needs an account with a hierarchical "
+        "namespace",
     )
     isolation.add_argument(
         "--sts-endpoint-url",

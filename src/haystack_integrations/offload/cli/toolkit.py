@@ -216,6 +216,15 @@ def _tenant_isolation(arguments: argparse.Namespace) -> dict[str, Any]:
         from haystack_integrations.offload.stores import DownscopedCredentials
 
         isolation["credentials"] = DownscopedCredentials(sts_endpoint_url=arguments.sts_endpoint_url)
+    if getattr(arguments, "directory_sas", False):
+        if "credentials" in isolation:
+            raise CommandError(
+                "Give one of --tenant-role-arn (s3://), --downscoped-credentials (gs://) and --directory-sas "
+                "(az://), not two."
+            )
+        from haystack_integrations.offload.stores import DirectorySasCredentials
+
+        isolation["credentials"] = DirectorySasCredentials()
     variable = getattr(arguments, "sse_c_master_key_env", None)
     if variable:
         from haystack.utils import Secret

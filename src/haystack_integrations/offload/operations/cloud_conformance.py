@@ -344,11 +344,36 @@ def credentials_ignored(cloud: Cloud | None, location: str, allowed: list[str]) 
             f"a tenant's downscoped token reached another tenant's objects ({reached}) at {location}: this endpoint "
             "does not enforce Credential Access Boundaries"
         )
-    if cloud == "azure":
-        return f"a tenant's credentials reached another tenant's blobs ({reached}) at {location}"
+    if cloud == "azure":  # the only credentials per tenant an Azure store takes: `DirectorySasCredentials`
+        return (
+            f"a tenant's directory SAS reached another tenant's blobs ({reached}) at {location}: this account does not "
+            "confine a directory SAS (sr=d) to its directory"
+        )
     return (
         f"a tenant's credentials reached another tenant's objects ({reached}): the role's session policy is not "
         "enforced"
+    )
+
+
+def credentials_unusable(cloud: Cloud | None, location: str, error: BaseException) -> str:
+    """
+    The sentence for credentials per tenant that failed on the tenant's own object, before another tenant's was tried:
+    an Azure account without a hierarchical namespace (its directory SAS refused before any is made), the worker's
+    credentials refused a user delegation key or a token exchange, a tenant's own write refused.
+
+    :param cloud: The store's cloud, or None for S3.
+    :param location: Where the store is (a cloud store's `cloud_location`; the store URL on S3).
+    :param error: What the tenant's own write raised.
+    :returns: One sentence, the error's message whole.
+    """
+    what = {"azure": "a tenant's directory SAS", "gcs": "a tenant's downscoped token"}.get(
+        cloud or "", "a tenant's credentials"
+    )
+    whose = "blob" if cloud == "azure" else "object"
+    reason = " ".join(str(error).split()) or "no message"
+    return (
+        f"{what} could not write the tenant's own {whose} at {location}, so another tenant's was not tried: "
+        f"{type(error).__name__}: {reason}"
     )
 
 
@@ -371,10 +396,11 @@ def not_applicable(check: str, url: str, cloud: Cloud | None) -> str:
         )
     if cloud is not None and check == "tenant-isolation":
         return (
-            f"{_NAMES[cloud]}: no keys per tenant configured (customer-provided keys: encryption=TenantKeys, doctor's "
-            "--sse-c-master-key-env): this run cannot tell whether the store itself keeps tenants apart; "
-            "per-tenant SAS tokens are not built (they need a container per tenant or a hierarchical namespace); "
-            "without keys, tenants are kept apart by prefixes and reference checks alone"
+            f"{_NAMES[cloud]}: no keys or credentials per tenant configured (customer-provided keys: encryption="
+            "TenantKeys, doctor's --sse-c-master-key-env; a directory SAS per tenant: credentials="
+            "DirectorySasCredentials, doctor's --directory-sas, on an account with a hierarchical namespace): this run "
+            "cannot tell whether the store itself keeps tenants apart; without them, tenants are kept apart by "
+            "prefixes and reference checks alone"
         )
     protocol = split_protocol(url)[0] or "file"
     store = "memory://" if protocol == "memory" else "local disk" if protocol in {"file", "local"} else f"{protocol}://"

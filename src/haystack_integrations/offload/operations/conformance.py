@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from fsspec.core import split_protocol
 
-from haystack_integrations.offload.errors import StorageUnavailableError
+from haystack_integrations.offload.errors import StorageError, StorageUnavailableError
 from haystack_integrations.offload.operations.cloud_conformance import (
     Cloud,
     Verdict,
@@ -27,6 +27,7 @@ from haystack_integrations.offload.operations.cloud_conformance import (
     cloud_of_url,
     cloud_pages,
     credentials_ignored,
+    credentials_unusable,
     gcs_conditional_resumable,
     keys_ignored,
     large_write_threshold,
@@ -566,8 +567,10 @@ async def _tenant_isolation(
 
 async def tenant_isolation(root: FsspecToolResultStore, probe: FsspecToolResultStore) -> tuple[Verdict, str]:
     """
-    With credentials per tenant (S3's `AssumeRoleCredentials`, GCS's `DownscopedCredentials`): one tenant's client is
-    refused another tenant's objects (read, overwrite, list, delete) by the store itself, the scope check bypassed.
+    With credentials per tenant (S3's `AssumeRoleCredentials`, GCS's `DownscopedCredentials`, Azure's
+    `DirectorySasCredentials`): one tenant's client is refused another tenant's objects (read, overwrite, list, delete)
+    by the store itself, the scope check bypassed; credentials that fail on the tenant's own object (an Azure account
+    without a hierarchical namespace) fail the check, saying why.
     With keys per tenant (`TenantKeys`: S3's SSE-C, GCS's customer-supplied, Azure's customer-provided keys): an object
     written with a tenant's key is refused to a read without a key and to one with another tenant's key. Each is
     checked on its own, so one cannot pass for the other. Skipped without either, saying how to configure them.
@@ -616,7 +619,14 @@ async def _credentials_isolate(store: FsspecToolResultStore, cloud: Cloud | None
     mine, theirs = (store._handle.for_tenant(tenant) for tenant in ISOLATION_TENANTS)
     other = f"{base}/{ISOLATION_TENANTS[1]}/session/object"
     try:
-        await theirs.request("put", other, lambda io: io.put_async(other, b"theirs"))
+        try:
+            await theirs.request("put", other, lambda io: io.put_async(other, b"theirs"))
+        except (StorageError, PermissionError, ValueError) as error:
+            # The tenant's credentials fail on its own object (an Azure account without a hierarchical namespace, the
+            # worker's credentials refused a delegation key or token): a failure of the check, said whole.
+            if isinstance(error, StorageUnavailableError) or transient_cause(error) is not None:
+                raise
+            return "fail", credentials_unusable(cloud, _location(store, cloud), error)
         attempts: dict[str, Callable[[Engine], Awaitable[object]]] = {
             "read": lambda io: io.get_async(other),
             "overwrite": lambda io: io.put_async(other, b"planted"),
@@ -628,6 +638,10 @@ async def _credentials_isolate(store: FsspecToolResultStore, cloud: Cloud | None
         await _remove(store, [other])
     if allowed:
         return "fail", credentials_ignored(cloud, _location(store, cloud), allowed)
+    if cloud == "azure":
+        return "pass", (
+            "a tenant's directory SAS (sr=d) is refused another tenant's blobs (read, overwrite, list, delete)"
+        )
     whose = "downscoped token is" if cloud == "gcs" else "credentials are"
     return "pass", f"a tenant's {whose} refused another tenant's objects (read, overwrite, list, delete)"
 
@@ -667,8 +681,9 @@ async def _remove(store: FsspecToolResultStore, paths: list[str]) -> None:
 
 async def _refused(attempt: Awaitable[object], *, bare_400: bool = False) -> bool:
     """
-    Whether the store refused: a permission error (403; a key refused, which the engines raise for GCS's 400 with a
-    CSEK reason and Azure's 409 with a CPK error code), or a bare 400 where `bare_400` (S3's answer to a read of an
+    Whether the store refused: a permission error (403, Azure's ``AuthorizationFailure`` and
+    ``AuthorizationPermissionMismatch`` among them; a key refused, which the engines raise for GCS's 400 with a CSEK
+    reason and Azure's 409 with a CPK error code), or a bare 400 where `bare_400` (S3's answer to a read of an
     SSE-C object without its key). Any other failure is raised; False if the store answered.
     """
     try:
