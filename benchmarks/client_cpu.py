@@ -16,7 +16,11 @@ obstore's Rust threads count too), per operation, with 32 operations in flight a
 Contenders, each warmed up first, then measured in interleaved rounds (the order shuffled each round) so that load
 from other processes on a shared machine falls on all of them alike:
 
-- raw obstore: `obstore.store.S3Store` with the settings the store gives it (the baseline, 1.00: the floor);
+- raw obstore: `obstore.store.S3Store` with the settings the store gives it, its default timeouts included (the
+  baseline, 1.00: the floor);
+- with ``--layers``, the default store's own engine called directly: the store's settings, none of its Python;
+- with ``--previous SRC``, the store of another checkout's ``src`` on its default engine (a change's before and after
+  under the same load);
 - the store, default engine: no ``engine`` argument; labelled with the engine it resolved to (`resolved_engine`);
 - the store, ``engine="obstore"`` and ``engine="fsspec"`` (s3fs), with the default `RetryPolicy`;
 - raw s3fs: an ``asynchronous=True`` `s3fs.S3FileSystem` on the benchmark's loop, with the pool size and single
@@ -33,7 +37,8 @@ Run from the repository root (about half a minute on moto)::
     PYTHONPATH=src python benchmarks/client_cpu.py --server rgw --layers   # + the store's engine alone
     PYTHONPATH=src python benchmarks/client_cpu.py --previous /tmp/old/src  # + an older tree's store, same run
 
-Prints a Markdown table (the one for benchmarks/README.md) and whether the target is met.
+Prints a Markdown table (the one for benchmarks/README.md), whether the target is met, and each contender's write + page
+over raw obstore's paired round by round (the median of each round's ratio: load common to a round cancels).
 """
 
 import argparse
@@ -59,6 +64,7 @@ from obstore.store import S3Store
 from haystack_integrations.offload import FsspecToolResultStore
 from haystack_integrations.offload.stores.fsspec_store import DEFAULT_RETRY, DEFAULT_S3_MAX_POOL_CONNECTIONS
 from haystack_integrations.offload.stores.obstore_io import obstore_settings
+from haystack_integrations.offload.stores.options import with_default_timeouts
 from haystack_integrations.offload.stores.retry import s3_client_options
 from haystack_integrations.offload.testing.local_s3 import local_s3_process
 
@@ -124,7 +130,11 @@ class RawObstore(Contender):
     name = "raw obstore (baseline: the floor)"
 
     def __init__(self, options: dict[str, Any], bucket: str, prefix: str) -> None:
-        settings = obstore_settings(options, retrying=True, attempt_timeout=DEFAULT_RETRY.attempt_timeout)
+        # The store's own settings, its default connect and read timeouts included: object_store keeps a timer per
+        # read for them, whose cost in its threads is the timeouts', not the store's Python.
+        settings = obstore_settings(
+            with_default_timeouts(options), retrying=True, attempt_timeout=DEFAULT_RETRY.attempt_timeout
+        )
         self.store = S3Store(
             bucket,
             config=settings.config,  # type: ignore[arg-type]
@@ -140,7 +150,10 @@ class RawObstore(Contender):
 
     async def page(self, slot: int, written: Any) -> bytes:
         result = await obstore.get_async(self.store, written, options={"range": PAGE})
-        return bytes(await result.bytes_async())
+        data = bytes(await result.bytes_async())
+        if result.meta["size"] != RESULT_BYTES:  # the size, as the store's page returns it
+            raise RuntimeError(f"the page came with size {result.meta['size']}, not {RESULT_BYTES}")
+        return data
 
     async def create(self, slot: int, name: str, data: bytes) -> None:
         key = f"{self.prefix}/{slot}/.claims/{name}"
@@ -318,7 +331,15 @@ def table(args: argparse.Namespace, contenders: list[Contender], samples: dict[s
     lines += [
         "",
         f"Target: {default.name}, write + page at most {TARGET:.2f}x raw obstore: {ratio:.2f}x, {verdict}.",
+        "",
+        "Paired, each round's write + page over raw obstore's in the same round (load common to a round cancels), "
+        "median over rounds:",
     ]
+    raw = samples[contenders[0].name]["write + page"]
+    for contender in contenders[1:]:
+        rounds = zip(samples[contender.name]["write + page"], raw, strict=True)
+        paired = statistics.median(mine / floor_round for mine, floor_round in rounds)
+        lines.append(f"- {contender.name}: {paired:.2f}x")
     return "\n".join(lines)
 
 
