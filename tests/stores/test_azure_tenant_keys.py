@@ -9,7 +9,6 @@ import base64
 import contextlib
 import hashlib
 import logging
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -45,18 +44,6 @@ ENGINES = ["fsspec", "obstore"]  # adlfs, and object_store's AzureStore
 def _sha256_of(tenant: str) -> str:
     key = hkdf_sha256(MASTER.encode(), salt=AZURE_HKDF_SALT, info=tenant.encode())
     return base64.b64encode(hashlib.sha256(key).digest()).decode()
-
-
-@pytest.fixture(scope="module")
-def loose_azurite() -> Iterator[Any]:
-    """Azurite in loose mode: it takes (and ignores) customer-provided keys, which its strict mode refuses."""
-    from support.azurite import AzuriteServer, azurite_available
-
-    missing = azurite_available()
-    if missing is not None:
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(missing)
-    with AzuriteServer(loose=True) as server:
-        yield server
 
 
 def _root(
