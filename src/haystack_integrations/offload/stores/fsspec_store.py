@@ -242,7 +242,7 @@ class FsspecToolResultStore(ToolResultStore):
             protocol, root_path, self.storage_options, filesystem, retry, choice.engine, isolation=isolation
         )
         self._scope: tuple[str, ...] = ()
-        self._scope_directory: str | None = None
+        self._scope_directory: tuple[tuple[str, ...], str] | None = None
         if session is not None and tenant is None:
             raise ValueError("A session scope needs a tenant: pass tenant= as well.")
         if tenant is not None:
@@ -311,7 +311,7 @@ class FsspecToolResultStore(ToolResultStore):
                 f"This store is already scoped to {'/'.join(self._scope)!r}; derive scoped stores from the root store."
             )
         child = copy.copy(self)
-        child._scope, child._scope_directory = ids, None
+        child._scope = ids
         if self.credentials is not None or self.encryption is not None:
             child._handle = self._handle.for_tenant(ids[0])  # the tenant's own client: its credentials, its key
         return child
@@ -357,9 +357,11 @@ class FsspecToolResultStore(ToolResultStore):
     # Paths
 
     def _scope_path(self) -> str:
-        if self._scope_directory is None:  # asked by every write and read: made once per store (see `_scoped`)
-            self._scope_directory = scope_path(self._handle.root_path(), self._scope)
-        return self._scope_directory
+        # Asked by every write and read: joined once per scope (a copy given another scope joins its own).
+        made = self._scope_directory
+        if made is None or made[0] is not self._scope:
+            made = self._scope_directory = (self._scope, scope_path(self._handle.root_path(), self._scope))
+        return made[1]
 
     def _path_of(self, reference: object) -> tuple[str, tuple[str, ...]]:
         segments = parse_reference(reference, scope_depth=len(self._scope))
