@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
@@ -639,7 +640,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             for name, value in server.environment().items():
                 print(f"  export {name}={value}")
             print("Press Ctrl-C to stop.", flush=True)
-            threading.Event().wait()
+            # Woken now and then: the kernel may hand SIGINT to a server thread, which only flags it for the main
+            # thread, and an untimed wait would sleep through that flag.
+            while True:
+                time.sleep(0.2)
     except KeyboardInterrupt:
         print("Stopped.")
     return 0
